@@ -1,0 +1,41 @@
+// Embedded mode: the scheduler, worker and optimizer services in one process, wired through
+// in-process gRPC channels (the same service interfaces and arena code as the multi-process
+// deployment, without ports).
+#ifndef LSPO_CLIENT_EMBEDDED_H_
+#define LSPO_CLIENT_EMBEDDED_H_
+
+#include <memory>
+
+#include "cpu_optimizer_service/optimizer_service.h"
+#include "gpu_worker/worker_service.h"
+#include "grpcpp/grpcpp.h"
+#include "scheduler/scheduler_service.h"
+
+namespace lspo::client {
+
+class EmbeddedRuntime {
+ public:
+  // Starts the three services. `options` configures the scheduler.
+  explicit EmbeddedRuntime(scheduler::SchedulerOptions options = {});
+  ~EmbeddedRuntime();
+
+  // A channel to the in-process Scheduler service (use lspo::v1::Scheduler::NewStub).
+  std::shared_ptr<grpc::Channel> scheduler_channel() const { return scheduler_channel_; }
+
+ private:
+  worker::WorkerCore worker_core_;
+  optimizer::OptimizerCore optimizer_core_;
+  worker::WorkerService worker_service_;
+  optimizer::OptimizerService optimizer_service_;
+  std::unique_ptr<grpc::Server> actors_server_;
+  std::unique_ptr<lspo::v1::Worker::Stub> worker_stub_;
+  std::unique_ptr<lspo::v1::Optimizer::Stub> optimizer_stub_;
+  std::unique_ptr<scheduler::SchedulerCore> scheduler_core_;
+  std::unique_ptr<scheduler::SchedulerService> scheduler_service_;
+  std::unique_ptr<grpc::Server> scheduler_server_;
+  std::shared_ptr<grpc::Channel> scheduler_channel_;
+};
+
+}  // namespace lspo::client
+
+#endif  // LSPO_CLIENT_EMBEDDED_H_

@@ -1,0 +1,301 @@
+// lspctl: the LSP-Offload command-line client.
+//
+//   lspctl run    --spec=examples/smollm2-sms-spam.yaml   embedded mode (all three services in
+//                                                        this process), progress bar, summary
+//   lspctl submit --spec=FILE [--watch]                  to a running scheduler
+//   lspctl status JOB_ID | watch JOB_ID | cancel JOB_ID | list
+// Common flags: --scheduler=127.0.0.1:50060, spec overrides --steps, --mode, --output_dir.
+// Exit codes: 0 success (job SUCCEEDED for run/watch), 1 job failed/cancelled or RPC error,
+// 2 usage error.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "runtime/process_env.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/embedded.h"
+#include "glog/logging.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/grpc_status.h"
+#include "proto/lsp_offload.grpc.pb.h"
+#include "scheduler/job_spec.h"
+
+ABSL_FLAG(std::string, spec, "", "job spec file (.yaml, .yml or .json) for run/submit");
+ABSL_FLAG(std::string, scheduler, "127.0.0.1:50060", "scheduler address for remote commands");
+ABSL_FLAG(int32_t, steps, 0, "override the spec's steps (0 = keep)");
+ABSL_FLAG(std::string, mode, "", "override the spec's mode: lsp or native");
+ABSL_FLAG(std::string, output_dir, "", "override the spec's output directory");
+ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends");
+ABSL_FLAG(bool, json, false, "status/list: print JSON instead of a table");
+ABSL_FLAG(bool, verbose, false, "run: also print the services' INFO logs to stderr");
+
+namespace {
+
+using lspo::v1::JobStatus;
+
+std::string Duration(double s) {
+  if (!(s >= 0) || !std::isfinite(s)) return "?";
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return absl::StrFormat("%dh%02dm", t / 3600, (t / 60) % 60);
+  if (t >= 60) return absl::StrFormat("%dm%02ds", t / 60, t % 60);
+  return absl::StrFormat("%ds", t);
+}
+
+std::string StateName(lspo::v1::JobState s) { return lspo::v1::JobState_Name(s); }
+
+// One-line progress: [#####-----] step 12/60 loss 0.4312 tok/s 210 ETA 4m10s | phase
+std::string ProgressLine(const JobStatus& s) {
+  const int width = 24;
+  const int total = std::max(1, s.total_steps());
+  const int filled = static_cast<int>(static_cast<double>(s.step()) / total * width);
+  std::string bar(filled, '#');
+  bar.append(width - filled, '-');
+  std::string line = absl::StrFormat("[%s] step %d/%d", bar, s.step(), s.total_steps());
+  if (s.has_last_step()) {
+    absl::StrAppendFormat(&line, " loss %.4f tok/s %.0f ETA %s", s.last_step().loss(),
+                          s.last_step().tokens_per_second(), Duration(s.eta_seconds()));
+  }
+  absl::StrAppend(&line, " | ", s.phase());
+  return line;
+}
+
+void PrintEval(const lspo::v1::EvalMetrics& e) {
+  std::printf("\n  eval after step %d: accuracy %.4f, answer loss %.4f (%d examples, %.1f s)\n",
+              e.step(), e.accuracy(), e.loss(), e.examples(), e.seconds());
+}
+
+// Streams a job's status with a progress bar; returns the final status.
+absl::StatusOr<JobStatus> WatchWithProgress(lspo::v1::Scheduler::Stub* stub,
+                                            const std::string& job_id) {
+  grpc::ClientContext ctx;
+  lspo::v1::WatchJobRequest req;
+  req.set_job_id(job_id);
+  auto reader = stub->WatchJob(&ctx, req);
+  JobStatus s, last;
+  int evals_seen = 0;
+  const bool tty = isatty(fileno(stdout));
+  while (reader->Read(&s)) {
+    for (; evals_seen < s.evals_size(); ++evals_seen) PrintEval(s.evals(evals_seen));
+    if (s.mean_projector_error() != last.mean_projector_error()) {
+      std::printf("\n  projectors fitted: mean relative estimation bias %.4f\n",
+                  s.mean_projector_error());
+    }
+    const std::string line = ProgressLine(s);
+    if (tty) {
+      std::printf("\r\033[K%s", line.c_str());
+    } else if (s.step() != last.step() || s.phase() != last.phase()) {
+      std::printf("%s\n", line.c_str());
+    }
+    std::fflush(stdout);
+    last = s;
+  }
+  std::printf("\n");
+  auto st = lspo::rpc::FromGrpc(reader->Finish(), "scheduler");
+  if (!st.ok()) return st;
+  return last;
+}
+
+int Finish(const JobStatus& s) {
+  std::printf("job %s: %s\n", s.job_id().c_str(), StateName(s.state()).c_str());
+  // Embedded runs share the file system with the scheduler: show the summary it wrote.
+  if (s.state() == lspo::v1::SUCCEEDED && !s.output_dir().empty()) {
+    std::ifstream in(s.output_dir() + "/summary.json");
+    if (in) std::cout << "summary.json: " << in.rdbuf() << std::flush;
+  }
+  if (!s.error().empty()) std::printf("error: %s\n", s.error().c_str());
+  if (!s.output_dir().empty()) {
+    std::printf("output: %s (summary.json, metrics.jsonl, model.safetensors, config.json, "
+                "tokenizer.json)\n",
+                s.output_dir().c_str());
+  }
+  return s.state() == lspo::v1::SUCCEEDED ? 0 : 1;
+}
+
+absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
+  const std::string path = absl::GetFlag(FLAGS_spec);
+  if (path.empty()) {
+    return absl::InvalidArgumentError("--spec=FILE is required (see examples/)");
+  }
+  auto spec = lspo::scheduler::LoadJobSpecFile(path);
+  if (!spec.ok()) return spec.status();
+  if (absl::GetFlag(FLAGS_steps) > 0) spec->set_steps(absl::GetFlag(FLAGS_steps));
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode == "lsp") spec->set_mode(lspo::v1::MODE_LSP);
+  else if (mode == "native") spec->set_mode(lspo::v1::MODE_NATIVE);
+  else if (!mode.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mode=", mode, " is not a mode: use lsp or native"));
+  }
+  if (!absl::GetFlag(FLAGS_output_dir).empty()) {
+    spec->set_output_dir(absl::GetFlag(FLAGS_output_dir));
+  }
+  return spec;
+}
+
+void PrintChoice(const lspo::v1::JobSpec& in) {
+  lspo::v1::JobSpec spec = in;
+  lspo::scheduler::ResolveDefaults(&spec);
+  std::printf(
+      "LSP-Offload job '%s': mode %s, d=%d r=%d, steps=%d, micro-batch %d x %d accum, "
+      "seq_len %d, lr %g (%s, warm-up %d), %d threads\n",
+      spec.name().c_str(), spec.mode() == lspo::v1::MODE_NATIVE ? "native" : "lsp",
+      spec.lsp().d(), spec.lsp().r(), spec.steps(), spec.micro_batch_size(), spec.grad_accum(),
+      spec.seq_len(), spec.optim().lr(), spec.optim().schedule().c_str(),
+      spec.optim().warmup_steps(), spec.num_threads());
+  std::fflush(stdout);
+}
+
+int Submit(lspo::v1::Scheduler::Stub* stub, bool watch) {
+  auto spec = SpecFromFlags();
+  if (!spec.ok()) {
+    std::fprintf(stderr, "lspctl: %s\n", std::string(spec.status().message()).c_str());
+    return 2;
+  }
+  PrintChoice(*spec);
+  grpc::ClientContext ctx;
+  lspo::v1::SubmitJobRequest req;
+  *req.mutable_spec() = *spec;
+  lspo::v1::SubmitJobReply rep;
+  auto st = lspo::rpc::FromGrpc(stub->SubmitJob(&ctx, req, &rep), "scheduler");
+  if (!st.ok()) {
+    std::fprintf(stderr, "lspctl: submit failed: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  std::printf("submitted %s\n", rep.job_id().c_str());
+  if (!watch) return 0;
+  auto fin = WatchWithProgress(stub, rep.job_id());
+  if (!fin.ok()) {
+    std::fprintf(stderr, "lspctl: %s\n", std::string(fin.status().message()).c_str());
+    return 1;
+  }
+  return Finish(*fin);
+}
+
+std::string ToJsonString(const google::protobuf::Message& m) {
+  std::string s;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &s, o);
+  return s;
+}
+
+void PrintRow(const JobStatus& s) {
+  std::printf("%-24s %-13s %5d/%-5d %-10s %s\n", s.job_id().c_str(),
+              StateName(s.state()).c_str(), s.step(), s.total_steps(),
+              s.has_last_step() ? absl::StrFormat("%.4f", s.last_step().loss()).c_str() : "-",
+              s.error().empty() ? s.phase().c_str() : s.error().c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  lspo::runtime::UsePassiveOpenMpWaits(argc, argv);
+  absl::SetProgramUsageMessage(
+      "LSP-Offload client.\n"
+      "  lspctl run --spec=FILE              fine-tune in embedded mode (one process)\n"
+      "  lspctl submit --spec=FILE [--watch] submit to a running lsp_scheduler\n"
+      "  lspctl status JOB | watch JOB | cancel JOB | list");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  if (args.size() < 2) {
+    std::fprintf(stderr, "usage: lspctl run|submit|status|watch|cancel|list ... (--help)\n");
+    return 2;
+  }
+  const std::string cmd = args[1];
+  const std::string arg = args.size() > 2 ? args[2] : "";
+
+  if (cmd == "run") {
+    // The progress bar and evaluation lines are the default output; --verbose adds the
+    // services' INFO logs (projector fits, per-step timings).
+    FLAGS_minloglevel = absl::GetFlag(FLAGS_verbose) ? 0 : 1;
+    lspo::client::EmbeddedRuntime runtime;
+    auto stub = lspo::v1::Scheduler::NewStub(runtime.scheduler_channel());
+    return Submit(stub.get(), /*watch=*/true);
+  }
+
+  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_scheduler),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = lspo::v1::Scheduler::NewStub(channel);
+  auto need_id = [&]() {
+    if (arg.empty()) {
+      std::fprintf(stderr, "lspctl %s: give a job id (lspctl list shows them)\n", cmd.c_str());
+      return false;
+    }
+    return true;
+  };
+  if (cmd == "submit") return Submit(stub.get(), absl::GetFlag(FLAGS_watch));
+  if (cmd == "watch") {
+    if (!need_id()) return 2;
+    auto fin = WatchWithProgress(stub.get(), arg);
+    if (!fin.ok()) {
+      std::fprintf(stderr, "lspctl: %s\n", std::string(fin.status().message()).c_str());
+      return 1;
+    }
+    return Finish(*fin);
+  }
+  if (cmd == "status") {
+    if (!need_id()) return 2;
+    grpc::ClientContext ctx;
+    lspo::v1::GetJobRequest req;
+    req.set_job_id(arg);
+    JobStatus s;
+    auto st = lspo::rpc::FromGrpc(stub->GetJob(&ctx, req, &s), "scheduler");
+    if (!st.ok()) {
+      std::fprintf(stderr, "lspctl: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s\n", ToJsonString(s).c_str());
+    } else {
+      PrintRow(s);
+      std::printf("%s\n", ProgressLine(s).c_str());
+    }
+    return 0;
+  }
+  if (cmd == "cancel") {
+    if (!need_id()) return 2;
+    grpc::ClientContext ctx;
+    lspo::v1::CancelJobRequest req;
+    req.set_job_id(arg);
+    lspo::v1::CancelJobReply rep;
+    auto st = lspo::rpc::FromGrpc(stub->CancelJob(&ctx, req, &rep), "scheduler");
+    if (!st.ok()) {
+      std::fprintf(stderr, "lspctl: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
+    std::printf("%s: %s\n", arg.c_str(), StateName(rep.state()).c_str());
+    return 0;
+  }
+  if (cmd == "list") {
+    grpc::ClientContext ctx;
+    lspo::v1::ListJobsReply rep;
+    auto st =
+        lspo::rpc::FromGrpc(stub->ListJobs(&ctx, lspo::v1::ListJobsRequest(), &rep), "scheduler");
+    if (!st.ok()) {
+      std::fprintf(stderr, "lspctl: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s\n", ToJsonString(rep).c_str());
+      return 0;
+    }
+    std::printf("%-24s %-13s %11s %-10s %s\n", "JOB", "STATE", "STEP", "LOSS", "PHASE");
+    for (const auto& s : rep.jobs()) PrintRow(s);
+    return 0;
+  }
+  std::fprintf(stderr, "lspctl: unknown command '%s' (run, submit, status, watch, cancel, list)\n",
+               cmd.c_str());
+  return 2;
+}

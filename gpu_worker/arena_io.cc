@@ -1,0 +1,112 @@
+#include "gpu_worker/arena_io.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/status_macros.h"
+
+namespace lspo::worker {
+namespace {
+
+using lspo::v1::TensorRef;
+
+TensorRef MakeRef(uint64_t* cursor, lspo::v1::DType dtype, std::vector<int64_t> shape) {
+  TensorRef ref;
+  ref.set_offset(*cursor);
+  ref.set_dtype(dtype);
+  uint64_t numel = 1;
+  for (int64_t s : shape) {
+    ref.add_shape(s);
+    numel *= static_cast<uint64_t>(s);
+  }
+  *cursor += runtime::AlignUp64(numel * 4);  // f32 and i32 are both 4 bytes.
+  return ref;
+}
+
+int64_t Numel(const TensorRef& ref) {
+  int64_t n = 1;
+  for (int64_t s : ref.shape()) n *= s;
+  return n;
+}
+
+}  // namespace
+
+absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(const std::vector<LinearShape>& linears,
+                                                       int32_t d, int32_t r,
+                                                       const std::string& name) {
+  if (d < 1 || r < 1 || r > d) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("arena layout: need 1 <= r <= d, got d = ", d, ", r = ", r));
+  }
+  lspo::v1::ArenaLayout layout;
+  layout.set_name(name);
+  layout.set_d(d);
+  layout.set_r(r);
+  uint64_t cursor = 0;
+  for (const LinearShape& l : linears) {
+    auto* slot = layout.add_linears();
+    slot->set_index(l.index);
+    slot->set_name(l.name);
+    slot->set_m(l.m);
+    slot->set_n(l.n);
+    *slot->mutable_grad() = MakeRef(&cursor, lspo::v1::F32, {d, d});
+    *slot->mutable_step() = MakeRef(&cursor, lspo::v1::F32, {d, d});
+    *slot->mutable_p_index() = MakeRef(&cursor, lspo::v1::I32, {l.m, r});
+    *slot->mutable_p_value() = MakeRef(&cursor, lspo::v1::F32, {l.m, r});
+    *slot->mutable_q_index() = MakeRef(&cursor, lspo::v1::I32, {l.n, r});
+    *slot->mutable_q_value() = MakeRef(&cursor, lspo::v1::F32, {l.n, r});
+  }
+  layout.set_bytes(std::max<uint64_t>(cursor, 64));
+  return layout;
+}
+
+absl::StatusOr<at::Tensor> ArenaF32(const runtime::ShmArena& arena, const TensorRef& ref) {
+  if (ref.dtype() != lspo::v1::F32) {
+    return absl::InvalidArgumentError(absl::StrCat("arena slot at offset ", ref.offset(),
+                                                   " is not F32"));
+  }
+  ASSIGN_OR_RETURN(float* ptr, arena.At<float>(ref.offset(), Numel(ref)));
+  std::vector<int64_t> shape(ref.shape().begin(), ref.shape().end());
+  return at::from_blob(ptr, shape, at::TensorOptions().dtype(at::kFloat));
+}
+
+absl::Status WriteProjector(const runtime::ShmArena& arena, const TensorRef& index,
+                            const TensorRef& value, const lsp::SparseProjector& p) {
+  const int64_t n = p.rows * p.r;
+  if (Numel(index) != n || Numel(value) != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "projector (", p.rows, " x ", p.r, " non-zeros) does not fit slot of shape [",
+        absl::StrJoin(index.shape(), ","), "]"));
+  }
+  ASSIGN_OR_RETURN(int32_t* idx, arena.At<int32_t>(index.offset(), n));
+  ASSIGN_OR_RETURN(float* val, arena.At<float>(value.offset(), n));
+  at::Tensor src_idx = p.index.to(at::kInt).contiguous();
+  at::Tensor src_val = p.value.to(at::kFloat).contiguous();
+  std::memcpy(idx, src_idx.data_ptr<int32_t>(), n * sizeof(int32_t));
+  std::memcpy(val, src_val.data_ptr<float>(), n * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<lsp::SparseProjector> ReadProjector(const runtime::ShmArena& arena,
+                                                   const TensorRef& index,
+                                                   const TensorRef& value, int64_t d) {
+  if (index.shape_size() != 2 || value.shape_size() != 2 || Numel(index) != Numel(value)) {
+    return absl::InvalidArgumentError("projector slots must be 2-D and of equal shape");
+  }
+  const int64_t rows = index.shape(0), r = index.shape(1);
+  ASSIGN_OR_RETURN(int32_t* idx, arena.At<int32_t>(index.offset(), rows * r));
+  ASSIGN_OR_RETURN(float* val, arena.At<float>(value.offset(), rows * r));
+  lsp::SparseProjector p;
+  p.rows = rows;
+  p.d = d;
+  p.r = r;
+  p.index = at::from_blob(idx, {rows, r}, at::TensorOptions().dtype(at::kInt)).to(at::kLong);
+  p.value = at::from_blob(val, {rows, r}, at::TensorOptions().dtype(at::kFloat)).clone();
+  const int64_t lo = p.index.min().item<int64_t>(), hi = p.index.max().item<int64_t>();
+  if (lo < 0 || hi >= d) {
+    return absl::DataLossError(absl::StrCat("projector positions in the arena span [", lo, ", ",
+                                            hi, "], expected [0, ", d, ")"));
+  }
+  return p;
+}
+
+}  // namespace lspo::worker

@@ -1,0 +1,54 @@
+// Typed access to the job's shared-memory arena: the slot layout of every trained matrix and
+// zero-copy tensor views of slots. Used by the worker (creator) and the optimizer (attacher).
+//
+// Layout per trained matrix i (m x n), each region 64-byte aligned:
+//   grad    S  (d, d) f32   worker -> optimizer (compressed gradient P^T G Q)
+//   step    D  (d, d) f32   optimizer -> worker (W += P D Q^T)
+//   p_index    (m, r) i32,  p_value (m, r) f32   projector P
+//   q_index    (n, r) i32,  q_value (n, r) f32   projector Q
+#ifndef LSPO_GPU_WORKER_ARENA_IO_H_
+#define LSPO_GPU_WORKER_ARENA_IO_H_
+
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "lsp/projector.h"
+#include "proto/lsp_offload.pb.h"
+#include "runtime/shm_arena.h"
+
+namespace lspo::worker {
+
+// One trained matrix: linear index, HF name, out features m, in features n.
+struct LinearShape {
+  int32_t index;
+  std::string name;
+  int64_t m;
+  int64_t n;
+};
+
+// Computes offsets for every matrix (see the file comment). `name` is the shm name.
+// Errors: kInvalidArgument if d < 1, r < 1 or r > d.
+absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(const std::vector<LinearShape>& linears,
+                                                       int32_t d, int32_t r,
+                                                       const std::string& name);
+
+// A CPU fp32 tensor viewing the slot `ref` (no copy; valid while the arena lives).
+// Errors: kInvalidArgument (dtype is not F32), kOutOfRange (outside the arena).
+absl::StatusOr<at::Tensor> ArenaF32(const runtime::ShmArena& arena, const lspo::v1::TensorRef& ref);
+
+// Copies P (index as i32, value f32) into the slots. kInvalidArgument on a shape mismatch.
+absl::Status WriteProjector(const runtime::ShmArena& arena, const lspo::v1::TensorRef& index,
+                            const lspo::v1::TensorRef& value, const lsp::SparseProjector& p);
+
+// Reads a projector with `d` columns back (index widened to int64). kDataLoss if a position
+// is outside [0, d).
+absl::StatusOr<lsp::SparseProjector> ReadProjector(const runtime::ShmArena& arena,
+                                                   const lspo::v1::TensorRef& index,
+                                                   const lspo::v1::TensorRef& value, int64_t d);
+
+}  // namespace lspo::worker
+
+#endif  // LSPO_GPU_WORKER_ARENA_IO_H_

@@ -1,0 +1,52 @@
+#include "gpu_worker/worker_service.h"
+
+#include "proto/grpc_status.h"
+
+namespace lspo::worker {
+namespace {
+
+template <typename T, typename Out>
+grpc::Status Reply(absl::StatusOr<T> r, Out* out) {
+  if (!r.ok()) return rpc::ToGrpc(r.status());
+  *out = std::move(*r);
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status WorkerService::LoadJob(grpc::ServerContext*, const lspo::v1::LoadJobRequest* req,
+                                    lspo::v1::LoadJobReply* out) {
+  return Reply(core_->LoadJob(req->job_id(), req->spec()), out);
+}
+grpc::Status WorkerService::FitProjectors(grpc::ServerContext*,
+                                          const lspo::v1::FitProjectorsRequest* req,
+                                          lspo::v1::FitProjectorsReply* out) {
+  return Reply(core_->FitProjectors(req->job_id(), req->step()), out);
+}
+grpc::Status WorkerService::TrainStep(grpc::ServerContext*,
+                                      const lspo::v1::TrainStepRequest* req,
+                                      lspo::v1::TrainStepReply* out) {
+  return Reply(core_->TrainStep(req->job_id(), req->step(), req->lr()), out);
+}
+grpc::Status WorkerService::ApplyUpdates(grpc::ServerContext*, const lspo::v1::ApplyRequest* req,
+                                         lspo::v1::ApplyReply* out) {
+  return Reply(core_->ApplyUpdates(req->job_id(), req->step(), *req), out);
+}
+grpc::Status WorkerService::Evaluate(grpc::ServerContext*, const lspo::v1::EvaluateRequest* req,
+                                     lspo::v1::EvaluateReply* out) {
+  auto r = core_->Evaluate(req->job_id(), req->step());
+  if (!r.ok()) return rpc::ToGrpc(r.status());
+  *out->mutable_metrics() = std::move(*r);
+  return grpc::Status::OK;
+}
+grpc::Status WorkerService::SaveArtifacts(grpc::ServerContext*, const lspo::v1::SaveRequest* req,
+                                          lspo::v1::SaveReply* out) {
+  return Reply(core_->SaveArtifacts(req->job_id(), req->dir()), out);
+}
+grpc::Status WorkerService::UnloadJob(grpc::ServerContext*,
+                                      const lspo::v1::UnloadJobRequest* req,
+                                      lspo::v1::UnloadJobReply*) {
+  return rpc::ToGrpc(core_->UnloadJob(req->job_id()));
+}
+
+}  // namespace lspo::worker

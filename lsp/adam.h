@@ -1,0 +1,112 @@
+// CPU Adam for LSP-Offload: the element-wise update kernel (used for full fp32 master weights
+// in the ZeRO baseline and for the d x d subspace moments of LSP), a finiteness check, and the
+// per-weight subspace optimizer. Torch-free (TBB only), so the CPU optimizer service does not
+// link LibTorch.
+//
+// Dimension legend (shared by all lsp/ headers):
+//   N  tokens in a batch             m  out features of a weight (rows of W)
+//   n  in features of a weight       d  subspace dimension (S, D, M, V are (d, d))
+//   r  non-zeros per projector row
+// HF layout: W is (m, n) and a linear layer computes y = x W^T.
+//
+// Formula (Kingma & Ba 2015, "Adam", Algorithm 1; eps added AFTER the square root, as in
+// torch.optim.Adam/AdamW, so the CPU and GPU paths agree):
+//   m_t  = beta1 m_{t-1} + (1 - beta1) g
+//   v_t  = beta2 v_{t-1} + (1 - beta2) g^2
+//   mhat = m_t / (1 - beta1^t),  vhat = v_t / (1 - beta2^t)
+//   delta = -lr * mhat / (sqrt(vhat) + eps)
+// Weight decay is decoupled (Loshchilov & Hutter 2019, AdamW): delta -= lr * wd * param. It
+// only exists where the parameter is known, i.e. with accumulate_into_out (out == param).
+//
+// Threading: AdamStep and CheckFinite use TBB parallel_for/parallel_reduce in the calling
+// thread's task arena; cap the thread count with tbb::global_control or a tbb::task_arena
+// when several processes share a host (known-failures.md #16). SubspaceAdam is not
+// thread-safe: one instance per weight, driven by one thread at a time.
+#ifndef LSPO_LSP_ADAM_H_
+#define LSPO_LSP_ADAM_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace lspo::lsp {
+
+// Adam hyper-parameters. Units: lr is in parameter units per step (the step D returned by
+// the subspace optimizer already carries it, sign folded in); betas are decay rates in [0, 1);
+// eps is added to sqrt(vhat); weight_decay is the decoupled AdamW coefficient (per step,
+// multiplied by lr).
+struct AdamHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+};
+
+// Returns kInvalidArgument unless lr, eps, weight_decay are finite and >= 0 (eps > 0) and
+// beta1, beta2 lie in [0, 1). The message names the field, the value seen and the valid range.
+absl::Status ValidateAdamHyper(const AdamHyper& h);
+
+// One Adam step over `n` contiguous fp32 elements (any tensor shape: the caller passes numel,
+// never size(0); known-failures.md #3).
+//   grad (n) fp32 in        : gradient g.
+//   m, v (n) fp32 in/out    : first/second moments, updated in place.
+//   out  (n) fp32 out       : accumulate_into_out == false: out = delta (weight_decay ignored);
+//                             accumulate_into_out == true : out += delta - lr*wd*out
+//                             (out is the fp32 parameter, updated in place).
+//   step                    : 1-based step count AFTER the increment for this update (int64;
+//                             never a 16-bit counter, known-failures.md #13).
+// Bias corrections are computed in float64 from `step`; the element math is fp32 in a scalar
+// loop the compiler vectorises (no SIMD tail special-cases: every n, including 1 and n not a
+// multiple of the vector width, takes the same path). Preconditions (programmer invariants,
+// CHECKed): step >= 1, n >= 0, non-null pointers when n > 0, buffers do not alias except that
+// callers may not pass grad == out. Non-finite grad is NOT filtered here (no silent
+// NaN-to-zero): call CheckFinite first.
+void AdamStep(const AdamHyper& h, int64_t step, const float* grad, float* m, float* v,
+              float* out, int64_t n, bool accumulate_into_out);
+
+// Returns OK if all n values are finite, else kInvalidArgument naming `what`, the first bad
+// index, its value, and the fix. x may be null only when n == 0.
+absl::Status CheckFinite(const float* x, int64_t n, absl::string_view what);
+
+// Adam in the d x d subspace of one weight (method.md: "The CPU runs Adam in the subspace with
+// fp32 moments M, V (d x d) and returns the step D"). Holds M, V (d*d fp32, row-major) and an
+// int64 step counter. weight_decay is ignored here (no parameter in the subspace; apply
+// decoupled decay to the full weights). Not thread-safe.
+class SubspaceAdam {
+ public:
+  // d: subspace dimension (> 0; a non-positive d makes every Step return kInvalidArgument).
+  explicit SubspaceAdam(int64_t d);
+
+  // One step. S: (d, d) fp32 row-major compressed gradient P^T G Q. D: (d, d) fp32 row-major
+  // output, D = -lr * mhat / (sqrt(vhat) + eps). Returns kInvalidArgument (and leaves M, V,
+  // step and D untouched) if S has a non-finite element, the hyper-parameters are invalid,
+  // or d <= 0.
+  absl::Status Step(const AdamHyper& h, const float* S, float* D);
+
+  // Restores a checkpointed state (resume). m, v: d*d fp32; step >= 0. kInvalidArgument
+  // (state untouched) on wrong sizes, negative step, non-finite m or v, or negative v.
+  absl::Status Restore(int64_t step, std::vector<float> m, std::vector<float> v);
+
+  int64_t d() const { return d_; }
+  // Number of completed steps (int64, exact beyond 2^24).
+  int64_t step() const { return step_; }
+  // Moments, (d, d) fp32 row-major. Mutable so that a refit can write the transferred state
+  // (method.md, paper Alg. 1); callers keep them finite and v >= 0.
+  std::vector<float>& m() { return m_; }
+  std::vector<float>& v() { return v_; }
+  const std::vector<float>& m() const { return m_; }
+  const std::vector<float>& v() const { return v_; }
+
+ private:
+  int64_t d_;
+  int64_t step_ = 0;
+  std::vector<float> m_;  // (d, d) fp32
+  std::vector<float> v_;  // (d, d) fp32
+};
+
+}  // namespace lspo::lsp
+
+#endif  // LSPO_LSP_ADAM_H_

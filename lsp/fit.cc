@@ -1,0 +1,184 @@
+// Projector fitting and Adam state transfer. See fit.h for the contract and the cost.
+#include "lsp/fit.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+#include "lsp/projector.h"
+
+namespace lspo::lsp {
+namespace {
+
+absl::Status ValidateOptions(const FitOptions& o) {
+  auto bad = [](absl::string_view field, double value, absl::string_view range) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "FitOptions.%s = %g is invalid: expected %s; fix the projector-fit configuration",
+        field, value, range));
+  };
+  if (o.max_iters < 0) return bad("max_iters", o.max_iters, "an integer >= 0");
+  if (!std::isfinite(o.lr) || o.lr <= 0) return bad("lr", o.lr, "a finite value > 0");
+  if (!std::isfinite(o.beta) || o.beta < 0) return bad("beta", o.beta, "a finite value >= 0");
+  if (!std::isfinite(o.alpha) || o.alpha < 0) {
+    return bad("alpha", o.alpha, "a finite value >= 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateInputs(const at::Tensor& G, const SparseProjector* P,
+                            const SparseProjector* Q) {
+  if (P == nullptr || Q == nullptr) {
+    return absl::InvalidArgumentError("FitProjectors: P and Q must be non-null");
+  }
+  absl::Status st = P->Validate();
+  if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("FitProjectors: P: ", st.message()));
+  st = Q->Validate();
+  if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("FitProjectors: Q: ", st.message()));
+  if (!G.defined() || G.dim() != 2 || !at::isFloatingType(G.scalar_type())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "FitProjectors: G must be a 2-D floating (m, n) gradient, got %s; non-2-D parameters "
+        "are not trained with LSP",
+        G.defined() ? absl::StrCat(c10::str(G.sizes()), " ",
+                                   std::string(c10::toString(G.scalar_type())))
+                    : std::string("an undefined tensor")));
+  }
+  if (G.size(0) != P->rows || G.size(1) != Q->rows || P->d != Q->d) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "FitProjectors: G is (%d, %d), P is (%d, %d), Q is (%d, %d); expected P (m, d) and "
+        "Q (n, d) with one d for G (m, n)",
+        G.size(0), G.size(1), P->rows, P->d, Q->rows, Q->d));
+  }
+  if (G.device() != P->index.device() || G.device() != Q->index.device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FitProjectors: G is on ", G.device().str(), " but P on ", P->index.device().str(),
+        " and Q on ", Q->index.device().str(), "; move them to one device (SparseProjector::To)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace internal {
+
+FitTerms FitObjective(const at::Tensor& Gn, const at::Tensor& p_index, const at::Tensor& p_value,
+                      const at::Tensor& q_index, const at::Tensor& q_value, int64_t d,
+                      double beta) {
+  const at::ScalarType ct = Gn.scalar_type();
+  const at::Tensor pv = p_value.to(ct);                                  // (m, r)
+  const at::Tensor qv = q_value.to(ct);                                  // (n, r)
+  const at::Tensor ptg = ScatterRows(Gn, p_index, pv, d);                // (d, n) = P^T Gn
+  const at::Tensor st = ScatterRows(ptg.t().contiguous(), q_index, qv, d);  // (d, d) = S^T
+  const at::Tensor s = st.t();                                           // (d, d) = P^T Gn Q
+  const at::Tensor a = CrossGram(p_index, pv, d, p_index, pv, d);        // (d, d) = P^T P
+  const at::Tensor b = CrossGram(q_index, qv, d, q_index, qv, d);        // (d, d) = Q^T Q
+  // |P S Q^T - Gn|^2 = <A S, S B> - 2 |S|^2 + |Gn|^2, |Gn| = 1.
+  const at::Tensor quad = (a.mm(s) * s.mm(b)).sum();
+  const at::Tensor f2 = quad - 2.0 * s.pow(2).sum() + 1.0;
+  // Clamp: rounding can push f2 slightly below 0 when the fit is near exact; the floor keeps
+  // the sqrt's gradient finite.
+  const at::Tensor error = f2.clamp_min(ct == at::kFloat ? 1e-30 : 1e-60).sqrt();
+  at::Tensor objective = error;
+  if (beta != 0) objective = error + beta * (pv.norm() + qv.norm());
+  return FitTerms{objective, error};
+}
+
+}  // namespace internal
+
+absl::StatusOr<FitResult> FitProjectors(const at::Tensor& G, SparseProjector* P,
+                                        SparseProjector* Q, const FitOptions& options) {
+  absl::Status st = ValidateOptions(options);
+  if (!st.ok()) return st;
+  st = ValidateInputs(G, P, Q);
+  if (!st.ok()) return st;
+  try {
+    torch::AutoGradMode enable_grad(true);
+    const at::Tensor g = G.detach();
+    {
+      const at::Tensor bad = at::isfinite(g).logical_not();  // (m, n) bool
+      const int64_t n_bad = bad.sum().item<int64_t>();
+      if (n_bad > 0) {
+        const int64_t first = bad.reshape({-1}).nonzero()[0][0].item<int64_t>();
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "FitProjectors: calibration gradient G (%d x %d) has %d non-finite entries (first "
+            "at flat index %d); expected finite values. Fix: skip this calibration batch or "
+            "lower the learning rate / use loss scaling",
+            g.size(0), g.size(1), n_bad, first));
+      }
+    }
+    const double g_norm = g.to(at::kDouble).norm().item<double>();
+    if (g_norm == 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "FitProjectors: gradient is all zero, nothing to fit (G is %d x %d). Fix: use "
+          "calibration samples whose loss depends on this weight, or keep the current "
+          "projectors",
+          g.size(0), g.size(1)));
+    }
+    FitResult result;
+    result.initial_error = RelativeBias(g, *P, *Q);
+
+    const at::ScalarType ct = options.float64 ? at::kDouble : at::kFloat;
+    const at::Tensor gn = (g.to(at::kDouble) / g_norm).to(ct).contiguous();  // (m, n), |gn| = 1
+    at::Tensor pv = P->value.detach().to(at::kFloat).clone().set_requires_grad(true);  // (m, r)
+    at::Tensor qv = Q->value.detach().to(at::kFloat).clone().set_requires_grad(true);  // (n, r)
+    torch::optim::Adam adam({pv, qv}, torch::optim::AdamOptions(options.lr));
+    at::Tensor best_p = P->value.detach().to(at::kFloat).clone();
+    at::Tensor best_q = Q->value.detach().to(at::kFloat).clone();
+    double best_objective = std::numeric_limits<double>::infinity();
+    for (int it = 0;; ++it) {
+      internal::FitTerms terms =
+          internal::FitObjective(gn, P->index, pv, Q->index, qv, P->d, options.beta);
+      const double objective = terms.objective.item<double>();
+      const double error = terms.error.item<double>();
+      if (!std::isfinite(objective)) break;  // diverged: keep the best seen
+      const bool accept = error <= options.alpha;
+      if (objective < best_objective || accept) {
+        best_objective = objective;
+        best_p = pv.detach().clone();
+        best_q = qv.detach().clone();
+      }
+      if (accept || it >= options.max_iters) break;
+      adam.zero_grad();
+      terms.objective.backward();
+      adam.step();
+      ++result.iterations;
+    }
+    P->value = best_p;
+    Q->value = best_q;
+    result.final_error = RelativeBias(g, *P, *Q);
+    return result;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("FitProjectors: LibTorch error: ", e.what()));
+  }
+}
+
+void TransferAdamState(const SparseProjector& P_old, const SparseProjector& Q_old,
+                       const SparseProjector& P_new, const SparseProjector& Q_new, at::Tensor& M,
+                       at::Tensor& V) {
+  CHECK(P_old.rows == P_new.rows && Q_old.rows == Q_new.rows)
+      << "TransferAdamState: projector rows differ: P " << P_old.rows << " -> " << P_new.rows
+      << ", Q " << Q_old.rows << " -> " << Q_new.rows;
+  CHECK(M.defined() && V.defined() && M.dim() == 2 && M.size(0) == P_old.d &&
+        M.size(1) == Q_old.d && V.sizes() == M.sizes())
+      << "TransferAdamState: M " << (M.defined() ? c10::str(M.sizes()) : "undefined") << ", V "
+      << (V.defined() ? c10::str(V.sizes()) : "undefined") << "; expected (" << P_old.d << ", "
+      << Q_old.d << ")";
+  torch::NoGradGuard no_grad;
+  const at::ScalarType ct = M.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor cp = internal::CrossGram(P_new.index, P_new.value.to(ct), P_new.d,
+                                            P_old.index, P_old.value.to(ct), P_old.d);  // (d', d)
+  const at::Tensor cq = internal::CrossGram(Q_old.index, Q_old.value.to(ct), Q_old.d,
+                                            Q_new.index, Q_new.value.to(ct), Q_new.d);  // (d, d')
+  const at::Tensor m_new = cp.mm(M.to(ct)).mm(cq);                    // (d', d')
+  const at::Tensor v_new = cp.pow(2).mm(V.to(ct)).mm(cq.pow(2));      // (d', d')
+  M = m_new.to(M.scalar_type());
+  V = v_new.to(V.scalar_type());
+}
+
+}  // namespace lspo::lsp

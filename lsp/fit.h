@@ -1,0 +1,94 @@
+// Learning the sparse projectors of one weight from a calibration gradient, and carrying the
+// subspace Adam state across a refit (method.md "Learning the projectors"; paper: Chen et al.,
+// AAAI 2025, arXiv 2406.10181, Alg. 1).
+//
+// Dimension legend (shared by all lsp/ headers):
+//   N  tokens in a batch             m  out features of a weight (rows of W)
+//   n  in features of a weight       d  subspace dimension (S, M, V are (d, d))
+//   r  non-zeros per projector row
+// HF layout: W is (m, n) (y = x W^T); G (m, n); P (m, d); Q (n, d).
+//
+// Cost of the fit. The objective needs |P S Q^T - G|_F with S = P^T G Q, but an (m, n) product
+// is never formed in the loop; it uses
+//   |P S Q^T - G|_F^2 = tr(S^T (P^T P) S (Q^T Q)) - 2 <S, P^T G Q> + |G|_F^2
+//                     = tr(S^T A S B) - 2 |S|_F^2 + |G|_F^2,   A = P^T P, B = Q^T Q (d, d),
+// with P^T G (d, n) by a differentiable sparse scatter over the values, S = (P^T G) Q by a
+// second scatter, A and B from the r x r products of each row. Per iteration:
+// O(m n r + n d r + (m + n) r^2 + d^3) time and O(d n + d^2) memory beyond G.
+//
+// Thread-safety: free functions; the projectors passed in are mutated and must not be shared.
+#ifndef LSPO_LSP_FIT_H_
+#define LSPO_LSP_FIT_H_
+
+#include <ATen/ATen.h>
+
+#include "absl/status/statusor.h"
+#include "lsp/projector.h"
+
+namespace lspo::lsp {
+
+struct FitOptions {
+  // Adam steps at most (method.md: ~100). 0 = only measure the error.
+  int max_iters = 100;
+  // Adam learning rate on the projector values (method.md: 0.05-0.1).
+  double lr = 0.05;
+  // Regulariser weight on |P|_F + |Q|_F (the Frobenius norms of the values).
+  double beta = 0.0;
+  // Stop as soon as the relative error <= alpha (method.md: 0.2 code, 0.3 GLUE, 0.8 default).
+  double alpha = 0.0;
+  // Evaluate the objective in float64 (default): the identity above subtracts terms of size
+  // ~|P S Q^T|^2 that can exceed |G|^2 by 10^3 at initialisation, so fp32 would lose ~4 digits.
+  // false: fp32 (faster on GPUs with slow fp64).
+  bool float64 = true;
+};
+
+struct FitResult {
+  double initial_error = 0;  // RelativeBias(G, P, Q) before the fit (fp64, exact)
+  double final_error = 0;    // RelativeBias(G, P, Q) of the kept values (fp64, exact)
+  int iterations = 0;        // Adam steps taken
+};
+
+// Fits the non-zero values of P and Q (positions fixed) by Adam (torch::optim::Adam, autograd)
+// to minimise  |P P^T G Q Q^T - G|_F / |G|_F + beta (|P|_F + |Q|_F)  (method.md). Keeps the
+// values with the lowest objective seen (or the first whose error <= alpha, where the loop
+// stops); stops early on a non-finite objective. On success P->value and Q->value hold the
+// kept values (fp32, same device, requires_grad false).
+//   G: (m, n) floating, same device as the projectors; P: (m, d); Q: (n, d), same d.
+// Errors (projectors untouched):
+//   kInvalidArgument    null/invalid projectors, G not 2-D floating, shape or device mismatch,
+//                       bad options (max_iters < 0, lr <= 0, beta < 0, alpha < 0, non-finite),
+//                       non-finite G (known-failures.md #12; the count and first index named).
+//   kFailedPrecondition G is all zero ("gradient is all zero, nothing to fit").
+//   kInternal           a LibTorch error during the fit.
+absl::StatusOr<FitResult> FitProjectors(const at::Tensor& G, SparseProjector* P,
+                                        SparseProjector* Q, const FitOptions& options);
+
+// Carries the subspace Adam moments into a new subspace after a refit (paper Alg. 1;
+// method.md "On a refit, carry the Adam state"):
+//   M <- (P'^T P) M (Q^T Q'),    V <- (P'^T P)^2 V (Q^T Q')^2   (squares element-wise),
+// with P, Q the old and P', Q' the new projectors. The step counter is not touched (callers
+// keep it). P'^T P (d', d) and Q^T Q' (d, d') are formed sparsely in O(m r r' + n r r').
+//   M, V: (d, d) floating (fp32 in the optimizer), replaced by (d', d') in the same dtype and
+//   device; computed in fp32 (fp64 for fp64 M). V stays >= 0 when it was.
+// Preconditions (programmer invariants, CHECKed): P_old.rows == P_new.rows, Q_old.rows ==
+// Q_new.rows, M and V are (P_old.d, Q_old.d), all on one device.
+void TransferAdamState(const SparseProjector& P_old, const SparseProjector& Q_old,
+                       const SparseProjector& P_new, const SparseProjector& Q_new, at::Tensor& M,
+                       at::Tensor& V);
+
+namespace internal {
+struct FitTerms {
+  at::Tensor objective;  // 0-dim: error + beta (|p_value|_F + |q_value|_F), differentiable
+  at::Tensor error;      // 0-dim: |P P^T Gn Q Q^T - Gn|_F from the trace identity
+};
+// The fit objective on a unit-norm gradient. Gn: (m, n) = G / |G|_F in the compute dtype
+// (fp32 or fp64); p_index (m, r), p_value (m, r); q_index (n, r), q_value (n, r); values are
+// cast to Gn's dtype differentiably. Exposed for tests.
+FitTerms FitObjective(const at::Tensor& Gn, const at::Tensor& p_index, const at::Tensor& p_value,
+                      const at::Tensor& q_index, const at::Tensor& q_value, int64_t d,
+                      double beta);
+}  // namespace internal
+
+}  // namespace lspo::lsp
+
+#endif  // LSPO_LSP_FIT_H_

@@ -1,0 +1,132 @@
+// Learned (d, r)-sparse projectors and the sparse kernels of LSP-Offload (method.md "Math, per
+// weight matrix W"; paper: Chen et al., AAAI 2025, arXiv 2406.10181, Sec. "Learned sparse
+// projectors" and Alg. 1).
+//
+// Dimension legend (shared by all lsp/ headers):
+//   N  tokens in a batch             m  out features of a weight (rows of W)
+//   n  in features of a weight       d  subspace dimension (S, D are (d, d))
+//   r  non-zeros per projector row
+// HF layout: W is (m, n) and a linear layer computes y = x W^T, so the weight gradient is
+// G = dY^T X (m, n) for X (N, n), dY (N, m). P is (m, d), Q is (n, d); the compressed gradient
+// is S = P^T G Q (d, d) and a subspace step D (d, d) is applied as W <- W + P D Q^T.
+//
+// A projector is stored as two (rows, r) tensors (index, value): row i has non-zeros
+// value[i, j] at columns index[i, j], j < r, all distinct. No kernel here ever forms the dense
+// (rows, d) matrix; Dense() exists for tests and debugging only. All kernels run on the device
+// of their inputs: on the CPU, fp32/fp64 data go through plain loops parallelised with
+// at::parallel_for (each task owns disjoint outputs); elsewhere (CUDA, 16-bit data) through
+// ATen index ops (index_add / index_select). They are differentiable where noted (custom
+// autograd functions), which the projector fit (fit.h) relies on.
+//
+// Error handling: inputs that come from users or files are validated by the Status-returning
+// functions (Random, FromTensors, Validate, CheckProjectorShapes). The tensor kernels are the
+// hot path and take already-validated operands: a shape/dtype/device mismatch there is a
+// programmer error and is CHECKed (the message names both shapes). No c10::Error escapes.
+//
+// Thread-safety: SparseProjector is a value type; concurrent const use is safe.
+#ifndef LSPO_LSP_PROJECTOR_H_
+#define LSPO_LSP_PROJECTOR_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace lspo::lsp {
+
+struct SparseProjector {
+  at::Tensor index;  // (rows, r) int64, r DISTINCT columns in [0, d) per row
+  at::Tensor value;  // (rows, r) fp32, the learned non-zeros
+  int64_t rows = 0;  // m for P, n for Q
+  int64_t d = 0;     // subspace dimension (columns of the dense projector)
+  int64_t r = 0;     // non-zeros per row
+
+  // A fresh projector on the CPU: per row, r distinct columns drawn uniformly without
+  // replacement (Floyd's algorithm, sorted ascending), values ~ N(0, 1/r) (std 1/sqrt(r)), so
+  // E[P P^T] = I (method.md). Deterministic for a given seed: positions are bit-identical on
+  // every platform (mt19937_64 + own unbiased integer draws, no implementation-defined std
+  // distributions); values use Box-Muller with std::log/cos, identical up to libm rounding.
+  // kInvalidArgument if rows <= 0, d <= 0, r <= 0 or r > d.
+  static absl::StatusOr<SparseProjector> Random(int64_t rows, int64_t d, int64_t r,
+                                                uint64_t seed);
+
+  // Wraps existing tensors (e.g. read from a checkpoint; known-failures.md #11) after
+  // Validate(). index (rows, r) integer, value (rows, r) floating (converted to int64 / fp32 on
+  // the same device). kInvalidArgument on any violation of the invariants.
+  static absl::StatusOr<SparseProjector> FromTensors(const at::Tensor& index,
+                                                     const at::Tensor& value, int64_t d);
+
+  // Checks the invariants: defined tensors, index int64 and value fp32 of shape (rows, r) on
+  // one device, 1 <= r <= d, indices in [0, d) and distinct per row, finite values.
+  // kInvalidArgument naming the violated invariant. Copies to the CPU for the checks (O(rows r)).
+  absl::Status Validate() const;
+
+  // The dense (rows, d) fp32 matrix on the projector's device. For tests/debugging only.
+  at::Tensor Dense() const;
+
+  // A copy with index and value on `device` (same sizes).
+  SparseProjector To(const at::Device& device) const;
+};
+
+// Validates the shapes of one weight's projector pair before anything is allocated
+// (method.md "Unguarded edge cases"; known-failures.md #10). W is (m, n), P (m, d), Q (n, d).
+// kInvalidArgument if m, n, d or r <= 0, d >= min(m, n) (the subspace would not compress:
+// message says "choose d < min(m, n) = <value>"), or r > d ("choose r <= d").
+absl::Status CheckProjectorShapes(int64_t m, int64_t n, int64_t d, int64_t r);
+
+// X P without densifying P. X: (N, rows) any floating dtype, any device; P.rows == X.size(1).
+// Returns (N, P.d) contiguous in X's dtype; sums are accumulated in fp32 (fp64 for fp64 X) and
+// rounded once. Used for A = X Q in the forward pass. O(N rows r). Differentiable in X and
+// P.value (when grad mode is on and either requires grad, the ATen path is taken).
+at::Tensor ProjectRows(const at::Tensor& X, const SparseProjector& P);
+
+// The compressed weight gradient of a linear layer without materialising G (method.md):
+//   S = P^T G Q with G = dY^T X, computed as S = (dY P)^T (X Q).
+// dY: (N, m) any floating dtype (cast to fp32 before the projection); XQ: (N, d) = X Q from
+// ProjectRows (any floating dtype); P: (m, d). Returns (d, d) fp32 (fp64 if dY and XQ are both
+// fp64). Cost O(N m r + N d^2).
+at::Tensor CompressFactored(const at::Tensor& dY, const at::Tensor& XQ, const SparseProjector& P);
+
+// The same S = P^T G Q (d, d) from a dense gradient G (m, n), e.g. calibration gradients. Two
+// sparse passes, O(m n r + n d r). Returns fp32 (fp64 if G is fp64). Differentiable in G and
+// the projector values.
+at::Tensor CompressDense(const at::Tensor& G, const SparseProjector& P, const SparseProjector& Q);
+
+// The full-space step P D Q^T (m, n) without densifying P or Q: first E = D Q^T (d, n) by
+// gathering rows of D^T, then P E by gathering rows of E. D: (P.d, Q.d) any floating dtype.
+// Returns (P.rows, Q.rows) fp32 (fp64 if D is fp64). Cost O(n d r + m n r).
+at::Tensor ExpandStep(const SparseProjector& P, const at::Tensor& D, const SparseProjector& Q);
+
+// W <- W + P D Q^T in place (method.md "Apply on the GPU before the layer's next forward").
+// W: (m, n) fp32/bf16/fp16/fp64, any device. The sum is formed in fp32 (fp64 for fp64 W) and
+// rounded to W's dtype once (no double rounding of the step into bf16).
+void ApplyStep(at::Tensor& W, const SparseProjector& P, const at::Tensor& D,
+               const SparseProjector& Q);
+
+// Relative estimation bias of the pair on G (method.md): |P P^T G Q Q^T - G|_F / |G|_F.
+// G: (m, n) floating. Computed in fp64 over row blocks of G (memory O(d n + block n)), with S =
+// P^T G Q and the residual P S Q^T - G formed block by block; never densifies P or Q.
+// Returns 0 when |G|_F == 0 (a zero gradient has no bias, by convention); returns NaN if G has
+// non-finite entries (callers reject such G first, see fit.h).
+double RelativeBias(const at::Tensor& G, const SparseProjector& P, const SparseProjector& Q);
+
+namespace internal {
+// Building blocks (differentiable in every floating input). index: (rows, r) int64,
+// value: (rows, r) floating in the compute dtype.
+// Scatter: P^T X for X (rows, K) -> (d, K). Gather: P E for E (d, K) -> (rows, K).
+at::Tensor ScatterRows(const at::Tensor& X, const at::Tensor& index, const at::Tensor& value,
+                       int64_t d);
+at::Tensor GatherRows(const at::Tensor& E, const at::Tensor& index, const at::Tensor& value);
+// A^T B for two projectors over the same rows: (d_a, d_b), O(rows r_a r_b).
+at::Tensor CrossGram(const at::Tensor& index_a, const at::Tensor& value_a, int64_t d_a,
+                     const at::Tensor& index_b, const at::Tensor& value_b, int64_t d_b);
+// Test hook: true routes every kernel through the generic ATen index ops (the CUDA path) even
+// on the CPU, so tests can compare both execution paths. Process-wide; default false.
+void SetForceAtenKernels(bool force);
+}  // namespace internal
+
+}  // namespace lspo::lsp
+
+#endif  // LSPO_LSP_PROJECTOR_H_

@@ -1,0 +1,470 @@
+// Llama decoder forward pass and the LSP linear autograd node. Legend and formulas: llama.h.
+#include "model/llama.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "model/gguf.h"
+#include "model/hf_names.h"
+#include "runtime/status_macros.h"
+
+namespace lspo::model {
+namespace {
+
+using torch::autograd::variable_list;
+
+// Slots inside one layer's block of 9 tensors (NamedTensors order).
+constexpr int64_t kTensorsPerLayer = 9;
+constexpr int64_t kInputNormOffset = 0;
+constexpr int64_t kPostNormOffset = 5;
+// Offset of LinearKind k inside the layer block: q,k,v,o at 1..4; gate,up,down at 6..8.
+constexpr int64_t kLinearOffset[kLinearsPerLayer] = {1, 2, 3, 4, 6, 7, 8};
+constexpr const char* kLinearSuffix[kLinearsPerLayer] = {
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+    "mlp.down_proj.weight"};
+
+std::string ShapeString(at::IntArrayRef shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::string LayerPrefix(int64_t layer) { return absl::StrCat("model.layers.", layer, "."); }
+
+// Backward node of an LSP linear y = x W^T over N tokens (method.md "Math").
+// Input: dY (N, m). Output: dX = dY W (N, n), only when x needs a gradient.
+// Side effect: S = (dY P)^T XQ = P^T G Q (d, d) fp32 handed to the sink. No weight gradient.
+struct LspLinearBackward : public torch::autograd::Node {
+  variable_list apply(variable_list&& grads) override {
+    const at::Tensor& dy = grads[0];  // (N, m)
+    at::Tensor dx;                    // (N, n)
+    if (dy.defined()) {
+      at::Tensor w = weight.unpack();  // (m, n); throws if W was modified after the forward
+      if (task_should_compute_output(0)) dx = at::mm(dy, w);
+      if (sink != nullptr && sink->sink) {
+        at::Tensor s = lsp::CompressFactored(dy, xq, p);  // (d, d) fp32
+        sink->sink(linear_index, s);
+      }
+    }
+    return {dx};
+  }
+  void release_variables() override {
+    weight.reset_data();
+    xq = at::Tensor();
+  }
+  std::string name() const override { return "LspLinearBackward"; }
+
+  torch::autograd::SavedVariable weight;  // W (m, n) fp32
+  at::Tensor xq;                           // X Q (N, d) fp32
+  lsp::SparseProjector p;                  // P (m, d)
+  int64_t linear_index = 0;
+  std::shared_ptr<internal::SinkHolder> sink;
+};
+
+// y = x W^T recorded with an LspLinearBackward node. x2d (N, n), w (m, n) -> (N, m).
+at::Tensor LspLinearForward(const at::Tensor& x2d, const at::Tensor& w, int64_t linear_index,
+                            const lsp::SparseProjector& p, const lsp::SparseProjector& q,
+                            const std::shared_ptr<internal::SinkHolder>& sink) {
+  at::Tensor y;   // (N, m)
+  at::Tensor xq;  // (N, d)
+  {
+    at::NoGradGuard no_grad;
+    y = at::mm(x2d, w.t());
+    if (sink->sink) xq = lsp::ProjectRows(x2d, q);
+  }
+  auto node = std::shared_ptr<LspLinearBackward>(new LspLinearBackward(),
+                                                 torch::autograd::deleteNode);
+  node->weight = torch::autograd::SavedVariable(w, /*is_output=*/false);
+  node->xq = xq;
+  node->p = p;
+  node->linear_index = linear_index;
+  node->sink = xq.defined() ? sink : nullptr;
+  node->set_next_edges(torch::autograd::collect_next_edges(x2d));
+  torch::autograd::create_gradient_edge(y, std::move(node));
+  return y;
+}
+
+// Concatenation of the two halves swapped: [x2, x1] for x = [x1, x2] along the last dim.
+at::Tensor SwapHalves(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+LlamaModel LlamaModel::Allocate(const LlamaConfig& c) {
+  LlamaModel model;
+  model.config_ = c;
+  const int64_t H = c.hidden_size, F = c.intermediate_size;
+  const int64_t q_out = c.num_heads * c.head_dim, kv_out = c.num_kv_heads * c.head_dim;
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  auto add = [&model, &opts](std::string name, std::vector<int64_t> shape) {
+    model.slot_of_[name] = static_cast<int64_t>(model.tensors_.size());
+    model.names_.push_back(std::move(name));
+    model.tensors_.push_back(at::empty(shape, opts));
+  };
+  add("model.embed_tokens.weight", {c.vocab_size, H});
+  model.embed_slot_ = 0;
+  const std::vector<int64_t> linear_shapes[kLinearsPerLayer] = {
+      {q_out, H}, {kv_out, H}, {kv_out, H}, {H, q_out}, {F, H}, {F, H}, {H, F}};
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string prefix = LayerPrefix(l);
+    const int64_t base = static_cast<int64_t>(model.tensors_.size());
+    add(prefix + "input_layernorm.weight", {H});
+    for (int64_t k = 0; k < 4; ++k) add(prefix + kLinearSuffix[k], linear_shapes[k]);
+    add(prefix + "post_attention_layernorm.weight", {H});
+    for (int64_t k = 4; k < kLinearsPerLayer; ++k) add(prefix + kLinearSuffix[k], linear_shapes[k]);
+    for (int64_t k = 0; k < kLinearsPerLayer; ++k) {
+      model.linear_slot_.push_back(base + kLinearOffset[k]);
+    }
+  }
+  model.final_norm_slot_ = static_cast<int64_t>(model.tensors_.size());
+  add("model.norm.weight", {H});
+  if (c.tie_word_embeddings) {
+    model.lm_head_slot_ = model.embed_slot_;
+  } else {
+    model.lm_head_slot_ = static_cast<int64_t>(model.tensors_.size());
+    add("lm_head.weight", {c.vocab_size, H});
+  }
+  model.modes_.assign(model.linear_slot_.size(), LinearMode::kFrozen);
+  model.projectors_.resize(model.linear_slot_.size());
+  return model;
+}
+
+absl::StatusOr<LlamaModel> LlamaModel::RandomInit(const LlamaConfig& config, uint64_t seed) {
+  RETURN_IF_ERROR(config.Validate());
+  try {
+    LlamaModel model = Allocate(config);
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    at::NoGradGuard no_grad;
+    for (at::Tensor& t : model.tensors_) {
+      if (t.dim() == 1) {
+        t.fill_(1.0);  // RMSNorm weights
+      } else {
+        t.normal_(0.0, 0.02, gen);
+      }
+    }
+    return model;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("LlamaModel::RandomInit: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<LlamaModel> LlamaModel::FromGguf(const GgufFile& gguf) {
+  ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfigFromGguf(gguf));
+  try {
+    LlamaModel model = Allocate(config);
+    for (size_t slot = 0; slot < model.tensors_.size(); ++slot) {
+      const std::string& name = model.names_[slot];
+      std::vector<int64_t> shape;
+      ASSIGN_OR_RETURN(std::vector<float> data,
+                       LoadHfTensor(gguf, name, config.num_heads, config.num_kv_heads, &shape));
+      at::Tensor& t = model.tensors_[slot];
+      if (at::IntArrayRef(shape) != t.sizes() ||
+          static_cast<int64_t>(data.size()) != t.numel()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "GGUF tensor ", name, " has shape ", ShapeString(shape), " (", data.size(),
+            " values) but the llama.* hyperparameters imply ", ShapeString(t.sizes()),
+            "; the file's metadata and tensors disagree"));
+      }
+      std::copy(data.begin(), data.end(), t.data_ptr<float>());
+    }
+    return model;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("LlamaModel::FromGguf: ", e.what_without_backtrace()));
+  }
+}
+
+absl::Status LlamaModel::ValidateBatch(const at::Tensor& input_ids, const at::Tensor& labels,
+                                       const at::Tensor& positions) const {
+  const int64_t V = config_.vocab_size;
+  if (!input_ids.defined() || input_ids.dim() != 2 || input_ids.scalar_type() != at::kLong ||
+      input_ids.size(0) < 1 || input_ids.size(1) < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input_ids must be a defined (B, T) int64 tensor with B, T >= 1; got ",
+        input_ids.defined() ? absl::StrCat(ShapeString(input_ids.sizes()), " ",
+                                           std::string(c10::toString(input_ids.scalar_type())))
+                            : std::string("undefined")));
+  }
+  if (input_ids.device() != tensors_[0].device()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input_ids is on ", input_ids.device().str(), " but the model is on ",
+                     tensors_[0].device().str(), "; move the batch with .to(device)"));
+  }
+  try {
+    const int64_t lo = input_ids.min().item<int64_t>(), hi = input_ids.max().item<int64_t>();
+    if (lo < 0 || hi >= V) {
+      return absl::InvalidArgumentError(absl::StrCat("input_ids holds ids in [", lo, ", ", hi,
+                                                     "]; expected ids in [0, vocab_size = ", V,
+                                                     "): the tokenizer does not match the model"));
+    }
+    if (labels.defined()) {
+      if (labels.sizes() != input_ids.sizes() || labels.scalar_type() != at::kLong) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "labels must be int64 with the shape of input_ids ", ShapeString(input_ids.sizes()),
+            "; got ", ShapeString(labels.sizes()), " ",
+            std::string(c10::toString(labels.scalar_type()))));
+      }
+      at::Tensor bad = (labels != -100).logical_and(labels.lt(0).logical_or(labels.ge(V)));
+      if (bad.any().item<bool>()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "labels holds values outside [0, ", V, ") other than the ignore value -100"));
+      }
+    }
+    if (positions.defined()) {
+      if (positions.dim() != 1 || positions.size(0) != input_ids.size(0) ||
+          positions.scalar_type() != at::kLong) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "positions must be (B = ", input_ids.size(0), ") int64; got ",
+            ShapeString(positions.sizes()), " ",
+            std::string(c10::toString(positions.scalar_type()))));
+      }
+      const int64_t T = input_ids.size(1);
+      if (positions.lt(0).logical_or(positions.ge(T)).any().item<bool>()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("positions must lie in [0, T = ", T, ")"));
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ValidateBatch: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
+  // HF LlamaRMSNorm: fp32 statistics, result cast back to x's dtype, then scaled.
+  at::Tensor xf = x.to(at::kFloat);                            // (..., H) fp32
+  at::Tensor inv = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + config_.rms_norm_eps);
+  return weight * (xf * inv).to(x.scalar_type());              // (..., H)
+}
+
+at::Tensor LlamaModel::Linear(const at::Tensor& x, int64_t linear_index) {
+  const at::Tensor& w = T(linear_slot_[static_cast<size_t>(linear_index)]);  // (m, n)
+  const int64_t m = w.size(0), n = w.size(1);
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = m;
+  at::Tensor x2d = x.reshape({-1, n});  // (N, n)
+  const LinearMode mode = modes_[static_cast<size_t>(linear_index)];
+  if (mode == LinearMode::kLsp && at::GradMode::is_enabled()) {
+    const auto& pq = projectors_[static_cast<size_t>(linear_index)];
+    if (pq.has_value()) {
+      return LspLinearForward(x2d, w, linear_index, pq->first, pq->second, sink_)
+          .view(out_shape);
+    }
+    LOG_FIRST_N(WARNING, 8) << "LlamaModel: linear " << LinearName(linear_index)
+                            << " is in kLsp mode without projectors; treated as frozen "
+                               "(call SetProjectors first)";
+  }
+  return at::mm(x2d, w.t()).view(out_shape);  // (..., m)
+}
+
+at::Tensor LlamaModel::Attention(const at::Tensor& a, int64_t layer, const at::Tensor& cos,
+                                 const at::Tensor& sin, const at::Tensor& causal_mask) {
+  const int64_t B = a.size(0), T = a.size(1);
+  const int64_t nh = config_.num_heads, nkv = config_.num_kv_heads, hd = config_.head_dim;
+  const int64_t G = nh / nkv;
+  const int64_t base = layer * kLinearsPerLayer;
+  at::Tensor q = Linear(a, base + static_cast<int64_t>(LinearKind::kQ)).view({B, T, nh, hd});
+  at::Tensor k = Linear(a, base + static_cast<int64_t>(LinearKind::kK)).view({B, T, nkv, hd});
+  at::Tensor v = Linear(a, base + static_cast<int64_t>(LinearKind::kV)).view({B, T, nkv, hd});
+  // RoPE (HF rotate_half): x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1]; the sign is
+  // folded into `sin` ([-sin, sin] halves), so rotate_half(x) sin == SwapHalves(x) sin_signed.
+  q = q * cos + SwapHalves(q) * sin;  // (B, T, nh, hd); cos/sin (T, 1, hd)
+  k = k * cos + SwapHalves(k) * sin;  // (B, T, nkv, hd)
+  // GQA without repeating k/v: query head j = kv * G + g, so (B, nh, T, hd) viewed as
+  // (B, nkv, G*T, hd) pairs every query row with its kv head.
+  at::Tensor qg = q.transpose(1, 2).contiguous().view({B, nkv, G * T, hd});
+  at::Tensor kt = k.permute({0, 2, 3, 1});  // (B, nkv, hd, T)
+  at::Tensor vh = v.transpose(1, 2);        // (B, nkv, T, hd)
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  at::Tensor scores = at::matmul(qg, kt).view({B, nkv, G, T, T});  // q k^T
+  scores = at::add(causal_mask, scores, scale);  // scale · q k^T + (0 | -inf), (B,nkv,G,T,T)
+  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(vh.scalar_type());
+  at::Tensor o = at::matmul(probs.view({B, nkv, G * T, T}), vh);  // (B, nkv, G*T, hd)
+  o = o.view({B, nh, T, hd}).transpose(1, 2).reshape({B, T, nh * hd});
+  return Linear(o, base + static_cast<int64_t>(LinearKind::kO));  // (B, T, H)
+}
+
+at::Tensor LlamaModel::LmHead(const at::Tensor& h) const {
+  return at::matmul(h, T(lm_head_slot_).t());  // (..., H) x (H, V) -> (..., V)
+}
+
+at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids) {
+  const int64_t T_len = input_ids.size(1);
+  const int64_t hd = config_.head_dim;
+  at::Tensor h = at::embedding(T(embed_slot_), input_ids);  // (B, T, H)
+  const auto fopts = at::TensorOptions().dtype(at::kFloat).device(h.device());
+  // RoPE tables as HF LlamaRotaryEmbedding (fp32): inv_freq_i = θ^(-2i/hd),
+  // angle(t, i) = t · inv_freq_i, emb = [angle, angle].
+  at::Tensor inv_freq = at::pow(config_.rope_theta, at::arange(0, hd, 2, fopts) / hd)
+                            .reciprocal();                          // (hd/2)
+  at::Tensor angle = at::outer(at::arange(T_len, fopts), inv_freq);  // (T, hd/2)
+  at::Tensor cos_half = angle.cos(), sin_half = angle.sin();
+  at::Tensor cos = at::cat({cos_half, cos_half}, -1).view({T_len, 1, hd}).to(h.scalar_type());
+  at::Tensor sin = at::cat({-sin_half, sin_half}, -1).view({T_len, 1, hd}).to(h.scalar_type());
+  // Additive causal mask: -inf above the diagonal, (T, T).
+  at::Tensor mask = at::full({T_len, T_len}, -std::numeric_limits<float>::infinity(), fopts)
+                        .triu(1);
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    const int64_t base = 1 + l * kTensorsPerLayer;
+    at::Tensor a = RmsNorm(h, T(base + kInputNormOffset));
+    h = h + Attention(a, l, cos, sin, mask);
+    a = RmsNorm(h, T(base + kPostNormOffset));
+    const int64_t lin = l * kLinearsPerLayer;
+    at::Tensor gate = Linear(a, lin + static_cast<int64_t>(LinearKind::kGate));  // (B, T, F)
+    at::Tensor up = Linear(a, lin + static_cast<int64_t>(LinearKind::kUp));      // (B, T, F)
+    h = h + Linear(at::silu(gate) * up, lin + static_cast<int64_t>(LinearKind::kDown));
+  }
+  return RmsNorm(h, T(final_norm_slot_));  // (B, T, H)
+}
+
+at::Tensor LlamaModel::Logits(const at::Tensor& input_ids) {
+  return LmHead(Hidden(input_ids));  // (B, T, V)
+}
+
+at::Tensor LlamaModel::LogitsAt(const at::Tensor& input_ids, const at::Tensor& positions) {
+  const int64_t B = input_ids.size(0), T_len = input_ids.size(1);
+  at::Tensor h = Hidden(input_ids);  // (B, T, H)
+  at::Tensor rows =
+      at::arange(B, positions.options()) * T_len + positions;  // (B) flat row index
+  return LmHead(h.reshape({B * T_len, -1}).index_select(0, rows));  // (B, V)
+}
+
+at::Tensor LlamaModel::CausalLmLoss(const at::Tensor& input_ids, const at::Tensor& labels) {
+  const int64_t B = input_ids.size(0), T_len = input_ids.size(1);
+  at::Tensor h = Hidden(input_ids);  // (B, T, H)
+  // target(b, t) = labels(b, t + 1) for t < T - 1; -100 at t = T - 1.
+  at::Tensor target = at::full({B, T_len}, -100, labels.options());  // (B, T) int64
+  if (T_len > 1) target.narrow(1, 0, T_len - 1).copy_(labels.narrow(1, 1, T_len - 1));
+  target = target.view(-1);                                     // (N)
+  at::Tensor rows = (target != -100).nonzero().view(-1);        // (K) flat row index
+  if (rows.numel() == 0) return h.sum() * 0.0;                  // K == 0: zero, still a graph
+  at::Tensor hsel = h.reshape({B * T_len, -1}).index_select(0, rows);  // (K, H)
+  at::Tensor logp = at::log_softmax(LmHead(hsel), -1, at::kFloat);   // (K, V) fp32
+  at::Tensor picked = logp.gather(1, target.index_select(0, rows).unsqueeze(1));  // (K, 1)
+  return -picked.mean();
+}
+
+std::string LlamaModel::LinearName(int64_t i) const {
+  if (i < 0 || i >= num_linears()) return absl::StrCat("<linear ", i, " out of range>");
+  return names_[static_cast<size_t>(linear_slot_[static_cast<size_t>(i)])];
+}
+
+at::Tensor& LlamaModel::LinearWeight(int64_t i) {
+  CHECK(i >= 0 && i < num_linears()) << "linear index " << i << " not in [0, " << num_linears()
+                                     << ")";
+  return tensors_[static_cast<size_t>(linear_slot_[static_cast<size_t>(i)])];
+}
+
+const at::Tensor& LlamaModel::LinearWeight(int64_t i) const {
+  CHECK(i >= 0 && i < num_linears()) << "linear index " << i << " not in [0, " << num_linears()
+                                     << ")";
+  return tensors_[static_cast<size_t>(linear_slot_[static_cast<size_t>(i)])];
+}
+
+void LlamaModel::SetLinearMode(LinearMode mode) {
+  for (int64_t i = 0; i < num_linears(); ++i) SetLinearMode(i, mode);
+}
+
+void LlamaModel::SetLinearMode(int64_t i, LinearMode mode) {
+  LinearWeight(i).requires_grad_(mode == LinearMode::kDense);
+  modes_[static_cast<size_t>(i)] = mode;
+}
+
+void LlamaModel::ZeroLinearGrads() {
+  for (int64_t i = 0; i < num_linears(); ++i) LinearWeight(i).mutable_grad() = at::Tensor();
+}
+
+absl::Status LlamaModel::SetProjectors(int64_t i, lsp::SparseProjector P,
+                                       lsp::SparseProjector Q) {
+  if (i < 0 || i >= num_linears()) {
+    return absl::InvalidArgumentError(absl::StrCat("SetProjectors: linear index ", i,
+                                                   " is not in [0, ", num_linears(), ")"));
+  }
+  const at::Tensor& w = LinearWeight(i);
+  if (P.rows != w.size(0) || Q.rows != w.size(1) || P.d != Q.d || P.d <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SetProjectors(", LinearName(i), "): W is (", w.size(0), ", ", w.size(1),
+        ") so P must be (", w.size(0), ", d) and Q (", w.size(1), ", d) with one d > 0; got P (",
+        P.rows, ", ", P.d, "), Q (", Q.rows, ", ", Q.d, ")"));
+  }
+  projectors_[static_cast<size_t>(i)] = std::make_pair(std::move(P), std::move(Q));
+  return absl::OkStatus();
+}
+
+bool LlamaModel::HasProjectors(int64_t i) const {
+  return i >= 0 && i < num_linears() && projectors_[static_cast<size_t>(i)].has_value();
+}
+
+absl::Status LlamaModel::ValidateLspReady() const {
+  for (int64_t i = 0; i < num_linears(); ++i) {
+    if (modes_[static_cast<size_t>(i)] == LinearMode::kLsp && !HasProjectors(i)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "linear ", i, " (", LinearName(i),
+          ") is in LinearMode::kLsp but has no projectors; call SetProjectors first"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void LlamaModel::SetCompressedGradSink(CompressedGradSink sink) {
+  sink_->sink = std::move(sink);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedTensors() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.reserve(tensors_.size());
+  for (size_t s = 0; s < tensors_.size(); ++s) out.emplace_back(names_[s], tensors_[s]);
+  return out;
+}
+
+absl::StatusOr<at::Tensor> LlamaModel::GetTensor(const std::string& hf_name) const {
+  auto it = slot_of_.find(hf_name);
+  if (it == slot_of_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no tensor named \"", hf_name, "\" in this Llama model",
+        hf_name == "lm_head.weight" ? " (embeddings are tied: use model.embed_tokens.weight)"
+                                    : ""));
+  }
+  return tensors_[static_cast<size_t>(it->second)];
+}
+
+absl::Status LlamaModel::SetTensor(const std::string& hf_name, const at::Tensor& value) {
+  if (hf_name == "lm_head.weight" && config_.tie_word_embeddings) {
+    return absl::InvalidArgumentError(
+        "SetTensor(lm_head.weight): this model ties lm_head to the embedding; set "
+        "model.embed_tokens.weight instead (or skip lm_head.weight when loading)");
+  }
+  auto it = slot_of_.find(hf_name);
+  if (it == slot_of_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("SetTensor: no tensor named \"", hf_name, "\" in this Llama model"));
+  }
+  at::Tensor& dst = tensors_[static_cast<size_t>(it->second)];
+  if (!value.defined() || !at::isFloatingType(value.scalar_type())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SetTensor(", hf_name, "): expected a floating tensor, got ",
+        value.defined() ? std::string(c10::toString(value.scalar_type())) : "undefined"));
+  }
+  if (value.sizes() != dst.sizes()) {
+    return absl::InvalidArgumentError(absl::StrCat("SetTensor(", hf_name, "): shape ",
+                                                   ShapeString(value.sizes()), " but the model expects ",
+                                                   ShapeString(dst.sizes())));
+  }
+  try {
+    at::NoGradGuard no_grad;
+    dst.copy_(value);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetTensor(", hf_name, "): ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace lspo::model

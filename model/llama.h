@@ -1,0 +1,228 @@
+// Llama-family decoder (HF `LlamaForCausalLM` semantics) in LibTorch, with linear layers that
+// can be trained through LSP-Offload's compressed gradient S = P^T G Q.
+//
+// Dimension legend (every tensor below carries one of these shape comments):
+//   B batch rows, T sequence length, N = B·T tokens (or K selected tokens), V vocab,
+//   H hidden size, F intermediate (SwiGLU) size, nh query heads, nkv key/value heads,
+//   G = nh / nkv query heads per kv head, hd head dim,
+//   m out-features and n in-features of a linear weight W (m, n) (HF layout: y = x W^T),
+//   d subspace dimension of the projectors P (m, d), Q (n, d).
+//
+// Forward (HF modeling_llama.py; formats.md §3/§5):
+//   h0 = embed_tokens[ids]                                   (B, T, H)
+//   per layer: a = RMSNorm(h) ; q,k,v = a Wq^T, a Wk^T, a Wv^T ; RoPE(q, k) ;
+//              o = softmax(q k^T / sqrt(hd) + causal) v  (GQA: q head j uses kv head j / G) ;
+//              h += o Wo^T ; a = RMSNorm(h) ; h += (silu(a Wg^T) * (a Wu^T)) Wd^T
+//   out = RMSNorm_final(h) ; logits = out lm_head^T (lm_head = embed_tokens when tied).
+//   RMSNorm(x) = w * x / sqrt(mean(x^2) + eps), computed in fp32.
+//   RoPE: HF rotate_half convention on un-permuted q/k rows (pairs (i, i + hd/2)),
+//   angle = pos · θ^(-2i/hd), positions 0..T-1 for every row.
+//   Softmax is computed in fp32.
+// Padding: callers pad on the RIGHT; causal attention alone then gives the unpadded result
+// for every real token, so no attention mask is taken. Left padding is NOT supported (the
+// pads would shift RoPE positions and be attended to).
+//
+// LSP linear (method.md "Math"): for a linear y = x W^T over N tokens with upstream gradient
+// dY (N, m), the weight gradient is G = dY^T X (m, n). In LinearMode::kLsp the forward saves
+// XQ = X Q (N, d) and the backward computes dX = dY W and S = (dY P)^T XQ = P^T G Q (d, d) fp32
+// (lsp::CompressFactored), hands S to the CompressedGradSink and returns NO weight gradient:
+// G is never materialised.
+//
+// Thread-safety: not thread-safe. One thread at a time may run forward/backward or mutate the
+// model; distinct models are independent. Intra-op parallelism follows at::get_num_threads()
+// (callers set it with at::set_num_threads). The sink runs on the thread that calls backward.
+#ifndef LSPO_MODEL_LLAMA_H_
+#define LSPO_MODEL_LLAMA_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "lsp/projector.h"
+#include "model/llama_config.h"
+
+namespace lspo::model {
+
+class GgufFile;
+
+// The 7 linear weights of a decoder layer. Global linear index i = layer * 7 + kind.
+enum class LinearKind : int64_t { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
+inline constexpr int64_t kLinearsPerLayer = 7;
+inline int64_t LinearIndex(int64_t layer, LinearKind kind) {
+  return layer * kLinearsPerLayer + static_cast<int64_t>(kind);
+}
+
+// How a linear weight is trained.
+enum class LinearMode {
+  // W.requires_grad() == false: no weight gradient; dX still flows.
+  kFrozen,
+  // W.requires_grad() == true: autograd accumulates the full G (m, n) fp32 into W.grad()
+  // (used for calibration gradients and the `zero`/`native` baselines).
+  kDense,
+  // Custom autograd: forward saves XQ = X Q (N, d); backward returns dX = dY W and gives
+  // S = P^T G Q (d, d) fp32 to the sink. W.requires_grad() == false, W.grad() never formed.
+  // The backward node runs even when nothing upstream is trainable (e.g. layer 0 with a
+  // frozen embedding), so loss.backward() works with every parameter frozen. W must not be
+  // modified in place between a forward and its backward (the node saves W and checks its
+  // version, as autograd does: a violation throws c10::Error from backward()).
+  // Needs projectors (SetProjectors); a kLsp linear without projectors behaves as kFrozen
+  // (a warning is logged; ValidateLspReady() reports it).
+  kLsp,
+};
+
+// Receives S (d, d) fp32 of linear `linear_index` during backward (see
+// LlamaModel::SetCompressedGradSink).
+using CompressedGradSink =
+    std::function<void(int64_t linear_index, const at::Tensor& S /* (d, d) fp32 */)>;
+
+namespace internal {
+// Shared between a model and the backward nodes it recorded (stable across model moves).
+struct SinkHolder {
+  CompressedGradSink sink;
+};
+}  // namespace internal
+
+class LlamaModel {
+ public:
+  using CompressedGradSink = ::lspo::model::CompressedGradSink;
+
+  LlamaModel(LlamaModel&&) = default;
+  LlamaModel& operator=(LlamaModel&&) = default;
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  // Loads a GGUF Llama checkpoint: config from LlamaConfigFromGguf, every tensor dequantised
+  // to fp32 on the CPU in HF names and layout (q/k un-permuted, formats.md §3).
+  // Errors: those of LlamaConfigFromGguf and LoadHfTensor (kUnimplemented architecture or
+  // tensor type, kNotFound missing tensor, kDataLoss corrupt data); kInvalidArgument when a
+  // tensor's shape differs from the config's.
+  static absl::StatusOr<LlamaModel> FromGguf(const GgufFile& gguf);
+
+  // A randomly initialised model (HF `_init_weights`): linear and embedding weights
+  // ~ N(0, 0.02^2) fp32, RMSNorm weights 1. Deterministic in `seed` (own CPU generator; the
+  // global torch RNG is untouched). Errors: kInvalidArgument when config.Validate() fails.
+  static absl::StatusOr<LlamaModel> RandomInit(const LlamaConfig& config, uint64_t seed);
+
+  const LlamaConfig& config() const { return config_; }
+
+  // Checks a batch before it reaches the tensor functions below (whose inputs are
+  // preconditions): input_ids (B, T) int64 on the model's device, B >= 1, 1 <= T; every id in
+  // [0, V). If `labels` is defined: (B, T) int64, each value -100 or in [0, V). If `positions`
+  // is defined: (B) int64 with values in [0, T). Returns kInvalidArgument naming the tensor.
+  absl::Status ValidateBatch(const at::Tensor& input_ids, const at::Tensor& labels = {},
+                             const at::Tensor& positions = {}) const;
+
+  // Final-normed hidden states: input_ids (B, T) int64 -> (B, T, H) fp32. Differentiable.
+  at::Tensor Hidden(const at::Tensor& input_ids);
+
+  // All logits: input_ids (B, T) int64 -> (B, T, V) fp32. Costs an N x H x V matmul; prefer
+  // LogitsAt or CausalLmLoss when only some positions matter.
+  at::Tensor Logits(const at::Tensor& input_ids);
+
+  // Logits at one position per row: input_ids (B, T) int64, positions (B) int64 in [0, T)
+  // -> (B, V) fp32. lm_head runs on the B selected hidden rows only.
+  at::Tensor LogitsAt(const at::Tensor& input_ids, const at::Tensor& positions);
+
+  // Mean next-token cross-entropy (HF LlamaForCausalLM convention: labels are NOT shifted by
+  // the caller; the token at position t predicts labels[:, t + 1]; -100 = ignored).
+  // input_ids, labels: (B, T) int64 -> scalar fp32 = mean over the K non-ignored targets of
+  // -log softmax(logits)[target]. lm_head and the log-softmax are computed ONLY for the K
+  // hidden rows that have a target (rows are gathered before lm_head), so the cost is
+  // K x H x V instead of N x H x V. When K == 0 the result is 0 (still attached to the graph,
+  // so backward runs and yields zero gradients) where HF would return NaN.
+  at::Tensor CausalLmLoss(const at::Tensor& input_ids, const at::Tensor& labels);
+
+  // Number of linear weights: 7 * num_layers.
+  int64_t num_linears() const { return static_cast<int64_t>(linear_slot_.size()); }
+
+  // HF name of linear i, e.g. "model.layers.3.self_attn.k_proj.weight". i in [0, num_linears).
+  std::string LinearName(int64_t i) const;
+
+  // The weight of linear i: (m, n) fp32, HF layout (out, in). The reference aliases the
+  // model's tensor: in-place updates (under at::NoGradGuard when it requires grad, e.g.
+  // W += P D Q^T) change the model. i in [0, num_linears) (CHECKed).
+  at::Tensor& LinearWeight(int64_t i);
+  const at::Tensor& LinearWeight(int64_t i) const;
+
+  // Sets the mode of every linear (or of linear i). kDense sets W.requires_grad(true);
+  // kFrozen and kLsp set it false. W.grad() is left as is (see ZeroLinearGrads). Must not be
+  // called between a forward and its backward.
+  void SetLinearMode(LinearMode mode);
+  void SetLinearMode(int64_t i, LinearMode mode);
+  LinearMode linear_mode(int64_t i) const { return modes_[static_cast<size_t>(i)]; }
+
+  // Resets W.grad() of every linear to undefined (dense-mode gradients accumulate otherwise).
+  void ZeroLinearGrads();
+
+  // Installs the projectors of linear i: P (m, d), Q (n, d), both (d, r)-sparse with the same
+  // d (method.md "Math"). They are used by the next forward (a forward already recorded keeps
+  // the projectors it saw). Errors: kInvalidArgument for i out of range, P.rows != m,
+  // Q.rows != n, or P.d != Q.d.
+  absl::Status SetProjectors(int64_t i, lsp::SparseProjector P, lsp::SparseProjector Q);
+  bool HasProjectors(int64_t i) const;
+
+  // kFailedPrecondition naming the first kLsp linear without projectors; OK otherwise.
+  absl::Status ValidateLspReady() const;
+
+  // Sets the receiver of compressed gradients. During each backward of a graph built in
+  // kLsp mode it is called exactly ONCE PER kLsp LINEAR, from the autograd backward, in
+  // reverse layer order (all linears of layer l before any of layer l - 1; inside a layer the
+  // autograd engine's order, typically down, up/gate, o, v/k/q). S is a fresh (d, d) fp32
+  // tensor the sink may keep. A forward taken under at::NoGradGuard records nothing. Use
+  // loss.backward() (torch::autograd::grad restricted to other inputs may skip linears).
+  // Set it before the forward: a forward recorded with no sink set computes neither XQ nor S
+  // (dX still flows). The sink must not throw.
+  void SetCompressedGradSink(CompressedGradSink sink);
+
+  // Every model tensor with its HF name, in order: embed_tokens, per layer
+  // [input_layernorm, q, k, v, o, post_attention_layernorm, gate, up, down], norm, and
+  // lm_head only when not tied (272 tensors for SmolLM2-135M). The tensors alias the model's.
+  std::vector<std::pair<std::string, at::Tensor>> NamedTensors() const;
+
+  // The tensor named `hf_name` (aliases the model's; e.g. to set requires_grad on
+  // model.embed_tokens.weight). kNotFound for an unknown name (and lm_head when tied).
+  absl::StatusOr<at::Tensor> GetTensor(const std::string& hf_name) const;
+
+  // Copies `value` (any floating dtype, converted to fp32) into the tensor `hf_name`, in place
+  // (aliases and requires_grad flags stay valid). Errors: kNotFound for an unknown name;
+  // kInvalidArgument for a shape mismatch (message gives both shapes), a non-floating dtype,
+  // or lm_head.weight of a tied model (set model.embed_tokens.weight instead).
+  absl::Status SetTensor(const std::string& hf_name, const at::Tensor& value);
+
+ private:
+  LlamaModel() = default;
+  // Allocates uninitialised fp32 tensors for `config` (already validated).
+  static LlamaModel Allocate(const LlamaConfig& config);
+
+  const at::Tensor& T(int64_t slot) const { return tensors_[static_cast<size_t>(slot)]; }
+  at::Tensor Linear(const at::Tensor& x, int64_t linear_index);
+  at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
+  at::Tensor Attention(const at::Tensor& a, int64_t layer, const at::Tensor& cos,
+                       const at::Tensor& sin, const at::Tensor& causal_mask);
+  at::Tensor LmHead(const at::Tensor& h) const;
+
+  LlamaConfig config_;
+  std::vector<std::string> names_;    // HF names, NamedTensors order.
+  std::vector<at::Tensor> tensors_;   // fp32, aliases handed out by NamedTensors.
+  absl::flat_hash_map<std::string, int64_t> slot_of_;
+  std::vector<int64_t> linear_slot_;  // linear index -> slot in tensors_.
+  int64_t embed_slot_ = 0;
+  int64_t final_norm_slot_ = 0;
+  int64_t lm_head_slot_ = 0;          // == embed_slot_ when tied.
+  std::vector<LinearMode> modes_;
+  std::vector<std::optional<std::pair<lsp::SparseProjector, lsp::SparseProjector>>> projectors_;
+  std::shared_ptr<internal::SinkHolder> sink_ = std::make_shared<internal::SinkHolder>();
+};
+
+}  // namespace lspo::model
+
+#endif  // LSPO_MODEL_LLAMA_H_

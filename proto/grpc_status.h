@@ -1,0 +1,30 @@
+// absl::Status <-> grpc::Status, code for code (both use the canonical google.rpc codes).
+#ifndef LSPO_PROTO_GRPC_STATUS_H_
+#define LSPO_PROTO_GRPC_STATUS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+
+namespace lspo::rpc {
+
+inline grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+// `peer` names the service called, so a dead peer reads "optimizer at 127.0.0.1:50062: ...".
+inline absl::Status FromGrpc(const grpc::Status& s, absl::string_view peer = "") {
+  if (s.ok()) return absl::OkStatus();
+  std::string msg = peer.empty() ? s.error_message() : absl::StrCat(peer, ": ", s.error_message());
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    absl::StrAppend(&msg, " (is the service running? start it or check its address)");
+  }
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);
+}
+
+}  // namespace lspo::rpc
+
+#endif  // LSPO_PROTO_GRPC_STATUS_H_

@@ -1,0 +1,223 @@
+#include "scheduler/job_spec.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+#include "yaml-cpp/yaml.h"
+
+namespace lspo::scheduler {
+namespace {
+
+using lspo::v1::JobSpec;
+
+nlohmann::json YamlToJson(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map: {
+      nlohmann::json obj = nlohmann::json::object();
+      for (const auto& kv : node) obj[kv.first.as<std::string>()] = YamlToJson(kv.second);
+      return obj;
+    }
+    case YAML::NodeType::Sequence: {
+      nlohmann::json arr = nlohmann::json::array();
+      for (const auto& item : node) arr.push_back(YamlToJson(item));
+      return arr;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string s = node.Scalar();
+      if (node.Tag() == "!") return s;  // Quoted scalar: keep as a string.
+      int64_t i;
+      double d;
+      if (absl::SimpleAtoi(s, &i)) return i;
+      if (absl::SimpleAtod(s, &d) && s.find_first_of("0123456789") != std::string::npos) {
+        return d;
+      }
+      std::string lower = absl::AsciiStrToLower(s);
+      if (lower == "true") return true;
+      if (lower == "false") return false;
+      return s;
+    }
+    default:
+      return nullptr;
+  }
+}
+
+bool Readable(const std::string& path) { return access(path.c_str(), R_OK) == 0; }
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json, absl::string_view source) {
+  JobSpec spec;
+  google::protobuf::util::JsonParseOptions opts;
+  opts.ignore_unknown_fields = false;
+  auto st = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &spec, opts);
+  if (!st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job spec ", source, " is not a valid JobSpec: ", st.ToString(),
+        ". See examples/*.yaml and proto/lsp_offload.proto (message JobSpec) for the fields."));
+  }
+  return spec;
+}
+
+absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, absl::string_view source) {
+  nlohmann::json json;
+  try {
+    YAML::Node root = YAML::Load(std::string(yaml));
+    if (!root.IsMap()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job spec ", source, ": expected a YAML mapping at the top level"));
+    }
+    json = YamlToJson(root);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec ", source, " is not valid YAML: ", e.what()));
+  }
+  return ParseJobSpecJson(json.dump(), source);
+}
+
+absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read job spec file '", path, "': check the path"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (absl::EndsWith(path, ".json")) return ParseJobSpecJson(ss.str(), path);
+  if (absl::EndsWith(path, ".yaml") || absl::EndsWith(path, ".yml")) {
+    return ParseJobSpecYaml(ss.str(), path);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("job spec file '", path, "': unknown extension, use .json, .yaml or .yml"));
+}
+
+std::string JobSpecToJson(const JobSpec& spec) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = true;
+  opts.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(spec, &out, opts);
+  return out;
+}
+
+void ResolveDefaults(JobSpec* spec) {
+  if (spec->name().empty()) spec->set_name("job");
+  if (spec->mode() == lspo::v1::MODE_UNSPECIFIED) spec->set_mode(lspo::v1::MODE_LSP);
+  auto* model = spec->mutable_model();
+  if (model->format().empty()) model->set_format("gguf");
+  if (model->init_seed() == 0) model->set_init_seed(spec->seed());
+  if (model->tokenizer_path().empty()) model->set_tokenizer_path(model->path());
+  auto* data = spec->mutable_data();
+  if (data->format().empty()) data->set_format("classification");
+  if (data->question().empty()) data->set_question("Is this message spam or ham?");
+  auto* lsp = spec->mutable_lsp();
+  if (lsp->d() == 0) lsp->set_d(128);
+  if (lsp->r() == 0) lsp->set_r(4);
+  if (lsp->alpha() == 0) lsp->set_alpha(0.8);
+  if (lsp->fit_iters() == 0) lsp->set_fit_iters(40);
+  if (lsp->fit_lr() == 0) lsp->set_fit_lr(0.05);
+  if (lsp->calibration_examples() == 0) lsp->set_calibration_examples(16);
+  auto* optim = spec->mutable_optim();
+  if (optim->lr() == 0) optim->set_lr(1e-4);
+  if (optim->beta1() == 0) optim->set_beta1(0.9);
+  if (optim->beta2() == 0) optim->set_beta2(0.999);
+  if (optim->eps() == 0) optim->set_eps(1e-8);
+  if (optim->schedule().empty()) optim->set_schedule("constant");
+  if (spec->micro_batch_size() == 0) spec->set_micro_batch_size(8);
+  if (spec->grad_accum() == 0) spec->set_grad_accum(1);
+  if (spec->seq_len() == 0) spec->set_seq_len(128);
+  if (spec->num_threads() == 0) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    spec->set_num_threads(n > 0 ? static_cast<int>(n) : 1);
+  }
+}
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  auto bad = [](absl::string_view field, auto value, absl::string_view fix) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec field ", field, " = ", value, " is invalid: ", fix));
+  };
+  const auto& model = spec.model();
+  if (model.format() != "gguf" && model.format() != "tiny-random") {
+    return bad("model.format", model.format(), "use \"gguf\" or \"tiny-random\"");
+  }
+  if (model.format() == "gguf" && model.path().empty()) {
+    return bad("model.path", "\"\"", "give the path of a GGUF file (scripts/setup fetches one)");
+  }
+  const std::string& model_file =
+      model.format() == "gguf" ? model.path() : model.tokenizer_path();
+  if (model_file.empty()) {
+    return bad("model.tokenizer_path", "\"\"",
+               "tiny-random models take their tokenizer from a GGUF file: set model.path or "
+               "model.tokenizer_path");
+  }
+  if (!Readable(model_file)) {
+    return absl::NotFoundError(absl::StrCat("job spec field model.path: file '", model_file,
+                                            "' does not exist or is not readable; run "
+                                            "scripts/setup to fetch the model or fix the path"));
+  }
+  const auto& data = spec.data();
+  if (data.format() != "classification" && data.format() != "text") {
+    return bad("data.format", data.format(), "use \"classification\" or \"text\"");
+  }
+  if (data.train_path().empty()) {
+    return bad("data.train_path", "\"\"", "give a training data file");
+  }
+  if (!Readable(data.train_path())) {
+    return absl::NotFoundError(absl::StrCat("job spec field data.train_path: file '",
+                                            data.train_path(),
+                                            "' does not exist or is not readable"));
+  }
+  if (!data.eval_path().empty() && !Readable(data.eval_path())) {
+    return absl::NotFoundError(absl::StrCat("job spec field data.eval_path: file '",
+                                            data.eval_path(),
+                                            "' does not exist or is not readable"));
+  }
+  if (spec.mode() != lspo::v1::MODE_LSP && spec.mode() != lspo::v1::MODE_NATIVE) {
+    return bad("mode", lspo::v1::TrainingMode_Name(spec.mode()),
+               "this version supports MODE_LSP and MODE_NATIVE");
+  }
+  const auto& lsp = spec.lsp();
+  if (lsp.d() < 1) return bad("lsp.d", lsp.d(), "d must be >= 1");
+  if (lsp.r() < 1 || lsp.r() > lsp.d()) {
+    return bad("lsp.r", lsp.r(), absl::StrCat("r must satisfy 1 <= r <= d = ", lsp.d()));
+  }
+  if (lsp.alpha() <= 0) return bad("lsp.alpha", lsp.alpha(), "alpha must be > 0");
+  if (lsp.check_freq() < 0) return bad("lsp.check_freq", lsp.check_freq(), "must be >= 0");
+  if (lsp.calibration_examples() < 1) {
+    return bad("lsp.calibration_examples", lsp.calibration_examples(), "must be >= 1");
+  }
+  if (spec.steps() < 1) return bad("steps", spec.steps(), "run at least 1 step");
+  if (spec.micro_batch_size() < 1) {
+    return bad("micro_batch_size", spec.micro_batch_size(), "must be >= 1");
+  }
+  if (spec.grad_accum() < 1) return bad("grad_accum", spec.grad_accum(), "must be >= 1");
+  if (spec.seq_len() < 8 || spec.seq_len() > 8192) {
+    return bad("seq_len", spec.seq_len(), "use 8 <= seq_len <= 8192");
+  }
+  const auto& optim = spec.optim();
+  if (!(optim.lr() > 0) || optim.lr() > 1) return bad("optim.lr", optim.lr(), "use 0 < lr <= 1");
+  if (optim.beta1() < 0 || optim.beta1() >= 1) return bad("optim.beta1", optim.beta1(), "[0,1)");
+  if (optim.beta2() < 0 || optim.beta2() >= 1) return bad("optim.beta2", optim.beta2(), "[0,1)");
+  if (optim.warmup_steps() < 0) return bad("optim.warmup_steps", optim.warmup_steps(), ">= 0");
+  if (optim.schedule() != "constant" && optim.schedule() != "cosine") {
+    return bad("optim.schedule", optim.schedule(), "use \"constant\" or \"cosine\"");
+  }
+  if (spec.device() != "" && spec.device() != "cpu" && spec.device() != "cuda") {
+    return bad("device", spec.device(), "use \"cpu\", \"cuda\" or leave empty");
+  }
+  if (spec.num_threads() < 1 || spec.num_threads() > 1024) {
+    return bad("num_threads", spec.num_threads(), "use 1..1024");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace lspo::scheduler

@@ -1,0 +1,45 @@
+// JobSpec I/O and validation: read a job from JSON or YAML (protobuf JSON mapping), fill the
+// documented defaults (proto/lsp_offload.proto), and reject bad specs with a message that names
+// the field and the fix.
+#ifndef LSPO_SCHEDULER_JOB_SPEC_H_
+#define LSPO_SCHEDULER_JOB_SPEC_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/lsp_offload.pb.h"
+
+namespace lspo::scheduler {
+
+// Parses a JobSpec from JSON text (protobuf JSON mapping: lowerCamelCase or snake_case field
+// names, enums by name, e.g. "mode": "MODE_LSP"). Unknown fields are an error.
+// Errors: kInvalidArgument naming `source` and the parser's message.
+absl::StatusOr<lspo::v1::JobSpec> ParseJobSpecJson(absl::string_view json,
+                                                   absl::string_view source = "<json>");
+
+// Parses YAML by converting it to JSON first (yaml-cpp), then as above. Scalars that look
+// like numbers or booleans are emitted as such.
+absl::StatusOr<lspo::v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml,
+                                                   absl::string_view source = "<yaml>");
+
+// Reads a .json, .yaml or .yml file. kNotFound if it cannot be read, kInvalidArgument for an
+// unknown extension or malformed content.
+absl::StatusOr<lspo::v1::JobSpec> LoadJobSpecFile(const std::string& path);
+
+// Renders a spec as pretty JSON (for logs and summary files).
+std::string JobSpecToJson(const lspo::v1::JobSpec& spec);
+
+// Fills every zero/empty field that has a documented default (see the proto comments).
+void ResolveDefaults(lspo::v1::JobSpec* spec);
+
+// Checks a spec with defaults resolved: value ranges (d >= 1, 1 <= r <= d, steps >= 1, ...),
+// known formats and modes, and that model/data files exist and are readable.
+// Errors: kInvalidArgument naming the field, the value and the fix; kNotFound for a missing
+// file (naming the field and the path).
+absl::Status ValidateJobSpec(const lspo::v1::JobSpec& spec);
+
+}  // namespace lspo::scheduler
+
+#endif  // LSPO_SCHEDULER_JOB_SPEC_H_

@@ -1,0 +1,30 @@
+// Learning-rate schedule: linear warm-up then constant or cosine decay.
+#ifndef LSPO_SCHEDULER_LR_SCHEDULE_H_
+#define LSPO_SCHEDULER_LR_SCHEDULE_H_
+
+#include <cmath>
+
+#include "proto/lsp_offload.pb.h"
+
+namespace lspo::scheduler {
+
+// Learning rate of 1-based optimizer step `step` out of `total_steps`.
+// Warm-up: lr * step / warmup for step <= warmup (linear from lr/warmup).
+// "cosine": lr_min + (lr - lr_min) * 0.5 * (1 + cos(pi * t)), t = (step - warmup) /
+// max(1, total - warmup) in [0, 1], lr_min = min_lr_ratio * lr (Loshchilov & Hutter 2017,
+// SGDR eq. 5, single cycle). "constant": lr after warm-up.
+inline double LearningRate(const lspo::v1::OptimSpec& o, int step, int total_steps) {
+  const double lr = o.lr();
+  if (o.warmup_steps() > 0 && step <= o.warmup_steps()) {
+    return lr * static_cast<double>(step) / o.warmup_steps();
+  }
+  if (o.schedule() != "cosine") return lr;
+  const double lr_min = o.min_lr_ratio() * lr;
+  const int span = total_steps - o.warmup_steps();
+  const double t = span <= 0 ? 1.0 : static_cast<double>(step - o.warmup_steps()) / span;
+  return lr_min + (lr - lr_min) * 0.5 * (1.0 + std::cos(M_PI * t));
+}
+
+}  // namespace lspo::scheduler
+
+#endif  // LSPO_SCHEDULER_LR_SCHEDULE_H_

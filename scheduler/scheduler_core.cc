@@ -1,0 +1,502 @@
+#include "scheduler/scheduler_core.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "glog/logging.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+#include "proto/grpc_status.h"
+#include "runtime/status_macros.h"
+#include "scheduler/job_spec.h"
+#include "scheduler/lr_schedule.h"
+
+namespace lspo::scheduler {
+
+using lspo::v1::JobSpec;
+using lspo::v1::JobState;
+using lspo::v1::JobStatus;
+
+bool IsFinal(JobState s) {
+  return s == lspo::v1::SUCCEEDED || s == lspo::v1::FAILED || s == lspo::v1::CANCELLED;
+}
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+absl::Status MakeDirs(const std::string& dir) {
+  std::string cur;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      if (!cur.empty() && mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "cannot create output directory '", cur, "': ", std::strerror(errno),
+            ". Set output_dir in the job spec to a writable place"));
+      }
+    }
+    if (i < dir.size()) cur.push_back(dir[i]);
+  }
+  return absl::OkStatus();
+}
+
+nlohmann::json ToJson(const google::protobuf::Message& m) {
+  std::string s;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  o.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &s, o);
+  return nlohmann::json::parse(s);
+}
+
+// Calls a unary stub method with a deadline and maps the status (naming the peer).
+template <typename Stub, typename Req, typename Rep>
+absl::Status Call(Stub* stub,
+                  grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Rep*),
+                  const Req& req, Rep* rep, double deadline_s, absl::string_view peer) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(deadline_s * 1000)));
+  return rpc::FromGrpc((stub->*method)(&ctx, req, rep), peer);
+}
+
+}  // namespace
+
+SchedulerCore::SchedulerCore(lspo::v1::Worker::StubInterface* worker,
+                             lspo::v1::Optimizer::StubInterface* optimizer,
+                             SchedulerOptions options)
+    : worker_(worker), optimizer_(optimizer), options_(std::move(options)) {
+  runner_ = std::thread([this] { RunLoop(); });
+}
+
+SchedulerCore::~SchedulerCore() {
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = true;
+    for (auto& [id, job] : jobs_) job.cancel_requested = true;
+  }
+  runner_.join();
+}
+
+absl::StatusOr<std::string> SchedulerCore::Submit(JobSpec spec) {
+  ResolveDefaults(&spec);
+  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  absl::MutexLock lock(&mu_);
+  const std::string id = absl::StrCat("job-", absl::ToUnixSeconds(absl::Now()), "-", next_id_++);
+  Job job;
+  job.status.set_job_id(id);
+  job.status.set_state(lspo::v1::QUEUED);
+  job.status.set_total_steps(spec.steps());
+  job.status.set_phase("queued");
+  if (spec.output_dir().empty()) {
+    spec.set_output_dir(absl::StrCat(options_.runs_root, "/", spec.name(), "-", id));
+  }
+  job.status.set_output_dir(spec.output_dir());
+  *job.status.mutable_spec() = spec;
+  jobs_[id] = std::move(job);
+  queue_.push_back(id);
+  LOG(INFO) << "scheduler: queued " << id << " (" << spec.name() << ")";
+  return id;
+}
+
+absl::StatusOr<JobStatus> SchedulerCore::Get(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no job '", job_id, "' (lspctl list shows jobs)"));
+  }
+  return it->second.status;
+}
+
+std::vector<JobStatus> SchedulerCore::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<JobStatus> out;
+  for (const auto& [id, job] : jobs_) out.push_back(job.status);
+  return out;
+}
+
+absl::StatusOr<JobState> SchedulerCore::Cancel(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  Job& job = it->second;
+  job.cancel_requested = true;
+  if (job.status.state() == lspo::v1::QUEUED) {
+    job.status.set_state(lspo::v1::CANCELLED);
+    job.status.set_phase("cancelled");
+    ++job.version;
+  }
+  return job.status.state();
+}
+
+absl::Status SchedulerCore::Watch(
+    const std::string& job_id, const std::function<bool(const JobStatus&)>& on_status) const {
+  int64_t seen = -1;
+  size_t steps_sent = 0;
+  while (true) {
+    JobStatus snapshot;
+    std::vector<JobStatus> replay;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = jobs_.find(job_id);
+      if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+      const Job* job = &it->second;
+      auto changed = [job, seen]() { return job->version != seen; };
+      mu_.AwaitWithTimeout(absl::Condition(&changed), absl::Seconds(1));
+      if (job->version == seen) continue;
+      seen = job->version;
+      snapshot = job->status;
+      // Steps completed since the last call, except the newest (it is in `snapshot`).
+      for (; steps_sent + 1 < job->steps.size(); ++steps_sent) {
+        JobStatus s = snapshot;
+        s.set_step(job->steps[steps_sent].step());
+        *s.mutable_last_step() = job->steps[steps_sent];
+        s.set_state(lspo::v1::RUNNING);
+        replay.push_back(std::move(s));
+      }
+      steps_sent = std::max(steps_sent, job->steps.size());
+    }
+    for (const auto& s : replay) {
+      if (!on_status(s)) return absl::OkStatus();
+    }
+    if (!on_status(snapshot)) return absl::OkStatus();
+    if (IsFinal(snapshot.state())) return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<JobStatus> SchedulerCore::Wait(const std::string& job_id) const {
+  JobStatus last;
+  RETURN_IF_ERROR(Watch(job_id, [&](const JobStatus& s) {
+    last = s;
+    return true;
+  }));
+  return last;
+}
+
+void SchedulerCore::Update(const std::string& job_id,
+                           const std::function<void(JobStatus*)>& fn) {
+  absl::MutexLock lock(&mu_);
+  Job& job = jobs_[job_id];
+  fn(&job.status);
+  ++job.version;
+}
+
+bool SchedulerCore::CancelRequested(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  return it != jobs_.end() && it->second.cancel_requested;
+}
+
+void SchedulerCore::RunLoop() {
+  while (true) {
+    std::string id;
+    JobSpec spec;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return shutdown_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (shutdown_) return;
+      id = queue_.front();
+      queue_.pop_front();
+      Job& job = jobs_[id];
+      if (job.status.state() != lspo::v1::QUEUED) continue;  // Cancelled while queued.
+      job.status.set_state(lspo::v1::RUNNING);
+      job.status.set_phase("loading");
+      ++job.version;
+      spec = job.status.spec();
+    }
+    absl::Status st = RunJob(id, spec);
+    Update(id, [&](JobStatus* s) {
+      if (st.ok()) {
+        s->set_state(lspo::v1::SUCCEEDED);
+        s->set_phase("done");
+      } else if (absl::IsCancelled(st)) {
+        s->set_state(lspo::v1::CANCELLED);
+        s->set_phase("cancelled");
+      } else {
+        s->set_state(lspo::v1::FAILED);
+        s->set_phase("failed");
+        s->set_error(std::string(st.message()));
+        LOG(ERROR) << "scheduler: job " << id << " failed: " << st;
+      }
+    });
+  }
+}
+
+absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
+  const double t_start = Now();
+  const double dl = options_.rpc_deadline_seconds;
+  const bool lsp = spec.mode() != lspo::v1::MODE_NATIVE;
+  const std::string& out_dir = spec.output_dir();
+  RETURN_IF_ERROR(MakeDirs(out_dir));
+  std::ofstream metrics(out_dir + "/metrics.jsonl", std::ios::trunc);
+  if (!metrics) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot write '", out_dir, "/metrics.jsonl'"));
+  }
+  auto log_json = [&](const nlohmann::json& j) { metrics << j.dump() << "\n" << std::flush; };
+  auto phase = [&](const std::string& p) {
+    LOG(INFO) << "scheduler: " << id << ": " << p;
+    Update(id, [&](JobStatus* s) { s->set_phase(p); });
+  };
+  auto check_cancel = [&]() -> absl::Status {
+    if (CancelRequested(id)) return absl::CancelledError("cancelled by the user");
+    return absl::OkStatus();
+  };
+
+  // Load on the worker (creates the arena in lsp mode), then the optimizer.
+  phase("loading model and data");
+  lspo::v1::LoadJobRequest load;
+  load.set_job_id(id);
+  *load.mutable_spec() = spec;
+  lspo::v1::LoadJobReply wload;
+  RETURN_IF_ERROR(Call(worker_, &lspo::v1::Worker::StubInterface::LoadJob, load, &wload, dl,
+                       "worker"));
+  // From here on, always unload both services, whatever happens.
+  struct Unloader {
+    SchedulerCore* self;
+    std::string id;
+    bool lsp;
+    ~Unloader() {
+      lspo::v1::UnloadJobRequest u;
+      u.set_job_id(id);
+      lspo::v1::UnloadJobReply r;
+      if (lsp) {
+        (void)Call(self->optimizer_, &lspo::v1::Optimizer::StubInterface::UnloadJob, u, &r,
+                   60, "optimizer");
+      }
+      (void)Call(self->worker_, &lspo::v1::Worker::StubInterface::UnloadJob, u, &r, 60,
+                 "worker");
+    }
+  } unloader{this, id, lsp};
+  const lspo::v1::ArenaLayout& layout = wload.arena();
+  if (lsp) {
+    *load.mutable_arena() = layout;
+    lspo::v1::LoadJobReply oload;
+    RETURN_IF_ERROR(Call(optimizer_, &lspo::v1::Optimizer::StubInterface::LoadJob, load, &oload,
+                         dl, "optimizer"));
+  }
+  nlohmann::json summary;
+  summary["job_id"] = id;
+  summary["mode"] = lsp ? "lsp" : "native";
+  summary["d"] = lsp ? spec.lsp().d() : 0;
+  summary["r"] = lsp ? spec.lsp().r() : 0;
+  summary["steps"] = spec.steps();
+  summary["micro_batch_size"] = spec.micro_batch_size();
+  summary["grad_accum"] = spec.grad_accum();
+  summary["seq_len"] = spec.seq_len();
+  summary["lr"] = spec.optim().lr();
+  summary["train_examples"] = wload.train_examples();
+  summary["eval_examples"] = wload.eval_examples();
+  summary["trainable_parameters"] = wload.trainable_parameters();
+  summary["model"] = spec.model().format() == "gguf" ? spec.model().path() : "tiny-random";
+  summary["train_path"] = spec.data().train_path();
+
+  const bool has_eval = wload.eval_examples() > 0;
+  auto evaluate = [&](int step) -> absl::StatusOr<lspo::v1::EvalMetrics> {
+    phase(absl::StrCat("evaluating after step ", step));
+    lspo::v1::EvaluateRequest req;
+    req.set_job_id(id);
+    req.set_step(step);
+    lspo::v1::EvaluateReply rep;
+    RETURN_IF_ERROR(Call(worker_, &lspo::v1::Worker::StubInterface::Evaluate, req, &rep, dl,
+                         "worker"));
+    nlohmann::json j = ToJson(rep.metrics());
+    j["kind"] = "eval";
+    log_json(j);
+    LOG(INFO) << "scheduler: " << id << ": eval at step " << step << ": accuracy "
+              << rep.metrics().accuracy() << ", loss " << rep.metrics().loss() << " ("
+              << rep.metrics().seconds() << " s)";
+    Update(id, [&](JobStatus* s) { *s->add_evals() = rep.metrics(); });
+    return rep.metrics();
+  };
+
+  if (has_eval && !spec.skip_initial_eval()) {
+    ASSIGN_OR_RETURN(lspo::v1::EvalMetrics zero, evaluate(0));
+    summary["zero_shot_accuracy"] = zero.accuracy();
+    summary["zero_shot_eval_loss"] = zero.loss();
+  }
+  RETURN_IF_ERROR(check_cancel());
+
+  // Per-layer task list of a step: deepest layer first (its gradient is ready first in the
+  // backward pass), which is the order the overlapped schedule will use.
+  std::vector<lspo::v1::LayerTask> plan;
+  for (int i = layout.linears_size() - 1; i >= 0; --i) {
+    lspo::v1::LayerTask t;
+    t.set_index(layout.linears(i).index());
+    plan.push_back(t);
+  }
+  auto fit = [&](int step) -> absl::Status {
+    phase(absl::StrCat("fitting projectors (step ", step, ")"));
+    lspo::v1::FitProjectorsRequest req;
+    req.set_job_id(id);
+    req.set_step(step);
+    lspo::v1::FitProjectorsReply rep;
+    RETURN_IF_ERROR(Call(worker_, &lspo::v1::Worker::StubInterface::FitProjectors, req, &rep,
+                         dl, "worker"));
+    lspo::v1::SetProjectorsRequest sp;
+    sp.set_job_id(id);
+    *sp.mutable_indices() = rep.refitted();
+    lspo::v1::SetProjectorsReply sr;
+    RETURN_IF_ERROR(Call(optimizer_, &lspo::v1::Optimizer::StubInterface::SetProjectors, sp,
+                         &sr, dl, "optimizer"));
+    double init = 0, fin = 0;
+    int n = 0;
+    for (int k = 0; k < rep.final_error_size(); ++k) {
+      if (!std::isfinite(rep.final_error(k)) || !std::isfinite(rep.initial_error(k))) continue;
+      init += rep.initial_error(k);
+      fin += rep.final_error(k);
+      ++n;
+    }
+    n = std::max(n, 1);
+    nlohmann::json j = {{"kind", "projector_fit"},
+                        {"step", step},
+                        {"refitted", rep.refitted_size()},
+                        {"mean_initial_relative_bias", init / n},
+                        {"mean_final_relative_bias", fin / n},
+                        {"seconds", rep.seconds()}};
+    log_json(j);
+    LOG(INFO) << "scheduler: " << id << ": projectors: " << rep.refitted_size()
+              << " refitted, mean relative estimation bias " << init / n << " -> " << fin / n
+              << " (" << rep.seconds() << " s)";
+    Update(id, [&](JobStatus* s) { s->set_mean_projector_error(fin / n); });
+    if (step == 0) {
+      summary["projector_initial_relative_bias"] = init / n;
+      summary["projector_fitted_relative_bias"] = fin / n;
+      summary["projector_fit_seconds"] = rep.seconds();
+    }
+    return absl::OkStatus();
+  };
+  if (lsp) RETURN_IF_ERROR(fit(0));
+
+  phase("training");
+  const double t_train = Now();
+  int nonfinite_in_a_row = 0, skipped = 0;
+  double step_time_sum = 0;
+  for (int step = 1; step <= spec.steps(); ++step) {
+    RETURN_IF_ERROR(check_cancel());
+    const double t0 = Now();
+    const double lr = LearningRate(spec.optim(), step, spec.steps());
+    lspo::v1::TrainStepRequest treq;
+    treq.set_job_id(id);
+    treq.set_step(step);
+    treq.set_lr(lr);
+    lspo::v1::TrainStepReply trep;
+    RETURN_IF_ERROR(Call(worker_, &lspo::v1::Worker::StubInterface::TrainStep, treq, &trep, dl,
+                         "worker"));
+    if (trep.nonfinite()) {
+      ++skipped;
+      LOG(WARNING) << "scheduler: " << id << ": step " << step
+                   << " had a non-finite loss or gradient and was skipped";
+      if (++nonfinite_in_a_row >= options_.max_nonfinite_steps_in_a_row) {
+        return absl::DataLossError(absl::StrCat(
+            nonfinite_in_a_row, " non-finite steps in a row at step ", step,
+            ": lower optim.lr or check the data"));
+      }
+      continue;
+    }
+    nonfinite_in_a_row = 0;
+    lspo::v1::StepMetrics m = trep.metrics();
+    if (lsp) {
+      lspo::v1::UpdateRequest ureq;
+      ureq.set_job_id(id);
+      ureq.set_step(step);
+      ureq.set_lr(lr);
+      for (const auto& t : plan) *ureq.add_tasks() = t;
+      lspo::v1::UpdateReply urep;
+      RETURN_IF_ERROR(Call(optimizer_, &lspo::v1::Optimizer::StubInterface::Update, ureq, &urep,
+                           dl, "optimizer"));
+      lspo::v1::ApplyRequest areq;
+      areq.set_job_id(id);
+      areq.set_step(step);
+      for (const auto& t : plan) *areq.add_tasks() = t;
+      lspo::v1::ApplyReply arep;
+      RETURN_IF_ERROR(Call(worker_, &lspo::v1::Worker::StubInterface::ApplyUpdates, areq, &arep,
+                           dl, "worker"));
+      m.set_update_seconds(urep.seconds());
+      m.set_apply_seconds(arep.seconds());
+    }
+    const double secs = Now() - t0;
+    const double tokens_in = m.tokens_per_second() * m.step_seconds();
+    m.set_step_seconds(secs);
+    m.set_tokens_per_second(secs > 0 ? tokens_in / secs : 0);
+    step_time_sum += secs;
+    nlohmann::json j = ToJson(m);
+    j["kind"] = "step";
+    log_json(j);
+    const double eta = (Now() - t_train) / step * (spec.steps() - step);
+    LOG(INFO) << "scheduler: " << id << ": step " << step << "/" << spec.steps() << " loss "
+              << m.loss() << " lr " << lr << " " << secs << " s";
+    {
+      absl::MutexLock lock(&mu_);
+      Job& job = jobs_[id];
+      job.status.set_step(step);
+      *job.status.mutable_last_step() = m;
+      job.status.set_eta_seconds(eta);
+      job.steps.push_back(m);
+      ++job.version;
+    }
+    if (lsp && spec.lsp().check_freq() > 0 && step % spec.lsp().check_freq() == 0 &&
+        step < spec.steps()) {
+      RETURN_IF_ERROR(fit(step));
+      phase("training");
+    }
+    if (has_eval && spec.eval_every() > 0 && step % spec.eval_every() == 0 &&
+        step < spec.steps()) {
+      ASSIGN_OR_RETURN(auto e, evaluate(step));
+      (void)e;
+      phase("training");
+    }
+  }
+  const int done_steps = spec.steps() - skipped;
+  summary["skipped_steps"] = skipped;
+  summary["train_seconds"] = Now() - t_train;
+  summary["mean_step_seconds"] = done_steps > 0 ? step_time_sum / done_steps : 0.0;
+  if (has_eval) {
+    ASSIGN_OR_RETURN(lspo::v1::EvalMetrics fin, evaluate(spec.steps()));
+    summary["final_accuracy"] = fin.accuracy();
+    summary["final_eval_loss"] = fin.loss();
+  }
+  if (!spec.skip_checkpoint()) {
+    Update(id, [&](JobStatus* s) {
+      s->set_state(lspo::v1::CHECKPOINTING);
+      s->set_phase("writing checkpoint");
+    });
+    lspo::v1::SaveRequest save;
+    save.set_job_id(id);
+    save.set_dir(out_dir);
+    lspo::v1::SaveReply srep;
+    RETURN_IF_ERROR(Call(worker_, &lspo::v1::Worker::StubInterface::SaveArtifacts, save, &srep,
+                         dl, "worker"));
+    if (lsp) {
+      lspo::v1::SaveReply orep;
+      RETURN_IF_ERROR(Call(optimizer_, &lspo::v1::Optimizer::StubInterface::SaveModel, save,
+                           &orep, dl, "optimizer"));
+    }
+  }
+  summary["wall_seconds"] = Now() - t_start;
+  summary["output_dir"] = out_dir;
+  {
+    std::ofstream out(out_dir + "/summary.json.tmp", std::ios::trunc);
+    out << summary.dump(2) << "\n";
+    out.close();
+    if (!out.good() ||
+        std::rename((out_dir + "/summary.json.tmp").c_str(), (out_dir + "/summary.json").c_str()) != 0) {
+      return absl::InternalError(absl::StrCat("cannot write '", out_dir, "/summary.json'"));
+    }
+  }
+  LOG(INFO) << "scheduler: " << id << ": summary " << summary.dump();
+  return absl::OkStatus();
+}
+
+}  // namespace lspo::scheduler

@@ -1,0 +1,100 @@
+// The scheduler's core (no server): a job queue and a runner thread that drives each job
+// through the worker and optimizer services (their gRPC stubs, so they may be in-process or
+// separate processes), issues the per-layer offload/update/upload tasks of every step, the
+// projector fits, evaluations and the final checkpoint, and keeps status for the status RPCs.
+//
+// One step in MODE_LSP (method.md, "Layer-wise schedule"; this version runs the plan
+// serially: all compressed gradients down, then the CPU update, then all applies):
+//   worker.TrainStep      forward + backward; every matrix's S = P^T G Q into its grad slot
+//   optimizer.Update      per-layer tasks, deepest layer first: S -> Adam -> D into step slot
+//   worker.ApplyUpdates   per-layer tasks: W += P D Q^T, before the next forward
+// Outputs in the job's output directory: metrics.jsonl (one JSON object per step and per
+// evaluation), summary.json, and the HF-style checkpoint (model.safetensors, config.json,
+// tokenizer files).
+//
+// Thread-safety: every public method is thread-safe.
+#ifndef LSPO_SCHEDULER_SCHEDULER_CORE_H_
+#define LSPO_SCHEDULER_SCHEDULER_CORE_H_
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/lsp_offload.grpc.pb.h"
+
+namespace lspo::scheduler {
+
+struct SchedulerOptions {
+  // Parent of default output directories (runs/<name>-<job id>).
+  std::string runs_root = "runs";
+  // Deadline of each worker/optimizer RPC, seconds (a dead peer fails the job, never hangs).
+  double rpc_deadline_seconds = 1800;
+  // A job fails after this many non-finite steps in a row (each is skipped and counted).
+  int max_nonfinite_steps_in_a_row = 5;
+};
+
+class SchedulerCore {
+ public:
+  // `worker` and `optimizer` are not owned and must outlive this object.
+  SchedulerCore(lspo::v1::Worker::StubInterface* worker,
+                lspo::v1::Optimizer::StubInterface* optimizer, SchedulerOptions options = {});
+  ~SchedulerCore();  // Cancels running work and joins the runner thread.
+
+  // Resolves defaults, validates and queues. Errors: kInvalidArgument/kNotFound from
+  // ValidateJobSpec (the message names the field).
+  absl::StatusOr<std::string> Submit(lspo::v1::JobSpec spec);
+
+  // Errors: kNotFound for an unknown id.
+  absl::StatusOr<lspo::v1::JobStatus> Get(const std::string& job_id) const;
+  std::vector<lspo::v1::JobStatus> List() const;
+
+  // Queued jobs become CANCELLED at once; a running job stops after its current RPC.
+  absl::StatusOr<lspo::v1::JobState> Cancel(const std::string& job_id);
+
+  // Calls `on_status` with the status now and after every change until the job reaches a
+  // final state or `on_status` returns false. Every completed step is reported: steps that
+  // completed between two calls are replayed (status with that step's number and metrics)
+  // before the current status. Errors: kNotFound.
+  absl::Status Watch(const std::string& job_id,
+                     const std::function<bool(const lspo::v1::JobStatus&)>& on_status) const;
+
+  // Blocks until the job is final; returns its last status.
+  absl::StatusOr<lspo::v1::JobStatus> Wait(const std::string& job_id) const;
+
+ private:
+  struct Job {
+    lspo::v1::JobStatus status;
+    std::vector<lspo::v1::StepMetrics> steps;  // Every completed step, for Watch.
+    bool cancel_requested = false;
+    int64_t version = 0;
+  };
+
+  void RunLoop();
+  absl::Status RunJob(const std::string& job_id, const lspo::v1::JobSpec& spec);
+  void Update(const std::string& job_id, const std::function<void(lspo::v1::JobStatus*)>& fn);
+  bool CancelRequested(const std::string& job_id) const;
+
+  lspo::v1::Worker::StubInterface* worker_;
+  lspo::v1::Optimizer::StubInterface* optimizer_;
+  SchedulerOptions options_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread runner_;
+};
+
+// True for SUCCEEDED, FAILED and CANCELLED.
+bool IsFinal(lspo::v1::JobState state);
+
+}  // namespace lspo::scheduler
+
+#endif  // LSPO_SCHEDULER_SCHEDULER_CORE_H_

@@ -1,0 +1,57 @@
+// Shared job specs for the integration tests (run from the repository root).
+#ifndef LSPO_TESTS_INTEGRATION_TEST_JOBS_H_
+#define LSPO_TESTS_INTEGRATION_TEST_JOBS_H_
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "proto/lsp_offload.pb.h"
+
+namespace lspo::testing_jobs {
+
+inline constexpr char kModel[] = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+inline constexpr char kNoModel[] =
+    "models/SmolLM2-135M-Instruct.Q4_1.gguf is missing: run scripts/setup";
+
+inline bool HaveModel() { return access(kModel, R_OK) == 0; }
+
+inline std::string TempDir(const std::string& tag) {
+  std::string tmpl = "/tmp/lspo-" + tag + "-XXXXXX";
+  char* dir = mkdtemp(tmpl.data());
+  return dir ? std::string(dir) : "/tmp/lspo-" + tag;
+}
+
+// A seeded tiny random Llama (hidden 64, 2 layers; vocabulary and tokenizer of SmolLM2) on
+// Moby-Dick blocks of 32 tokens, d = 16, r = 4.
+inline v1::JobSpec TinyMobyDickSpec(const std::string& out_dir, v1::TrainingMode mode,
+                                    int steps) {
+  v1::JobSpec spec;
+  spec.set_name("tiny-moby");
+  spec.mutable_model()->set_format("tiny-random");
+  spec.mutable_model()->set_tokenizer_path(kModel);
+  spec.mutable_model()->set_init_seed(1234);
+  spec.mutable_data()->set_format("text");
+  spec.mutable_data()->set_train_path("../shared/data/moby-dick/moby-dick.txt");
+  spec.mutable_data()->set_eval_path("../shared/data/moby-dick/moby-dick.txt");
+  spec.mutable_data()->set_max_blocks(64);
+  spec.mutable_data()->set_max_eval_examples(8);
+  spec.set_mode(mode);
+  spec.mutable_lsp()->set_d(16);
+  spec.mutable_lsp()->set_r(4);
+  spec.mutable_lsp()->set_fit_iters(10);
+  spec.mutable_lsp()->set_calibration_examples(8);
+  spec.mutable_optim()->set_lr(mode == v1::MODE_NATIVE ? 3e-3 : 1e-2);
+  spec.set_steps(steps);
+  spec.set_micro_batch_size(4);
+  spec.set_seq_len(32);
+  spec.set_seed(7);
+  spec.set_num_threads(2);
+  spec.set_output_dir(out_dir);
+  return spec;
+}
+
+}  // namespace lspo::testing_jobs
+
+#endif  // LSPO_TESTS_INTEGRATION_TEST_JOBS_H_

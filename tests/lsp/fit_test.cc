@@ -1,0 +1,231 @@
+// Tests for lsp/fit.h against float64 DENSE references computed here.
+#include "lsp/fit.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lsp/projector.h"
+
+namespace lspo::lsp {
+namespace {
+
+using ::testing::HasSubstr;
+
+SparseProjector Make(int64_t rows, int64_t d, int64_t r, uint64_t seed) {
+  absl::StatusOr<SparseProjector> p = SparseProjector::Random(rows, d, r, seed);
+  CHECK(p.ok()) << p.status();
+  return *std::move(p);
+}
+
+// Differentiable dense (rows, d) float64 projector from (index, value).
+at::Tensor DenseOf(const at::Tensor& index, const at::Tensor& value, int64_t d) {
+  return at::zeros({index.size(0), d}, at::kDouble).scatter(1, index, value.to(at::kDouble));
+}
+
+// The dense float64 objective |P P^T G Q Q^T - G|_F / |G|_F + beta (|P|_F + |Q|_F).
+at::Tensor DenseObjective(const at::Tensor& g, const at::Tensor& pd, const at::Tensor& qd,
+                          double beta) {
+  const at::Tensor gd = g.to(at::kDouble);
+  const at::Tensor b = pd.mm(pd.t()).mm(gd).mm(qd).mm(qd.t()) - gd;
+  return b.norm() / gd.norm() + beta * (pd.norm() + qd.norm());
+}
+
+// Low-rank (rank 4) + 5% noise "gradient" (m, n), like a real weight gradient.
+at::Tensor LowRankPlusNoise(int64_t m, int64_t n, uint64_t seed) {
+  torch::manual_seed(seed);
+  const at::Tensor u = torch::randn({m, 4}), v = torch::randn({n, 4});
+  const at::Tensor low = u.mm(v.t());
+  return low + 0.05 * low.norm() / std::sqrt(static_cast<double>(m * n)) * torch::randn({m, n});
+}
+
+class FitObjectiveTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { internal::SetForceAtenKernels(GetParam()); }
+  void TearDown() override { internal::SetForceAtenKernels(false); }
+};
+
+TEST_P(FitObjectiveTest, MatchesDenseFormulaAtInitWithGradients) {
+  const int64_t m = 48, n = 40, d = 16, r = 4;
+  const double beta = 0.01;
+  const SparseProjector P = Make(m, d, r, 1), Q = Make(n, d, r, 2);
+  const at::Tensor g = LowRankPlusNoise(m, n, 5);
+  const at::Tensor gn = (g.to(at::kDouble) / g.to(at::kDouble).norm());
+
+  at::Tensor pv = P.value.clone().set_requires_grad(true);
+  at::Tensor qv = Q.value.clone().set_requires_grad(true);
+  internal::FitTerms terms = internal::FitObjective(gn, P.index, pv, Q.index, qv, d, beta);
+  terms.objective.backward();
+
+  at::Tensor pv_ref = P.value.clone().set_requires_grad(true);
+  at::Tensor qv_ref = Q.value.clone().set_requires_grad(true);
+  at::Tensor want =
+      DenseObjective(g, DenseOf(P.index, pv_ref, d), DenseOf(Q.index, qv_ref, d), beta);
+  want.backward();
+  const double want_v = want.item<double>();
+  EXPECT_NEAR(terms.objective.item<double>(), want_v, 1e-9 * want_v);
+  const double want_err = DenseObjective(g, P.Dense().to(at::kDouble),
+                                         Q.Dense().to(at::kDouble), 0.0).item<double>();
+  EXPECT_NEAR(terms.error.item<double>(), want_err, 1e-9 * want_err);
+  // Gradients through the trace identity equal the dense ones.
+  EXPECT_LT((pv.grad() - pv_ref.grad()).abs().max().item<double>(),
+            1e-6 * pv_ref.grad().abs().max().item<double>());
+  EXPECT_LT((qv.grad() - qv_ref.grad()).abs().max().item<double>(),
+            1e-6 * qv_ref.grad().abs().max().item<double>());
+
+  // fp32 evaluation is close (cancellation costs a few digits).
+  internal::FitTerms t32 =
+      internal::FitObjective(gn.to(at::kFloat), P.index, P.value, Q.index, Q.value, d, beta);
+  EXPECT_NEAR(t32.objective.item<double>(), want_v, 1e-3 * want_v);
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, FitObjectiveTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "AtenPath" : "CpuLoops");
+                         });
+
+TEST(FitProjectors, LowersTheBiasAndReportsItExactly) {
+  const int64_t m = 48, n = 40, d = 16, r = 4;
+  SparseProjector P = Make(m, d, r, 11), Q = Make(n, d, r, 12);
+  const at::Tensor p_index = P.index.clone(), q_index = Q.index.clone();
+  const at::Tensor g = LowRankPlusNoise(m, n, 6);
+  FitOptions opt;
+  opt.max_iters = 100;
+  opt.lr = 0.05;
+  absl::StatusOr<FitResult> res = FitProjectors(g, &P, &Q, opt);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->iterations, 100);
+  EXPECT_LT(res->final_error, res->initial_error);
+  EXPECT_LT(res->final_error, 0.5 * res->initial_error) << "fit barely moved";
+  // Positions fixed, values changed, plain fp32 tensors.
+  EXPECT_TRUE(at::equal(P.index, p_index));
+  EXPECT_TRUE(at::equal(Q.index, q_index));
+  EXPECT_EQ(P.value.scalar_type(), at::kFloat);
+  EXPECT_FALSE(P.value.requires_grad());
+  // Reported error = dense float64 bias of the kept values.
+  const double dense = DenseObjective(g, P.Dense().to(at::kDouble), Q.Dense().to(at::kDouble),
+                                      0.0).item<double>();
+  EXPECT_NEAR(res->final_error, dense, 1e-4);
+  EXPECT_NEAR(res->final_error, RelativeBias(g, P, Q), 1e-12);
+}
+
+TEST(FitProjectors, SmolLM2ShapeFitImproves) {
+  const int64_t m = 576, n = 1536, d = 128, r = 4;
+  SparseProjector P = Make(m, d, r, 21), Q = Make(n, d, r, 22);
+  const at::Tensor g = LowRankPlusNoise(m, n, 7);
+  FitOptions opt;
+  opt.max_iters = 20;
+  opt.lr = 0.05;
+  absl::StatusOr<FitResult> res = FitProjectors(g, &P, &Q, opt);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_LT(res->final_error, res->initial_error);
+  EXPECT_NEAR(res->final_error, RelativeBias(g, P, Q), 1e-12);
+}
+
+TEST(FitProjectors, StopsAtAlphaAndKeepsValues) {
+  SparseProjector P = Make(48, 16, 4, 31), Q = Make(40, 16, 4, 32);
+  const at::Tensor p0 = P.value.clone();
+  const at::Tensor g = LowRankPlusNoise(48, 40, 8);
+  const double initial = RelativeBias(g, P, Q);
+  FitOptions opt;
+  opt.alpha = initial + 0.01;
+  absl::StatusOr<FitResult> res = FitProjectors(g, &P, &Q, opt);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->iterations, 0);
+  EXPECT_TRUE(at::equal(P.value, p0));
+  EXPECT_NEAR(res->final_error, initial, 1e-12);
+  EXPECT_NEAR(res->initial_error, initial, 1e-12);
+}
+
+TEST(FitProjectors, RegulariserShrinksTheValues) {
+  const at::Tensor g = LowRankPlusNoise(48, 40, 9);
+  SparseProjector P0 = Make(48, 16, 4, 41), Q0 = Make(40, 16, 4, 42);
+  SparseProjector P1 = P0, Q1 = Q0;
+  FitOptions opt;
+  opt.max_iters = 60;
+  ASSERT_TRUE(FitProjectors(g, &P0, &Q0, opt).ok());
+  opt.beta = 0.5;
+  ASSERT_TRUE(FitProjectors(g, &P1, &Q1, opt).ok());
+  EXPECT_LT(P1.value.norm().item<double>() + Q1.value.norm().item<double>(),
+            P0.value.norm().item<double>() + Q0.value.norm().item<double>());
+}
+
+TEST(FitProjectors, RejectsBadInputAndLeavesProjectorsUntouched) {
+  SparseProjector P = Make(48, 16, 4, 51), Q = Make(40, 16, 4, 52);
+  const at::Tensor p0 = P.value.clone();
+  at::Tensor g = LowRankPlusNoise(48, 40, 10);
+  FitOptions opt;
+
+  at::Tensor bad = g.clone();
+  bad[3][7] = std::nan("");
+  bad[5][0] = INFINITY;
+  absl::Status st = FitProjectors(bad, &P, &Q, opt).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("2 non-finite"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("flat index 127"));
+
+  st = FitProjectors(at::zeros({48, 40}), &P, &Q, opt).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("gradient is all zero, nothing to fit"));
+
+  EXPECT_EQ(FitProjectors(g.t(), &P, &Q, opt).status().code(),
+            absl::StatusCode::kInvalidArgument);  // (n, m)
+  EXPECT_EQ(FitProjectors(g.reshape({-1}), &P, &Q, opt).status().code(),
+            absl::StatusCode::kInvalidArgument);  // 1-D
+  EXPECT_EQ(FitProjectors(g, nullptr, &Q, opt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  SparseProjector q_other_d = Make(40, 8, 4, 53);
+  EXPECT_EQ(FitProjectors(g, &P, &q_other_d, opt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  FitOptions bad_opt;
+  bad_opt.lr = 0;
+  EXPECT_EQ(FitProjectors(g, &P, &Q, bad_opt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad_opt = FitOptions{};
+  bad_opt.max_iters = -1;
+  EXPECT_EQ(FitProjectors(g, &P, &Q, bad_opt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(at::equal(P.value, p0));
+}
+
+TEST(TransferAdamState, MatchesDenseFloat64) {
+  const int64_t m = 48, n = 40, d_old = 16, d_new = 12, r = 4;
+  const SparseProjector Po = Make(m, d_old, r, 61), Qo = Make(n, d_old, r, 62);
+  const SparseProjector Pn = Make(m, d_new, r, 63), Qn = Make(n, d_new, r, 64);
+  torch::manual_seed(4);
+  const at::Tensor m0 = torch::randn({d_old, d_old});
+  const at::Tensor v0 = torch::rand({d_old, d_old});
+  at::Tensor M = m0.clone(), V = v0.clone();
+  TransferAdamState(Po, Qo, Pn, Qn, M, V);
+
+  const at::Tensor cp = Pn.Dense().to(at::kDouble).t().mm(Po.Dense().to(at::kDouble));  // (d', d)
+  const at::Tensor cq = Qo.Dense().to(at::kDouble).t().mm(Qn.Dense().to(at::kDouble));  // (d, d')
+  const at::Tensor m_ref = cp.mm(m0.to(at::kDouble)).mm(cq);
+  const at::Tensor v_ref = cp.pow(2).mm(v0.to(at::kDouble)).mm(cq.pow(2));
+  ASSERT_EQ(M.sizes(), (at::IntArrayRef{d_new, d_new}));
+  EXPECT_EQ(M.scalar_type(), at::kFloat);
+  EXPECT_LT((M.to(at::kDouble) - m_ref).norm().item<double>() / m_ref.norm().item<double>(),
+            1e-5);
+  EXPECT_LT((V.to(at::kDouble) - v_ref).norm().item<double>() / v_ref.norm().item<double>(),
+            1e-5);
+  EXPECT_GE(V.min().item<double>(), 0.0);
+}
+
+TEST(TransferAdamState, SameProjectorsOnOrthonormalColumnsKeepState) {
+  // P = Q = [I; 0] with r = 1 (P^T P = I): the transfer is the identity.
+  absl::StatusOr<SparseProjector> p = SparseProjector::FromTensors(
+      at::arange(6).remainder(3).unsqueeze(1), at::cat({at::ones({3, 1}), at::zeros({3, 1})}), 3);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const at::Tensor m0 = torch::randn({3, 3}), v0 = torch::rand({3, 3});
+  at::Tensor M = m0.clone(), V = v0.clone();
+  TransferAdamState(*p, *p, *p, *p, M, V);
+  EXPECT_TRUE(at::allclose(M, m0));
+  EXPECT_TRUE(at::allclose(V, v0));
+}
+
+}  // namespace
+}  // namespace lspo::lsp

@@ -1,0 +1,348 @@
+// Tests for lsp/projector.h. Every kernel is checked against a float64 DENSE reference computed
+// here from Dense() projectors with plain matrix products.
+#include "lsp/projector.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <ostream>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lspo::lsp {
+namespace {
+
+using ::testing::HasSubstr;
+
+SparseProjector MakeProjector(int64_t rows, int64_t d, int64_t r, uint64_t seed) {
+  absl::StatusOr<SparseProjector> p = SparseProjector::Random(rows, d, r, seed);
+  CHECK(p.ok()) << p.status();
+  return *std::move(p);
+}
+
+at::Tensor DenseF64(const SparseProjector& p) { return p.Dense().to(at::kDouble); }
+
+// |a - b|_F / |b|_F in float64.
+double RelErr(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor bd = b.to(at::kDouble);
+  return (a.to(at::kDouble) - bd).norm().item<double>() / bd.norm().item<double>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random()
+
+TEST(SparseProjectorRandom, ShapesDtypesAndDistinctSortedPositions) {
+  const SparseProjector p = MakeProjector(300, 16, 4, 1);
+  EXPECT_EQ(p.rows, 300);
+  EXPECT_EQ(p.d, 16);
+  EXPECT_EQ(p.r, 4);
+  ASSERT_EQ(p.index.sizes(), (at::IntArrayRef{300, 4}));
+  ASSERT_EQ(p.value.sizes(), (at::IntArrayRef{300, 4}));
+  EXPECT_EQ(p.index.scalar_type(), at::kLong);
+  EXPECT_EQ(p.value.scalar_type(), at::kFloat);
+  auto idx = p.index.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < 300; ++i) {
+    std::set<int64_t> cols;
+    for (int64_t j = 0; j < 4; ++j) {
+      EXPECT_GE(idx[i][j], 0);
+      EXPECT_LT(idx[i][j], 16);
+      if (j > 0) EXPECT_LT(idx[i][j - 1], idx[i][j]) << "row " << i;
+      cols.insert(idx[i][j]);
+    }
+    EXPECT_EQ(cols.size(), 4u) << "row " << i << " has a repeated column";
+  }
+  EXPECT_TRUE(p.Validate().ok());
+  // r == d is allowed: every column used once per row.
+  const SparseProjector full = MakeProjector(10, 5, 5, 2);
+  EXPECT_TRUE(
+      at::equal(std::get<0>(full.index.sort(1)), at::arange(5).repeat({10, 1})));
+}
+
+TEST(SparseProjectorRandom, ValueStdAndColumnUsageAreUniform) {
+  const int64_t rows = 20000, d = 64, r = 8;
+  const SparseProjector p = MakeProjector(rows, d, r, 7);
+  const at::Tensor v = p.value.to(at::kDouble);
+  EXPECT_NEAR(v.mean().item<double>(), 0.0, 0.01);
+  EXPECT_NEAR(v.std().item<double>(), 1.0 / std::sqrt(static_cast<double>(r)), 0.01);
+  const at::Tensor counts = at::bincount(p.index.reshape({-1}), {}, d).to(at::kDouble);
+  const double expected = static_cast<double>(rows * r) / d;  // 2500
+  EXPECT_LT((counts - expected).abs().max().item<double>(), 0.1 * expected);
+}
+
+TEST(SparseProjectorRandom, ExpectationOfPPtIsIdentity) {
+  // E[P P^T] = I over draws (method.md): average P P^T over 3000 seeds.
+  const int64_t rows = 8, d = 16, r = 4;
+  at::Tensor sum = at::zeros({rows, rows}, at::kDouble);
+  const int kDraws = 3000;
+  for (int s = 0; s < kDraws; ++s) {
+    const at::Tensor pd = DenseF64(MakeProjector(rows, d, r, 1000 + s));
+    sum += pd.mm(pd.t());
+  }
+  const at::Tensor mean = sum / kDraws;
+  EXPECT_LT((mean - at::eye(rows, at::kDouble)).abs().max().item<double>(), 0.06);
+  // And within one large projector, the diagonal of P P^T averages 1.
+  const at::Tensor big = MakeProjector(5000, 32, 4, 3).value.to(at::kDouble);
+  EXPECT_NEAR(big.pow(2).sum(1).mean().item<double>(), 1.0, 0.03);
+}
+
+TEST(SparseProjectorRandom, DeterministicPerSeed) {
+  const SparseProjector a = MakeProjector(50, 32, 4, 42);
+  const SparseProjector b = MakeProjector(50, 32, 4, 42);
+  const SparseProjector c = MakeProjector(50, 32, 4, 43);
+  EXPECT_TRUE(at::equal(a.index, b.index));
+  EXPECT_TRUE(at::equal(a.value, b.value));
+  EXPECT_FALSE(at::equal(a.index, c.index));
+}
+
+TEST(SparseProjectorRandom, RejectsBadSizes) {
+  auto code = [](int64_t rows, int64_t d, int64_t r) {
+    return SparseProjector::Random(rows, d, r, 0).status().code();
+  };
+  EXPECT_EQ(code(10, 4, 5), absl::StatusCode::kInvalidArgument);  // r > d
+  EXPECT_EQ(code(10, 0, 1), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(10, 4, 0), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(0, 4, 2), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(SparseProjector::Random(10, 4, 5, 0).status().message()),
+              HasSubstr("choose r <= d"));
+}
+
+TEST(SparseProjector, FromTensorsValidatesInvariants) {
+  const SparseProjector p = MakeProjector(6, 8, 3, 5);
+  absl::StatusOr<SparseProjector> ok = SparseProjector::FromTensors(p.index, p.value, 8);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(at::equal(ok->Dense(), p.Dense()));
+
+  at::Tensor dup = p.index.clone();
+  dup[2][1] = dup[2][0];
+  absl::Status st = SparseProjector::FromTensors(dup, p.value, 8).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("row 2"));
+
+  EXPECT_EQ(SparseProjector::FromTensors(p.index, p.value, 4).status().code(),
+            absl::StatusCode::kInvalidArgument);  // indices >= d
+  at::Tensor nan_value = p.value.clone();
+  nan_value[0][0] = std::nan("");
+  EXPECT_EQ(SparseProjector::FromTensors(p.index, nan_value, 8).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SparseProjector::FromTensors(p.index, p.value.slice(0, 0, 5), 8).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SparseProjector::FromTensors(p.value, p.value, 8).status().code(),
+            absl::StatusCode::kInvalidArgument);  // float index
+  EXPECT_EQ(SparseProjector{}.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------------------------
+// CheckProjectorShapes
+
+TEST(CheckProjectorShapes, AcceptsValidAndRejectsNonCompressingOrOversparse) {
+  EXPECT_TRUE(CheckProjectorShapes(48, 40, 16, 4).ok());
+  EXPECT_TRUE(CheckProjectorShapes(576, 1536, 128, 4).ok());
+  absl::Status st = CheckProjectorShapes(48, 40, 40, 4);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("choose d < min(m, n) = 40"));
+  // Wide 64 x 256 with d = 128 (known-failures.md #10).
+  st = CheckProjectorShapes(64, 256, 128, 8);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("choose d < min(m, n) = 64"));
+  st = CheckProjectorShapes(48, 40, 16, 17);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("r=17"));
+  EXPECT_EQ(CheckProjectorShapes(0, 40, 16, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckProjectorShapes(48, 40, 16, 0).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels vs dense float64
+
+struct Shape {
+  int64_t N, m, n, d, r;
+};
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << "N=" << s.N << " m=" << s.m << " n=" << s.n << " d=" << s.d << " r=" << s.r;
+}
+const Shape kSmall{64, 48, 40, 16, 4};
+const Shape kSmolLM2{256, 576, 1536, 128, 4};  // down_proj (576 x 1536)
+
+// Parameter: (shape, force the generic ATen path instead of the CPU loops).
+class KernelTest : public ::testing::TestWithParam<std::tuple<Shape, bool>> {
+ protected:
+  static Shape S() { return std::get<0>(GetParam()); }
+  void SetUp() override {
+    const Shape s = S();
+    internal::SetForceAtenKernels(std::get<1>(GetParam()));
+    torch::manual_seed(17);
+    P_ = MakeProjector(s.m, s.d, s.r, 101);
+    Q_ = MakeProjector(s.n, s.d, s.r, 202);
+    X_ = torch::randn({s.N, s.n});   // (N, n) fp32
+    dY_ = torch::randn({s.N, s.m});  // (N, m) fp32
+  }
+  void TearDown() override { internal::SetForceAtenKernels(false); }
+  SparseProjector P_, Q_;
+  at::Tensor X_, dY_;
+};
+
+TEST_P(KernelTest, ProjectRowsMatchesDense) {
+  const at::Tensor want = X_.to(at::kDouble).mm(DenseF64(Q_));  // (N, d)
+  const at::Tensor got = ProjectRows(X_, Q_);
+  ASSERT_EQ(got.sizes(), want.sizes());
+  EXPECT_EQ(got.scalar_type(), at::kFloat);
+  EXPECT_LT(RelErr(got, want), 1e-5);
+  const at::Tensor got64 = ProjectRows(X_.to(at::kDouble), Q_);
+  EXPECT_EQ(got64.scalar_type(), at::kDouble);
+  EXPECT_LT(RelErr(got64, want), 1e-12);
+  const at::Tensor got_bf16 = ProjectRows(X_.to(at::kBFloat16), Q_);
+  EXPECT_EQ(got_bf16.scalar_type(), at::kBFloat16);
+  EXPECT_LT(RelErr(got_bf16, want), 2e-2);
+}
+
+TEST_P(KernelTest, CompressFactoredMatchesDenseGradient) {
+  const at::Tensor g = dY_.to(at::kDouble).t().mm(X_.to(at::kDouble));   // (m, n) = dY^T X
+  const at::Tensor want = DenseF64(P_).t().mm(g).mm(DenseF64(Q_));       // (d, d)
+  const at::Tensor xq = ProjectRows(X_, Q_);                             // (N, d)
+  const at::Tensor got = CompressFactored(dY_, xq, P_);
+  ASSERT_EQ(got.sizes(), want.sizes());
+  EXPECT_EQ(got.scalar_type(), at::kFloat);
+  EXPECT_LT(RelErr(got, want), 1e-5);
+  // bf16 activations (as on the GPU): dY is projected in fp32.
+  const at::Tensor got_bf16 = CompressFactored(dY_.to(at::kBFloat16), xq, P_);
+  EXPECT_EQ(got_bf16.scalar_type(), at::kFloat);
+  EXPECT_LT(RelErr(got_bf16, want), 1e-2);
+}
+
+TEST_P(KernelTest, CompressDenseMatchesDense) {
+  const at::Tensor g = torch::randn({S().m, S().n});  // (m, n)
+  const at::Tensor want = DenseF64(P_).t().mm(g.to(at::kDouble)).mm(DenseF64(Q_));
+  const at::Tensor got = CompressDense(g, P_, Q_);
+  EXPECT_EQ(got.scalar_type(), at::kFloat);
+  EXPECT_LT(RelErr(got, want), 1e-5);
+  EXPECT_LT(RelErr(CompressDense(g.to(at::kDouble), P_, Q_), want), 1e-12);
+}
+
+TEST_P(KernelTest, ExpandAndApplyStepMatchDense) {
+  const Shape s = S();
+  const at::Tensor D = torch::randn({s.d, s.d});  // (d, d)
+  const at::Tensor step = DenseF64(P_).mm(D.to(at::kDouble)).mm(DenseF64(Q_).t());  // (m, n)
+  const at::Tensor got = ExpandStep(P_, D, Q_);
+  ASSERT_EQ(got.sizes(), step.sizes());
+  EXPECT_EQ(got.scalar_type(), at::kFloat);
+  EXPECT_LT(RelErr(got, step), 1e-5);
+
+  const at::Tensor w0 = torch::randn({s.m, s.n});
+  at::Tensor w = w0.clone();
+  ApplyStep(w, P_, D, Q_);
+  EXPECT_EQ(w.scalar_type(), at::kFloat);
+  EXPECT_LT(RelErr(w, w0.to(at::kDouble) + step), 1e-6);
+
+  at::Tensor w64 = w0.to(at::kDouble);
+  ApplyStep(w64, P_, D.to(at::kDouble), Q_);
+  EXPECT_LT(RelErr(w64, w0.to(at::kDouble) + step), 1e-12);
+
+  // bf16 weights: exactly one rounding of (fp32 W + fp32 step).
+  at::Tensor wb = w0.to(at::kBFloat16);
+  const at::Tensor want_b = (wb.to(at::kFloat) + got).to(at::kBFloat16);
+  ApplyStep(wb, P_, D, Q_);
+  EXPECT_EQ(wb.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(wb, want_b));
+}
+
+TEST_P(KernelTest, RelativeBiasMatchesDenseFormula) {
+  const Shape s = S();
+  const at::Tensor g = torch::randn({s.m, s.n});
+  const at::Tensor pd = DenseF64(P_), qd = DenseF64(Q_);
+  const at::Tensor gd = g.to(at::kDouble);
+  const double want = (pd.mm(pd.t()).mm(gd).mm(qd).mm(qd.t()) - gd).norm().item<double>() /
+                      gd.norm().item<double>();
+  EXPECT_NEAR(RelativeBias(g, P_, Q_), want, 1e-9 * want);
+}
+
+TEST_P(KernelTest, ProjectRowsGradientsMatchDense) {
+  // With grad mode on and a leaf requiring grad, ProjectRows is differentiable in X and values.
+  const at::Tensor x = X_.to(at::kDouble).set_requires_grad(true);
+  SparseProjector q = Q_;
+  q.value = Q_.value.clone().set_requires_grad(true);
+  const at::Tensor w = torch::randn({S().N, S().d}, at::kDouble);  // (N, d) upstream gradient
+  (ProjectRows(x, q) * w).sum().backward();
+  const at::Tensor x_ref = X_.to(at::kDouble).set_requires_grad(true);
+  const at::Tensor v_ref = Q_.value.to(at::kDouble).set_requires_grad(true);
+  const at::Tensor q_ref = at::zeros({S().n, S().d}, at::kDouble).scatter(1, Q_.index, v_ref);
+  (x_ref.mm(q_ref) * w).sum().backward();
+  EXPECT_LT(RelErr(x.grad(), x_ref.grad()), 1e-12);
+  EXPECT_LT(RelErr(q.value.grad(), v_ref.grad()), 1e-6);  // an fp32 leaf gets an fp32 grad
+}
+
+TEST_P(KernelTest, GatherRowsGradientsMatchDense) {
+  const at::Tensor e = torch::randn({S().d, 33}, at::kDouble).set_requires_grad(true);
+  const at::Tensor v = P_.value.to(at::kDouble).set_requires_grad(true);
+  const at::Tensor w = torch::randn({S().m, 33}, at::kDouble);
+  (internal::GatherRows(e, P_.index, v) * w).sum().backward();
+  const at::Tensor e_ref = e.detach().clone().set_requires_grad(true);
+  const at::Tensor v_ref = P_.value.to(at::kDouble).set_requires_grad(true);
+  const at::Tensor p_ref = at::zeros({S().m, S().d}, at::kDouble).scatter(1, P_.index, v_ref);
+  (p_ref.mm(e_ref) * w).sum().backward();
+  EXPECT_LT(RelErr(e.grad(), e_ref.grad()), 1e-12);
+  EXPECT_LT(RelErr(v.grad(), v_ref.grad()), 1e-12);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, KernelTest,
+    ::testing::Combine(::testing::Values(kSmall, kSmolLM2), ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<Shape, bool>>& info) {
+      return std::string(std::get<0>(info.param).m == 48 ? "Small" : "SmolLM2_576x1536") +
+             (std::get<1>(info.param) ? "_AtenPath" : "_CpuLoops");
+    });
+
+TEST(Kernels, CpuLoopsAndAtenPathAgree) {
+  const SparseProjector P = MakeProjector(576, 128, 4, 31), Q = MakeProjector(1536, 128, 4, 32);
+  torch::manual_seed(8);
+  const at::Tensor x = torch::randn({100, 1536}), dy = torch::randn({100, 576});
+  const at::Tensor g = torch::randn({576, 1536}), D = torch::randn({128, 128});
+  auto run = [&](bool aten) {
+    internal::SetForceAtenKernels(aten);
+    const at::Tensor xq = ProjectRows(x, Q);
+    std::vector<at::Tensor> out = {xq, CompressFactored(dy, xq, P), CompressDense(g, P, Q),
+                                   ExpandStep(P, D, Q)};
+    internal::SetForceAtenKernels(false);
+    return out;
+  };
+  const std::vector<at::Tensor> a = run(false), b = run(true);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_LT(RelErr(a[i], b[i]), 1e-6) << "output " << i;
+}
+
+TEST(RelativeBias, ManyRowBlocksMatchDense) {
+  // 4100 x 1024: three fp64 row blocks of 2048, 2048, 4 rows.
+  const int64_t m = 4100, n = 1024, d = 64, r = 4;
+  const SparseProjector P = MakeProjector(m, d, r, 9), Q = MakeProjector(n, d, r, 10);
+  torch::manual_seed(3);
+  const at::Tensor g = torch::randn({m, n});
+  const at::Tensor pd = DenseF64(P), qd = DenseF64(Q), gd = g.to(at::kDouble);
+  const at::Tensor s = pd.t().mm(gd).mm(qd);
+  const double want = (pd.mm(s).mm(qd.t()) - gd).norm().item<double>() / gd.norm().item<double>();
+  EXPECT_NEAR(RelativeBias(g, P, Q), want, 1e-9 * want);
+}
+
+TEST(RelativeBias, ZeroGradientHasZeroBiasAndExactFitHasNone) {
+  const SparseProjector P = MakeProjector(12, 4, 2, 1), Q = MakeProjector(10, 4, 2, 2);
+  EXPECT_EQ(RelativeBias(at::zeros({12, 10}), P, Q), 0.0);
+  // Identity-like projectors on a G supported on their span: P = Q = [I; 0] (r = 1).
+  absl::StatusOr<SparseProjector> pi = SparseProjector::FromTensors(
+      at::arange(12).remainder(4).unsqueeze(1),
+      at::cat({at::ones({4, 1}), at::zeros({8, 1})}), 4);
+  ASSERT_TRUE(pi.ok()) << pi.status();
+  absl::StatusOr<SparseProjector> qi = SparseProjector::FromTensors(
+      at::arange(10).remainder(4).unsqueeze(1),
+      at::cat({at::ones({4, 1}), at::zeros({6, 1})}), 4);
+  ASSERT_TRUE(qi.ok()) << qi.status();
+  at::Tensor g = at::zeros({12, 10});
+  g.slice(0, 0, 4).slice(1, 0, 4).copy_(torch::randn({4, 4}));
+  EXPECT_LT(RelativeBias(g, *pi, *qi), 1e-12);
+}
+
+}  // namespace
+}  // namespace lspo::lsp

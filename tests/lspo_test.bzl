@@ -1,0 +1,50 @@
+"""lspo_test: the Bazel twin of CMake's lspo_test() (top-level CMakeLists.txt).
+
+One gtest binary linked with GoogleTest + GMock + gtest_main and //:base (lspo_base), plus
+LibTorch when torch = True. Unlike CTest, Bazel starts a test in its runfiles tree, so every
+test also links //tests:chdir_to_workspace, which chdir()s to the source root before main():
+the tests then read models/, tests/oracle/data/ and ../shared/data/ by the same relative paths.
+They read files outside the workspace, so they are tagged "local" (never sandboxed, cached
+remotely or executed remotely; nothing is downloaded).
+"""
+
+load("@local_cuda//:defs.bzl", "HAS_CUDA")
+
+def lspo_test(
+        name,
+        srcs,
+        deps = [],
+        torch = False,
+        cuda = False,
+        labels = [],
+        tags = [],
+        **kwargs):
+    """Declares a cc_test like CMake's lspo_test(name SOURCES ... DEPS ... [TORCH] [LABELS ...]).
+
+    Args:
+      name: test name (same as the CMake one).
+      srcs: test sources (same as CMake's SOURCES).
+      deps: libraries under test (CMake's DEPS, as Bazel labels).
+      torch: link LibTorch (CMake's TORCH).
+      cuda: declare the test only when a CUDA toolkit was found (CMake: if(LSPO_HAS_CUDA)).
+      labels: CMake LABELS, added as tags (e.g. "integration").
+      tags: further tags.
+      **kwargs: passed to cc_test (timeout, data, copts, local_defines, ...).
+    """
+    if cuda and not HAS_CUDA:
+        return
+    native.cc_test(
+        name = name,
+        srcs = srcs,
+        deps = deps + [
+            "//:base",
+            "//tests:chdir_to_workspace",
+            "//third_party/gtest:gmock",
+            "//third_party/gtest:gtest_main",
+            "//third_party/gtest:gtest",
+        ] + (["//third_party/torch"] if torch else []),
+        # Static libraries, like the CMake build (fewer link actions than per-library .so).
+        linkstatic = True,
+        tags = ["local"] + labels + tags,
+        **kwargs
+    )
