@@ -40,6 +40,10 @@ struct FitOptions {
   // ~|P S Q^T|^2 that can exceed |G|^2 by 10^3 at initialisation, so fp32 would lose ~4 digits.
   // false: fp32 (faster on GPUs with slow fp64).
   bool float64 = true;
+  // Before the Adam iterations, rescale all values of P and Q by the closed-form optimal
+  // common factor (see fit.cc), which guarantees a relative error <= 1 at iteration 0.
+  // Skipped when the initial error is already <= alpha (the projectors are kept as they are).
+  bool rescale = true;
 };
 
 struct FitResult {

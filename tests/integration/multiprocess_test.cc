@@ -113,9 +113,10 @@ TEST(MultiProcessTest, ThreeServicesOnLoopbackTrainAJobAndSurviveADeadPeer) {
       &steps_seen);
   ASSERT_EQ(fin.state(), v1::SUCCEEDED) << fin.error();
   EXPECT_EQ(steps_seen, 20);
-  // No shared-memory segment is left behind after the job.
+  // No shared-memory segment of this job is left behind (arena names are /lspo-<job id>-*).
   int leftovers = 0;
-  if (FILE* p = popen("ls /dev/shm | grep -c '^lspo-job' || true", "r")) {
+  const std::string cmd = "ls /dev/shm | grep -c '^lspo-" + fin.job_id() + "-' || true";
+  if (FILE* p = popen(cmd.c_str(), "r")) {
     fscanf(p, "%d", &leftovers);
     pclose(p);
   }

@@ -126,6 +126,26 @@ TEST(FitProjectors, SmolLM2ShapeFitImproves) {
   EXPECT_NEAR(res->final_error, RelativeBias(g, P, Q), 1e-12);
 }
 
+TEST(FitProjectors, ClosedFormRescaleMatchesDenseOptimumAndIsAtMostOne) {
+  // With no Adam iterations, the fit is the closed-form common rescale of P and Q:
+  // error^2 = 1 - <R, G>^2 / (|R|^2 |G|^2), R = P P^T G Q Q^T (dense float64 reference).
+  SparseProjector P = Make(96, 16, 4, 41), Q = Make(80, 16, 4, 42);
+  const at::Tensor g = LowRankPlusNoise(96, 80, 10);
+  const at::Tensor pd = P.Dense().to(at::kDouble), qd = Q.Dense().to(at::kDouble);
+  const at::Tensor gd = g.to(at::kDouble);
+  const at::Tensor rec = pd.mm(pd.t()).mm(gd).mm(qd).mm(qd.t());
+  const double cos2 = std::pow((rec * gd).sum().item<double>(), 2) /
+                      (rec.pow(2).sum().item<double>() * gd.pow(2).sum().item<double>());
+  const double want = std::sqrt(1.0 - cos2);
+  FitOptions opt;
+  opt.max_iters = 0;
+  absl::StatusOr<FitResult> res = FitProjectors(g, &P, &Q, opt);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_GT(res->initial_error, 1.0);  // random N(0, 1/r) values overshoot the scale
+  EXPECT_NEAR(res->final_error, want, 1e-5);
+  EXPECT_LE(res->final_error, 1.0);
+}
+
 TEST(FitProjectors, StopsAtAlphaAndKeepsValues) {
   SparseProjector P = Make(48, 16, 4, 31), Q = Make(40, 16, 4, 32);
   const at::Tensor p0 = P.value.clone();
