@@ -11,11 +11,13 @@
 #include "glog/logging.h"
 #include "gpu_worker/arena_io.h"
 #include "gpu_worker/job_assets.h"
+#include "gpu_worker/torch_call.h"
 #include "lsp/adam.h"
 #include "lsp/fit.h"
 #include "lsp/projector.h"
 #include "model/safetensors.h"
 #include "runtime/status_macros.h"
+#include "runtime/util.h"
 
 namespace lspo::optimizer {
 
@@ -36,19 +38,6 @@ struct OptimizerJob {
 };
 
 namespace {
-
-double Seconds(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-template <typename Fn>
-absl::Status TorchCall(absl::string_view what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
-  }
-}
 
 }  // namespace
 
@@ -102,7 +91,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
   lspo::v1::LoadJobReply reply;
   reply.set_trainable_parameters(params);
   reply.set_device("cpu");
-  reply.set_seconds(Seconds(t0));
+  reply.set_seconds(runtime::SecondsSince(t0));
   LOG(INFO) << "optimizer: loaded job " << job_id << ": fp32 master weights of " << params
             << " parameters, subspace d = " << layout.d();
   job_ = std::move(job);
@@ -113,7 +102,7 @@ absl::Status OptimizerCore::SetProjectors(const std::string& job_id,
                                           const std::vector<int>& indices) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(OptimizerJob * job, Find(job_id));
-  return TorchCall("set projectors", [&]() -> absl::Status {
+  return worker::TorchCall("set projectors", [&]() -> absl::Status {
     at::NoGradGuard no_grad;
     const int64_t d = job->layout.d();
     for (int i : indices) {
@@ -180,7 +169,7 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
   }
   lspo::v1::UpdateReply reply;
   reply.set_grad_norm(std::sqrt(norm2));
-  reply.set_seconds(Seconds(t0));
+  reply.set_seconds(runtime::SecondsSince(t0));
   return reply;
 }
 
@@ -190,7 +179,7 @@ absl::StatusOr<lspo::v1::SaveReply> OptimizerCore::SaveModel(const std::string& 
   ASSIGN_OR_RETURN(OptimizerJob * job, Find(job_id));
   auto t0 = std::chrono::steady_clock::now();
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  RETURN_IF_ERROR(TorchCall("materialise master weights", [&]() -> absl::Status {
+  RETURN_IF_ERROR(worker::TorchCall("materialise master weights", [&]() -> absl::Status {
     at::NoGradGuard no_grad;
     absl::flat_hash_map<std::string, int> linear_of;
     for (int i = 0; i < job->layout.linears_size(); ++i) {
@@ -209,7 +198,7 @@ absl::StatusOr<lspo::v1::SaveReply> OptimizerCore::SaveModel(const std::string& 
     }
     return absl::OkStatus();
   }));
-  mkdir(dir.c_str(), 0755);
+  RETURN_IF_ERROR(runtime::MakeDirs(dir));
   std::vector<model::SafetensorsEntry> entries;
   for (auto& [name, t] : tensors) {
     entries.push_back({name, "F32", t.sizes().vec(), t.data_ptr(),
@@ -219,7 +208,7 @@ absl::StatusOr<lspo::v1::SaveReply> OptimizerCore::SaveModel(const std::string& 
   RETURN_IF_ERROR(model::WriteSafetensors(path, entries, {{"format", "pt"}}));
   lspo::v1::SaveReply reply;
   reply.add_files(path);
-  reply.set_seconds(Seconds(t0));
+  reply.set_seconds(runtime::SecondsSince(t0));
   return reply;
 }
 

@@ -17,10 +17,12 @@
 #include "glog/logging.h"
 #include "gpu_worker/arena_io.h"
 #include "gpu_worker/job_assets.h"
+#include "gpu_worker/torch_call.h"
 #include "lsp/fit.h"
 #include "lsp/projector.h"
 #include "model/safetensors.h"
 #include "runtime/status_macros.h"
+#include "runtime/util.h"
 
 namespace lspo::worker {
 
@@ -52,35 +54,6 @@ struct WorkerJob {
 
 namespace {
 
-double Seconds(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Runs `fn` and converts any c10::Error (bad shapes, allocation) into kInternal naming `what`.
-template <typename Fn>
-absl::Status TorchCall(absl::string_view what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
-  }
-}
-
-absl::Status MakeDirs(const std::string& dir) {
-  std::string cur;
-  for (size_t i = 0; i <= dir.size(); ++i) {
-    if (i == dir.size() || dir[i] == '/') {
-      if (!cur.empty() && mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
-        return absl::PermissionDeniedError(
-            absl::StrCat("cannot create directory '", cur, "': ", std::strerror(errno)));
-      }
-    }
-    if (i < dir.size()) cur.push_back(dir[i]);
-  }
-  return absl::OkStatus();
-}
 
 // A token's text, trimmed of white space and lower-cased (for answer matching).
 std::string NormalizedToken(const model::BpeTokenizer& tok, int64_t id) {
@@ -219,7 +192,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   reply.set_eval_examples(job->eval.size());
   reply.set_trainable_parameters(trainable);
   reply.set_device("cpu");
-  reply.set_seconds(Seconds(t0));
+  reply.set_seconds(runtime::SecondsSince(t0));
   LOG(INFO) << "worker: loaded job " << job_id << ": " << job->train.size() << " train / "
             << job->eval.size() << " eval examples, " << trainable
             << " trainable parameters in " << job->linears.size() << " matrices";
@@ -337,7 +310,7 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> WorkerCore::FitProjectors(
     model.SetLinearMode(model::LinearMode::kLsp);
     return st;
   }
-  reply.set_seconds(Seconds(t0));
+  reply.set_seconds(runtime::SecondsSince(t0));
   return reply;
 }
 
@@ -388,7 +361,7 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(const std::string
       auto t0 = std::chrono::steady_clock::now();
       at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len),
                                            ToTensor(b.labels, b.batch_size, b.seq_len));
-      fwd += Seconds(t0);
+      fwd += runtime::SecondsSince(t0);
       const double lv = loss.item<double>();
       if (!std::isfinite(lv)) {
         reply.set_nonfinite(true);
@@ -397,7 +370,7 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(const std::string
       loss_sum += lv * targets;
       t0 = std::chrono::steady_clock::now();
       (loss * (static_cast<double>(targets) / total)).backward();
-      bwd += Seconds(t0);
+      bwd += runtime::SecondsSince(t0);
     }
     metrics->set_loss(total > 0 ? loss_sum / total : 0.0);
     metrics->set_tokens(total);
@@ -422,9 +395,9 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(const std::string
         static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
       }
       job->adamw->step();
-      metrics->set_update_seconds(Seconds(t0));
+      metrics->set_update_seconds(runtime::SecondsSince(t0));
     }
-    const double secs = Seconds(t_step);
+    const double secs = runtime::SecondsSince(t_step);
     metrics->set_step_seconds(secs);
     metrics->set_tokens_per_second(secs > 0 ? input_tokens / secs : 0);
     return absl::OkStatus();
@@ -463,7 +436,7 @@ absl::StatusOr<lspo::v1::ApplyReply> WorkerCore::ApplyUpdates(
   });
   if (!st.ok()) return st;
   lspo::v1::ApplyReply reply;
-  reply.set_seconds(Seconds(t0));
+  reply.set_seconds(runtime::SecondsSince(t0));
   return reply;
 }
 
@@ -540,7 +513,7 @@ absl::StatusOr<lspo::v1::EvalMetrics> WorkerCore::Evaluate(const std::string& jo
     return absl::OkStatus();
   });
   if (!st.ok()) return st;
-  out.set_seconds(Seconds(t0));
+  out.set_seconds(runtime::SecondsSince(t0));
   return out;
 }
 
@@ -549,7 +522,7 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
   auto t0 = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(MakeDirs(dir));
+  RETURN_IF_ERROR(runtime::MakeDirs(dir));
   lspo::v1::SaveReply reply;
   {
     const std::string path = dir + "/config.json";
@@ -576,7 +549,7 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
     RETURN_IF_ERROR(model::WriteSafetensors(path, entries, {{"format", "pt"}}));
     reply.add_files(path);
   }
-  reply.set_seconds(Seconds(t0));
+  reply.set_seconds(runtime::SecondsSince(t0));
   return reply;
 }
 

@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "proto/grpc_status.h"
 #include "runtime/status_macros.h"
+#include "runtime/util.h"
 #include "scheduler/job_spec.h"
 #include "scheduler/lr_schedule.h"
 
@@ -33,20 +34,6 @@ double Now() {
       .count();
 }
 
-absl::Status MakeDirs(const std::string& dir) {
-  std::string cur;
-  for (size_t i = 0; i <= dir.size(); ++i) {
-    if (i == dir.size() || dir[i] == '/') {
-      if (!cur.empty() && mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            "cannot create output directory '", cur, "': ", std::strerror(errno),
-            ". Set output_dir in the job spec to a writable place"));
-      }
-    }
-    if (i < dir.size()) cur.push_back(dir[i]);
-  }
-  return absl::OkStatus();
-}
 
 nlohmann::json ToJson(const google::protobuf::Message& m) {
   std::string s;
@@ -238,7 +225,7 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
   const double dl = options_.rpc_deadline_seconds;
   const bool lsp = spec.mode() != lspo::v1::MODE_NATIVE;
   const std::string& out_dir = spec.output_dir();
-  RETURN_IF_ERROR(MakeDirs(out_dir));
+  RETURN_IF_ERROR(runtime::MakeDirs(out_dir));
   std::ofstream metrics(out_dir + "/metrics.jsonl", std::ios::trunc);
   if (!metrics) {
     return absl::PermissionDeniedError(

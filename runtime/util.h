@@ -1,0 +1,23 @@
+// Small process utilities shared by the services: wall-clock intervals and directories.
+#ifndef LSPO_RUNTIME_UTIL_H_
+#define LSPO_RUNTIME_UTIL_H_
+
+#include <chrono>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace lspo::runtime {
+
+// Seconds elapsed since `t0` on the monotonic clock.
+inline double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// mkdir -p with mode 0755. kPermissionDenied naming the first component that could not be
+// created (with strerror), e.g. an unwritable output_dir.
+absl::Status MakeDirs(const std::string& dir);
+
+}  // namespace lspo::runtime
+
+#endif  // LSPO_RUNTIME_UTIL_H_
