@@ -376,4 +376,30 @@ std::vector<int64_t> ShuffledOrder(int64_t n, uint64_t seed, int64_t epoch) {
   return order;
 }
 
+std::vector<int64_t> BalancedOrder(absl::Span<const int32_t> class_of, uint64_t seed,
+                                   int64_t epoch) {
+  std::vector<std::vector<int64_t>> members;
+  for (size_t i = 0; i < class_of.size(); ++i) {
+    const int32_t c = class_of[i];
+    if (c < 0) continue;
+    if (static_cast<size_t>(c) >= members.size()) members.resize(c + 1);
+    members[c].push_back(static_cast<int64_t>(i));
+  }
+  size_t largest = 0;
+  std::vector<std::vector<int64_t>> orders;
+  for (size_t c = 0; c < members.size(); ++c) {
+    largest = std::max(largest, members[c].size());
+    orders.push_back(ShuffledOrder(members[c].size(), seed + c, epoch));
+  }
+  std::vector<int64_t> out;
+  for (size_t k = 0; k < largest; ++k) {
+    for (size_t c = 0; c < members.size(); ++c) {
+      if (members[c].empty()) continue;
+      const auto& ord = orders[c];
+      out.push_back(members[c][ord[k % ord.size()]]);
+    }
+  }
+  return out;
+}
+
 }  // namespace lspo::data

@@ -127,6 +127,16 @@ Batch MakeBatch(absl::Span<const TokenizedExample* const> examples, int32_t pad_
 // (Fisher-Yates; the modulo bias is below 2^-40 for n < 2^24). n <= 0 gives an empty vector.
 std::vector<int64_t> ShuffledOrder(int64_t n, uint64_t seed, int64_t epoch);
 
+// A class-balanced epoch order over examples whose class ids are `class_of` (values >= 0).
+// Each class's indices are shuffled with ShuffledOrder(size, seed + class id, epoch); the
+// order then takes one example of every class in turn (class 0, 1, ..., K-1, 0, ...), cycling
+// through the smaller classes again (oversampling) until the largest class is used up, so
+// every batch sees the classes equally often. Length = K * (largest class size). Empty
+// input gives an empty vector. Use for classification data with a skewed label prior (e.g.
+// SMS spam: 9% spam in train), where plain shuffling lets a model settle on the prior.
+std::vector<int64_t> BalancedOrder(absl::Span<const int32_t> class_of, uint64_t seed,
+                                   int64_t epoch);
+
 }  // namespace lspo::data
 
 #endif  // LSPO_DATA_DATASETS_H_

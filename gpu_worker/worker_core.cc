@@ -6,6 +6,7 @@
 #include <fstream>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <numeric>
 
 #include <torch/torch.h>
@@ -37,6 +38,7 @@ struct WorkerJob {
   std::unique_ptr<model::BpeTokenizer> tokenizer;
   std::unique_ptr<model::LlamaModel> model;
   std::vector<data::TokenizedExample> train;
+  std::vector<int32_t> train_class;  // Classification: label id per training example.
   std::vector<data::TokenizedExample> eval;
   std::vector<LinearShape> linears;
   // MODE_LSP.
@@ -67,13 +69,21 @@ at::Tensor ToTensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols) {
       .clone();
 }
 
+// Tokenised examples of `path`; for classification data also each example's label id
+// (labels numbered in order of first appearance) in `*class_of` when non-null.
 absl::StatusOr<std::vector<data::TokenizedExample>> LoadExamples(
-    const JobSpec& spec, const model::BpeTokenizer& tok, const std::string& path, int max) {
+    const JobSpec& spec, const model::BpeTokenizer& tok, const std::string& path, int max,
+    std::vector<int32_t>* class_of = nullptr) {
   std::vector<data::TokenizedExample> out;
   if (spec.data().format() == "classification") {
     ASSIGN_OR_RETURN(auto rows, data::LoadLabeled(path));
+    std::map<std::string, int32_t> label_ids;
     for (const auto& row : rows) {
       if (max > 0 && static_cast<int>(out.size()) >= max) break;
+      if (class_of != nullptr) {
+        auto it = label_ids.emplace(row.label, static_cast<int32_t>(label_ids.size())).first;
+        class_of->push_back(it->second);
+      }
       ASSIGN_OR_RETURN(auto ex, data::BuildClassificationChat(tok, row.text, row.label,
                                                               spec.data().question(),
                                                               spec.data().system_prompt(),
@@ -139,7 +149,8 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   ASSIGN_OR_RETURN(auto m, LoadJobModel(spec));
   job->model = std::make_unique<model::LlamaModel>(std::move(m));
   ASSIGN_OR_RETURN(job->train, LoadExamples(spec, *job->tokenizer, spec.data().train_path(),
-                                            spec.data().max_train_examples()));
+                                            spec.data().max_train_examples(),
+                                            &job->train_class));
   if (!spec.data().eval_path().empty()) {
     ASSIGN_OR_RETURN(job->eval, LoadExamples(spec, *job->tokenizer, spec.data().eval_path(),
                                              spec.data().max_eval_examples()));
@@ -330,7 +341,11 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(const std::string
   metrics->set_step(step);
   metrics->set_lr(lr);
   absl::Status st = TorchCall("train step", [&]() -> absl::Status {
-    const int64_t n = job->train.size();
+    const bool balanced = spec.data().balance_classes() && !job->train_class.empty();
+    // Epoch length: every example once, or (balanced) classes x largest class size.
+    const int64_t n = balanced ? static_cast<int64_t>(
+                                     data::BalancedOrder(job->train_class, spec.seed(), 0).size())
+                               : static_cast<int64_t>(job->train.size());
     const int64_t mb = spec.micro_batch_size(), accum = spec.grad_accum();
     std::vector<data::Batch> batches;
     int64_t total = 0, input_tokens = 0;
@@ -340,7 +355,8 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(const std::string
         const int64_t g = ((step - 1) * accum + a) * mb + b;
         const int64_t epoch = g / n;
         if (epoch != job->order_epoch) {
-          job->order = data::ShuffledOrder(n, spec.seed(), epoch);
+          job->order = balanced ? data::BalancedOrder(job->train_class, spec.seed(), epoch)
+                                : data::ShuffledOrder(n, spec.seed(), epoch);
           job->order_epoch = epoch;
         }
         rows.push_back(&job->train[job->order[g % n]]);

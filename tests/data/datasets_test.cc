@@ -346,4 +346,26 @@ TEST(ShuffledOrderTest, DeterministicPermutation) {
 }
 
 }  // namespace
+
+TEST(BalancedOrderTest, AlternatesClassesAndOversamplesTheSmallOne) {
+  // 7 examples of class 0, 2 of class 1 (indices 3 and 8).
+  const std::vector<int32_t> cls = {0, 0, 0, 1, 0, 0, 0, 0, 1};
+  const std::vector<int64_t> order = BalancedOrder(cls, /*seed=*/5, /*epoch=*/0);
+  ASSERT_EQ(order.size(), 14u);  // K * largest = 2 * 7
+  std::set<int64_t> zeros;
+  int ones_3 = 0, ones_8 = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    EXPECT_EQ(cls[order[k]], static_cast<int32_t>(k % 2)) << "position " << k;
+    if (k % 2 == 0) zeros.insert(order[k]);
+    ones_3 += order[k] == 3;
+    ones_8 += order[k] == 8;
+  }
+  EXPECT_EQ(zeros.size(), 7u);  // every class-0 example exactly once
+  EXPECT_EQ(ones_3 + ones_8, 7);
+  EXPECT_GE(std::min(ones_3, ones_8), 3);  // cycled: 4 + 3
+  EXPECT_EQ(order, BalancedOrder(cls, 5, 0));  // deterministic
+  EXPECT_NE(order, BalancedOrder(cls, 5, 1));  // a new epoch reshuffles
+  EXPECT_TRUE(BalancedOrder({}, 1, 0).empty());
+}
+
 }  // namespace lspo::data
