@@ -113,7 +113,7 @@ int Finish(const JobStatus& s) {
     if (in) std::cout << "summary.json: " << in.rdbuf() << std::flush;
   }
   if (!s.error().empty()) std::printf("error: %s\n", s.error().c_str());
-  if (!s.output_dir().empty()) {
+  if (s.state() == lspo::v1::SUCCEEDED && !s.output_dir().empty()) {
     std::printf("output: %s (summary.json, metrics.jsonl, model.safetensors, config.json, "
                 "tokenizer.json)\n",
                 s.output_dir().c_str());
@@ -128,6 +128,10 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
   }
   auto spec = lspo::scheduler::LoadJobSpecFile(path);
   if (!spec.ok()) return spec.status();
+  if (absl::GetFlag(FLAGS_steps) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps), " must be >= 1 (0 keeps the spec)"));
+  }
   if (absl::GetFlag(FLAGS_steps) > 0) spec->set_steps(absl::GetFlag(FLAGS_steps));
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode == "lsp") spec->set_mode(lspo::v1::MODE_LSP);

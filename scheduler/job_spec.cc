@@ -53,7 +53,20 @@ bool Readable(const std::string& path) { return access(path.c_str(), R_OK) == 0;
 
 }  // namespace
 
-absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json, absl::string_view source) {
+absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json_in, absl::string_view source) {
+  // Accept the short mode names printed by lspctl ("lsp", "native") besides the enum names.
+  std::string json(json_in);
+  try {
+    nlohmann::json j = nlohmann::json::parse(json);
+    if (j.is_object() && j.contains("mode") && j["mode"].is_string()) {
+      const std::string m = absl::AsciiStrToLower(j["mode"].get<std::string>());
+      if (m == "lsp") j["mode"] = "MODE_LSP";
+      if (m == "native") j["mode"] = "MODE_NATIVE";
+      json = j.dump();
+    }
+  } catch (const nlohmann::json::exception&) {
+    // Malformed JSON: the protobuf parser below reports it.
+  }
   JobSpec spec;
   google::protobuf::util::JsonParseOptions opts;
   opts.ignore_unknown_fields = false;
@@ -62,7 +75,8 @@ absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json, absl::string_vi
   if (!st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "job spec ", source, " is not a valid JobSpec: ", st.ToString(),
-        ". See examples/*.yaml and proto/lsp_offload.proto (message JobSpec) for the fields."));
+        ". See examples/*.yaml and proto/lsp_offload.proto (message JobSpec) for the fields; "
+        "mode is lsp, native, MODE_LSP or MODE_NATIVE."));
   }
   return spec;
 }
@@ -160,9 +174,12 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                "model.tokenizer_path");
   }
   if (!Readable(model_file)) {
-    return absl::NotFoundError(absl::StrCat("job spec field model.path: file '", model_file,
-                                            "' does not exist or is not readable; run "
-                                            "scripts/setup to fetch the model or fix the path"));
+    const char* field = model.format() == "gguf" ? "model.path" : "model.tokenizer_path";
+    return absl::NotFoundError(absl::StrCat(
+        "job spec field ", field, ": file '", model_file,
+        "' does not exist or is not readable (relative paths resolve against the scheduler's "
+        "working directory; for lspctl run, the directory you run it from). Run scripts/setup "
+        "to fetch the model, or fix the path"));
   }
   const auto& data = spec.data();
   if (data.format() != "classification" && data.format() != "text") {
@@ -174,7 +191,9 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!Readable(data.train_path())) {
     return absl::NotFoundError(absl::StrCat("job spec field data.train_path: file '",
                                             data.train_path(),
-                                            "' does not exist or is not readable"));
+                                            "' does not exist or is not readable (relative "
+                                            "paths resolve against the scheduler's working "
+                                            "directory)"));
   }
   if (!data.eval_path().empty() && !Readable(data.eval_path())) {
     return absl::NotFoundError(absl::StrCat("job spec field data.eval_path: file '",

@@ -35,6 +35,8 @@ int main(int argc, char** argv) {
   lspo::scheduler::SchedulerCore core(worker.get(), optimizer.get(), opts);
   lspo::scheduler::SchedulerService service(&core);
   grpc::ServerBuilder builder;
+  // A second instance on the same port must fail, not silently share it (SO_REUSEPORT).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);

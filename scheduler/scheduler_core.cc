@@ -310,7 +310,7 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
 
   if (has_eval && !spec.skip_initial_eval()) {
     ASSIGN_OR_RETURN(lspo::v1::EvalMetrics zero, evaluate(0));
-    summary["zero_shot_accuracy"] = zero.accuracy();
+    if (spec.data().format() == "classification") summary["zero_shot_accuracy"] = zero.accuracy();
     summary["zero_shot_eval_loss"] = zero.loss();
   }
   RETURN_IF_ERROR(check_cancel());
@@ -451,7 +451,7 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
   summary["mean_step_seconds"] = done_steps > 0 ? step_time_sum / done_steps : 0.0;
   if (has_eval) {
     ASSIGN_OR_RETURN(lspo::v1::EvalMetrics fin, evaluate(spec.steps()));
-    summary["final_accuracy"] = fin.accuracy();
+    if (spec.data().format() == "classification") summary["final_accuracy"] = fin.accuracy();
     summary["final_eval_loss"] = fin.loss();
   }
   if (!spec.skip_checkpoint()) {

@@ -143,6 +143,11 @@ TEST(JobSpecTest, YamlAndJsonGiveTheSameSpecAndBadFieldsAreNamed) {
   EXPECT_EQ(y->SerializeAsString(), j->SerializeAsString());
   EXPECT_EQ(y->lsp().d(), 64);
   EXPECT_DOUBLE_EQ(y->optim().lr(), 2.5e-4);
+  auto short_mode = scheduler::ParseJobSpecYaml("mode: native\nsteps: 1\n");
+  ASSERT_TRUE(short_mode.ok()) << short_mode.status();
+  EXPECT_EQ(short_mode->mode(), v1::MODE_NATIVE);
+  auto bad_mode = scheduler::ParseJobSpecYaml("mode: adam\n");
+  EXPECT_EQ(bad_mode.status().code(), absl::StatusCode::kInvalidArgument);
   auto bad = scheduler::ParseJobSpecYaml("stepz: 3\n");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("stepz"), std::string::npos) << bad.status();
