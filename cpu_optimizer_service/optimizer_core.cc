@@ -15,17 +15,32 @@
 #include "lsp/adam.h"
 #include "lsp/fit.h"
 #include "lsp/projector.h"
+#include "model/float16.h"
 #include "model/safetensors.h"
+#include "tbb/blocked_range.h"
+#include "tbb/parallel_for.h"
+#include "tbb/parallel_reduce.h"
 #include "runtime/status_macros.h"
 #include "runtime/util.h"
 
 namespace lspo::optimizer {
 
 struct LinearState {
-  at::Tensor base;      // (m, n) fp32 materialised master weight.
-  at::Tensor sum_d;     // (d, d) fp32 sum of this subspace's steps.
+  at::Tensor base;      // (m, n) fp32 materialised master weight (zero: THE master weight).
+  at::Tensor sum_d;     // lsp: (d, d) fp32 sum of this subspace's steps.
   lsp::SparseProjector p, q;
-  std::unique_ptr<lsp::SubspaceAdam> adam;
+  std::unique_ptr<lsp::SubspaceAdam> adam;  // lsp
+  // zero: full Adam moments (m * n fp32) and the step counter.
+  std::vector<float> m, v;
+  int64_t step = 0;
+};
+
+// Undo record of one lsp linear for the step in progress (restored if the step is abandoned).
+struct LinearUndo {
+  int index;
+  int64_t step;
+  std::vector<float> m, v;
+  at::Tensor base, sum_d;
 };
 
 struct OptimizerJob {
@@ -35,9 +50,16 @@ struct OptimizerJob {
   runtime::ShmArena arena;
   std::unique_ptr<model::LlamaModel> model;  // W0 and frozen tensors.
   std::vector<LinearState> linears;
+  bool zero = false;
+  runtime::CompletionFlags flags;
 };
 
 namespace {
+
+double MonotonicSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 }  // namespace
 
@@ -58,6 +80,8 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
   absl::MutexLock lock(&mu_);
   if (job_ != nullptr) {
     LOG(WARNING) << "optimizer: replacing stale job " << job_->id << " with " << job_id;
+    absl::MutexLock flags_lock(&flags_mu_);
+    abort_flags_ = runtime::CompletionFlags();
     job_.reset();
   }
   auto t0 = std::chrono::steady_clock::now();
@@ -67,6 +91,8 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
   job->spec = spec;
   job->layout = layout;
   ASSIGN_OR_RETURN(job->arena, runtime::ShmArena::Attach(layout.name(), layout.bytes()));
+  ASSIGN_OR_RETURN(job->flags, worker::ArenaFlags(job->arena, layout));
+  job->zero = layout.mode() == "zero";
   ASSIGN_OR_RETURN(auto m, worker::LoadJobModel(spec));
   job->model = std::make_unique<model::LlamaModel>(std::move(m));
   if (layout.linears_size() != job->model->num_linears()) {
@@ -83,8 +109,13 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
       return absl::InvalidArgumentError(absl::StrCat("arena slot ", slot.name(),
                                                      " shape differs from the model"));
     }
-    st.sum_d = at::zeros({layout.d(), layout.d()}, at::kFloat);
-    st.adam = std::make_unique<lsp::SubspaceAdam>(layout.d());
+    if (job->zero) {
+      st.m.assign(st.base.numel(), 0.0f);
+      st.v.assign(st.base.numel(), 0.0f);
+    } else {
+      st.sum_d = at::zeros({layout.d(), layout.d()}, at::kFloat);
+      st.adam = std::make_unique<lsp::SubspaceAdam>(layout.d());
+    }
     params += st.base.numel();
     job->linears.push_back(std::move(st));
   }
@@ -93,7 +124,14 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
   reply.set_device("cpu");
   reply.set_seconds(runtime::SecondsSince(t0));
   LOG(INFO) << "optimizer: loaded job " << job_id << ": fp32 master weights of " << params
-            << " parameters, subspace d = " << layout.d();
+            << " parameters, "
+            << (job->zero ? std::string("full Adam (zero mode)")
+                          : absl::StrCat("subspace d = ", layout.d()));
+  {
+    absl::MutexLock flags_lock(&flags_mu_);
+    abort_flags_ = job->flags;
+    abort_job_id_ = job_id;
+  }
   job_ = std::move(job);
   return reply;
 }
@@ -102,6 +140,7 @@ absl::Status OptimizerCore::SetProjectors(const std::string& job_id,
                                           const std::vector<int>& indices) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(OptimizerJob * job, Find(job_id));
+  if (job->zero) return absl::FailedPreconditionError("SetProjectors needs MODE_LSP");
   return worker::TorchCall("set projectors", [&]() -> absl::Status {
     at::NoGradGuard no_grad;
     const int64_t d = job->layout.d();
@@ -134,43 +173,223 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
     const lspo::v1::UpdateRequest& request) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(OptimizerJob * job, Find(request.job_id()));
-  auto t0 = std::chrono::steady_clock::now();
+  const double t_start = MonotonicSeconds();
   const auto& o = job->spec.optim();
+  const uint32_t step = static_cast<uint32_t>(request.step());
   lsp::AdamHyper hyper;
   hyper.lr = static_cast<float>(request.lr());
   hyper.beta1 = static_cast<float>(o.beta1());
   hyper.beta2 = static_cast<float>(o.beta2());
   hyper.eps = static_cast<float>(o.eps());
-  // Check every S first: a non-finite gradient anywhere leaves the whole step unapplied.
-  std::vector<std::pair<int, std::pair<float*, float*>>> work;
-  double norm2 = 0;
+  hyper.weight_decay = static_cast<float>(o.weight_decay());
+  RETURN_IF_ERROR(lsp::ValidateAdamHyper(hyper));
+  const absl::Duration timeout = absl::Seconds(
+      request.wait_timeout_seconds() > 0 ? request.wait_timeout_seconds() : 600);
   const int64_t dd = static_cast<int64_t>(job->layout.d()) * job->layout.d();
   for (const auto& task : request.tasks()) {
     const int i = task.index();
     if (i < 0 || i >= static_cast<int>(job->linears.size())) {
       return absl::InvalidArgumentError(absl::StrCat("Update: bad linear index ", i));
     }
-    if (job->linears[i].p.rows == 0) {
+    if (!job->zero && job->linears[i].p.rows == 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("Update before SetProjectors for ", job->layout.linears(i).name()));
     }
-    const auto& slot = job->layout.linears(i);
-    ASSIGN_OR_RETURN(float* s, job->arena.At<float>(slot.grad().offset(), dd));
-    ASSIGN_OR_RETURN(float* d, job->arena.At<float>(slot.step().offset(), dd));
-    RETURN_IF_ERROR(lsp::CheckFinite(s, dd, slot.name()));
-    for (int64_t k = 0; k < dd; ++k) norm2 += static_cast<double>(s[k]) * s[k];
-    work.push_back({i, {s, d}});
-  }
-  for (auto& [i, sd] : work) {
-    LinearState& st = job->linears[i];
-    RETURN_IF_ERROR(st.adam->Step(hyper, sd.first, sd.second));
-    float* sum = st.sum_d.data_ptr<float>();
-    for (int64_t k = 0; k < dd; ++k) sum[k] += sd.second[k];
   }
   lspo::v1::UpdateReply reply;
+  std::vector<LinearUndo> undo;
+  // Restores the lsp state of every linear updated so far in this step.
+  auto roll_back = [&]() {
+    for (auto& u : undo) {
+      LinearState& st = job->linears[u.index];
+      (void)st.adam->Restore(u.step, std::move(u.m), std::move(u.v));
+      st.base = u.base;
+      st.sum_d = u.sum_d;
+    }
+    undo.clear();
+  };
+  // Waits for linear i's gradient (overlap) and checks it is there.
+  auto wait = [&](int i) -> absl::Status {
+    if (request.wait_for_grads()) return job->flags.WaitGrad(i, step, timeout);
+    if (job->flags.grad_seq(i) < step) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Update: the worker has not published step ", step, " of ",
+          job->layout.linears(i).name(), " (TrainStep first)"));
+    }
+    return absl::OkStatus();
+  };
+  // The gradient of linear i as fp32: lsp S (d, d) in place in the arena; zero G (m, n)
+  // converted from bf16 into `scratch`.
+  std::vector<float> scratch;
+  auto grad_of = [&](int i) -> absl::StatusOr<const float*> {
+    const auto& slot = job->layout.linears(i);
+    if (!job->zero) return job->arena.At<float>(slot.grad().offset(), dd);
+    const int64_t n = slot.m() * slot.n();
+    ASSIGN_OR_RETURN(uint16_t* g, job->arena.At<uint16_t>(slot.full_grad().offset(), n));
+    scratch.resize(n);
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1 << 16),
+                      [&](const tbb::blocked_range<int64_t>& r) {
+                        for (int64_t k = r.begin(); k < r.end(); ++k) {
+                          scratch[k] = model::Bf16ToFp32(g[k]);
+                        }
+                      });
+    return static_cast<const float*>(scratch.data());
+  };
+  auto numel_of = [&](int i) -> int64_t {
+    const auto& slot = job->layout.linears(i);
+    return job->zero ? slot.m() * slot.n() : dd;
+  };
+  auto sum_sq = [](const float* x, int64_t n) {
+    return tbb::parallel_reduce(
+        tbb::blocked_range<int64_t>(0, n, 1 << 14), 0.0,
+        [x](const tbb::blocked_range<int64_t>& r, double acc) {
+          for (int64_t k = r.begin(); k < r.end(); ++k) acc += static_cast<double>(x[k]) * x[k];
+          return acc;
+        },
+        std::plus<double>());
+  };
+  // Clipping needs the global norm before any update: wait for every gradient first.
+  float clip = 1.0f;
+  double norm2 = 0;
+  const bool clipping = o.max_grad_norm() > 0;
+  if (clipping) {
+    for (const auto& task : request.tasks()) {
+      absl::Status st = wait(task.index());
+      if (absl::IsAborted(st)) {
+        reply.set_aborted(true);
+        return reply;
+      }
+      RETURN_IF_ERROR(st);
+      ASSIGN_OR_RETURN(const float* g, grad_of(task.index()));
+      RETURN_IF_ERROR(lsp::CheckFinite(g, numel_of(task.index()),
+                                       job->layout.linears(task.index()).name()));
+      norm2 += sum_sq(g, numel_of(task.index()));
+    }
+    const double norm = std::sqrt(norm2);
+    if (norm > o.max_grad_norm()) clip = static_cast<float>(o.max_grad_norm() / (norm + 1e-6));
+  }
+  std::vector<float> scaled;
+  int current_layer = -1;
+  double layer_start = 0, waited = 0;
+  auto close_layer = [&](double now) {
+    if (current_layer < 0) return;
+    lspo::v1::LayerEvent* e = reply.add_events();
+    e->set_layer(current_layer);
+    e->set_what("update");
+    e->set_start(layer_start);
+    e->set_end(now);
+    e->set_actor("optimizer");
+  };
+  for (const auto& task : request.tasks()) {
+    const int i = task.index();
+    const auto& slot = job->layout.linears(i);
+    LinearState& st = job->linears[i];
+    if (!clipping) {
+      const double tw = MonotonicSeconds();
+      absl::Status ws = wait(i);
+      waited += MonotonicSeconds() - tw;
+      if (absl::IsAborted(ws)) {
+        roll_back();
+        reply.set_aborted(true);
+        return reply;
+      }
+      RETURN_IF_ERROR(ws);
+    }
+    const int layer = i / 7;
+    if (layer != current_layer) {
+      const double now = MonotonicSeconds();
+      close_layer(now);
+      current_layer = layer;
+      layer_start = now;
+    }
+    ASSIGN_OR_RETURN(const float* g, grad_of(i));
+    const int64_t n = numel_of(i);
+    if (!clipping) {
+      absl::Status fs = lsp::CheckFinite(g, n, slot.name());
+      if (!fs.ok()) {
+        roll_back();
+        return fs;
+      }
+      norm2 += sum_sq(g, n);
+    }
+    if (clip != 1.0f) {
+      scaled.assign(g, g + n);
+      for (float& x : scaled) x *= clip;
+      g = scaled.data();
+    }
+    if (job->zero) {
+      // Full AdamW on the fp32 master weight (decay folded in by AdamStep), bf16 out.
+      ++st.step;
+      float* w = st.base.data_ptr<float>();
+      lsp::AdamStep(hyper, st.step, g, st.m.data(), st.v.data(), w, n,
+                    /*accumulate_into_out=*/true);
+      ASSIGN_OR_RETURN(uint16_t* out, job->arena.At<uint16_t>(slot.param().offset(), n));
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1 << 16),
+                        [&](const tbb::blocked_range<int64_t>& r) {
+                          for (int64_t k = r.begin(); k < r.end(); ++k) {
+                            out[k] = model::Fp32ToBf16(w[k]);
+                          }
+                        });
+    } else {
+      undo.push_back({i, st.adam->step(), st.adam->m(), st.adam->v(), st.base, st.sum_d.clone()});
+      ASSIGN_OR_RETURN(float* d, job->arena.At<float>(slot.step().offset(), dd));
+      absl::Status as = st.adam->Step(hyper, g, d);
+      if (!as.ok()) {
+        roll_back();
+        return as;
+      }
+      // Decoupled weight decay W <- (1 - lr wd) W, on the master's two parts.
+      const double decay = 1.0 - request.lr() * o.weight_decay();
+      if (decay != 1.0) {
+        st.base = st.base * decay;  // new tensor: the undo record keeps the old one
+        st.sum_d.mul_(decay);
+      }
+      float* sum = st.sum_d.data_ptr<float>();
+      for (int64_t k = 0; k < dd; ++k) sum[k] += d[k];
+    }
+    job->flags.PublishStep(i, step);
+  }
+  close_layer(MonotonicSeconds());
   reply.set_grad_norm(std::sqrt(norm2));
-  reply.set_seconds(runtime::SecondsSince(t0));
+  reply.set_clip_coefficient(clip);
+  reply.set_seconds(MonotonicSeconds() - t_start - waited);
   return reply;
+}
+
+absl::Status OptimizerCore::AbortStep(const std::string& job_id, int step) {
+  absl::MutexLock lock(&flags_mu_);
+  if (abort_job_id_ != job_id || abort_flags_.num_linears() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", job_id, "' is not loaded on this optimizer"));
+  }
+  abort_flags_.Abort(static_cast<uint32_t>(step));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<lspo::v1::LayerWeightsReply> OptimizerCore::ExportLayerWeights(
+    const std::string& job_id, int layer) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(OptimizerJob * job, Find(job_id));
+  if (job->zero) return absl::FailedPreconditionError("ExportLayerWeights needs MODE_LSP");
+  const int num_layers = job->layout.linears_size() / 7;
+  if (layer < 0 || layer >= num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("ExportLayerWeights: layer ", layer,
+                                                   " is not in [0, ", num_layers, ")"));
+  }
+  RETURN_IF_ERROR(worker::TorchCall("export layer weights", [&]() -> absl::Status {
+    at::NoGradGuard no_grad;
+    ASSIGN_OR_RETURN(at::Tensor staging, worker::ArenaF32(job->arena, job->layout.staging()));
+    int64_t offset = 0;
+    for (int k = 0; k < 7; ++k) {
+      LinearState& st = job->linears[layer * 7 + k];
+      at::Tensor dst = staging.narrow(0, offset, st.base.numel()).view(st.base.sizes());
+      offset += st.base.numel();
+      dst.copy_(st.base);
+      if (st.p.rows > 0) dst.add_(lsp::ExpandStep(st.p, st.sum_d, st.q));
+    }
+    return absl::OkStatus();
+  }));
+  return lspo::v1::LayerWeightsReply();
 }
 
 absl::StatusOr<lspo::v1::SaveReply> OptimizerCore::SaveModel(const std::string& job_id,
@@ -214,7 +433,11 @@ absl::StatusOr<lspo::v1::SaveReply> OptimizerCore::SaveModel(const std::string& 
 
 absl::Status OptimizerCore::UnloadJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
-  if (job_ != nullptr && job_->id == job_id) job_.reset();
+  if (job_ != nullptr && job_->id == job_id) {
+    absl::MutexLock flags_lock(&flags_mu_);
+    abort_flags_ = runtime::CompletionFlags();
+    job_.reset();
+  }
   return absl::OkStatus();
 }
 

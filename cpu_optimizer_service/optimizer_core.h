@@ -7,6 +7,12 @@
 // the base absorbs P (sum D) Q^T at every projector change and at export.
 // On a projector change the Adam moments move into the new subspace (paper Alg. 1):
 //   M <- (P'^T P) M (Q^T Q'),  V <- (P'^T P)^2 V (Q^T Q')^2, step counter kept.
+// MODE_ZERO (arena layout mode "zero"): the ZeRO-Offload-style baseline: full fp32 master
+// weights and full Adam moments per matrix; Update reads the bf16 gradient, runs AdamW and
+// writes the bf16 parameters back (ZeRO-Offload, Ren et al. 2021, Sec. 4).
+// Gradients and updates are handed over through the arena's completion flags
+// (runtime/completion_flags.h), so Update can run while the worker's backward still forms
+// the shallower layers' gradients (overlap schedule).
 //
 // Thread-safety: all methods may be called concurrently; they serialise on a mutex.
 #ifndef LSPO_CPU_OPTIMIZER_SERVICE_OPTIMIZER_CORE_H_
@@ -18,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/lsp_offload.pb.h"
+#include "runtime/completion_flags.h"
 
 namespace lspo::optimizer {
 
@@ -39,11 +46,30 @@ class OptimizerCore {
   // into the master weights and transfers the Adam moments (see the file comment).
   absl::Status SetProjectors(const std::string& job_id, const std::vector<int>& indices);
 
-  // Subspace Adam (Kingma & Ba 2015, Alg. 1; bias-corrected, eps after sqrt) for each task:
-  // reads S (d, d) from its grad slot, writes D = -lr * m_hat / (sqrt(v_hat) + eps) into its
-  // step slot and adds D to the running sum. Errors: kInvalidArgument (non-finite S: nothing
-  // of the step is applied, state unchanged), kFailedPrecondition (no projectors yet).
+  // One optimizer step over request.tasks, in order. Per task (linear i): wait for its
+  // gradient flag when request.wait_for_grads (else it must already be published), then
+  //   lsp:  S (d, d) fp32 from the grad slot -> subspace Adam (Kingma & Ba 2015, Alg. 1;
+  //         bias-corrected, eps after sqrt) -> D = -lr m_hat / (sqrt(v_hat) + eps) into the
+  //         step slot; master: base, sum_d scaled by 1 - lr wd, then sum_d += D;
+  //   zero: G (m, n) bf16 -> fp32 -> AdamW on the fp32 master -> bf16 into the param slot;
+  // and publish the step flag. With optim.max_grad_norm > 0 every gradient is waited for
+  // first and all are scaled by min(1, max_norm / (|g|_global + 1e-6)) (lsp: |g| over all S).
+  // reply.aborted when the worker abandoned the step (no state changed in lsp mode).
+  // Errors: kInvalidArgument (bad index; non-finite gradient: lsp state of this step rolled
+  // back), kFailedPrecondition (no projectors; gradient not published),
+  // kDeadlineExceeded (the worker never published: wait_timeout_seconds).
   absl::StatusOr<lspo::v1::UpdateReply> Update(const lspo::v1::UpdateRequest& request);
+
+  // Marks `step` abandoned in the arena so a waiting Update returns (the scheduler calls it
+  // when the worker's TrainStep failed). Does not take the core's mutex (Update holds it
+  // while waiting). kFailedPrecondition if `job_id` is not loaded.
+  absl::Status AbortStep(const std::string& job_id, int step);
+
+  // Master-weight refresh (lsp): writes decoder layer `layer`'s 7 fp32 master weights
+  // W = base + P (sum D) Q^T, in linear order, into the arena staging region.
+  // Errors: kInvalidArgument (bad layer), kFailedPrecondition (not lsp).
+  absl::StatusOr<lspo::v1::LayerWeightsReply> ExportLayerWeights(const std::string& job_id,
+                                                                 int layer);
 
   // Writes `dir`/model.safetensors (F32, HF names) with every matrix materialised as
   // W_master = base + P (sum D) Q^T and the frozen tensors as loaded. Crash-consistent
@@ -59,6 +85,10 @@ class OptimizerCore {
 
   absl::Mutex mu_;
   std::unique_ptr<OptimizerJob> job_ ABSL_GUARDED_BY(mu_);
+  // A copy of the loaded job's flags for AbortStep (which must not wait for mu_).
+  absl::Mutex flags_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  runtime::CompletionFlags abort_flags_ ABSL_GUARDED_BY(flags_mu_);
+  std::string abort_job_id_ ABSL_GUARDED_BY(flags_mu_);
 };
 
 }  // namespace lspo::optimizer

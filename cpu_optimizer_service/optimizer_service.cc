@@ -32,6 +32,19 @@ grpc::Status OptimizerService::SaveModel(grpc::ServerContext*, const lspo::v1::S
   *out = std::move(*r);
   return grpc::Status::OK;
 }
+grpc::Status OptimizerService::AbortStep(grpc::ServerContext*,
+                                         const lspo::v1::AbortStepRequest* req,
+                                         lspo::v1::AbortStepReply*) {
+  return rpc::ToGrpc(core_->AbortStep(req->job_id(), req->step()));
+}
+grpc::Status OptimizerService::ExportLayerWeights(grpc::ServerContext*,
+                                                  const lspo::v1::LayerWeightsRequest* req,
+                                                  lspo::v1::LayerWeightsReply* out) {
+  auto r = core_->ExportLayerWeights(req->job_id(), req->layer());
+  if (!r.ok()) return rpc::ToGrpc(r.status());
+  *out = std::move(*r);
+  return grpc::Status::OK;
+}
 grpc::Status OptimizerService::UnloadJob(grpc::ServerContext*,
                                          const lspo::v1::UnloadJobRequest* req,
                                          lspo::v1::UnloadJobReply*) {

@@ -9,6 +9,8 @@ namespace {
 
 using lspo::v1::TensorRef;
 
+uint64_t ElementBytes(lspo::v1::DType dtype) { return dtype == lspo::v1::BF16 ? 2 : 4; }
+
 TensorRef MakeRef(uint64_t* cursor, lspo::v1::DType dtype, std::vector<int64_t> shape) {
   TensorRef ref;
   ref.set_offset(*cursor);
@@ -18,7 +20,7 @@ TensorRef MakeRef(uint64_t* cursor, lspo::v1::DType dtype, std::vector<int64_t> 
     ref.add_shape(s);
     numel *= static_cast<uint64_t>(s);
   }
-  *cursor += runtime::AlignUp64(numel * 4);  // f32 and i32 are both 4 bytes.
+  *cursor += runtime::AlignUp64(numel * ElementBytes(dtype));
   return ref;
 }
 
@@ -26,6 +28,22 @@ int64_t Numel(const TensorRef& ref) {
   int64_t n = 1;
   for (int64_t s : ref.shape()) n *= s;
   return n;
+}
+
+// Flags (uint32 words) and the one-layer fp32 staging region (7 matrices in linear order).
+void AddFlagsAndStaging(const std::vector<LinearShape>& linears, lspo::v1::ArenaLayout* layout,
+                        uint64_t* cursor) {
+  *layout->mutable_flags() =
+      MakeRef(cursor, lspo::v1::I32, {1 + 2 * static_cast<int64_t>(linears.size())});
+  int64_t largest_layer = 0;
+  for (size_t s = 0; s < linears.size(); s += 7) {
+    int64_t layer = 0;
+    for (size_t k = s; k < std::min(linears.size(), s + 7); ++k) {
+      layer += linears[k].m * linears[k].n;
+    }
+    largest_layer = std::max(largest_layer, layer);
+  }
+  *layout->mutable_staging() = MakeRef(cursor, lspo::v1::F32, {std::max<int64_t>(largest_layer, 1)});
 }
 
 }  // namespace
@@ -55,8 +73,53 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(const std::vector<LinearS
     *slot->mutable_q_index() = MakeRef(&cursor, lspo::v1::I32, {l.n, r});
     *slot->mutable_q_value() = MakeRef(&cursor, lspo::v1::F32, {l.n, r});
   }
+  AddFlagsAndStaging(linears, &layout, &cursor);
+  layout.set_mode("lsp");
   layout.set_bytes(std::max<uint64_t>(cursor, 64));
   return layout;
+}
+
+absl::StatusOr<lspo::v1::ArenaLayout> BuildZeroArenaLayout(
+    const std::vector<LinearShape>& linears, const std::string& name) {
+  lspo::v1::ArenaLayout layout;
+  layout.set_name(name);
+  uint64_t cursor = 0;
+  for (const LinearShape& l : linears) {
+    auto* slot = layout.add_linears();
+    slot->set_index(l.index);
+    slot->set_name(l.name);
+    slot->set_m(l.m);
+    slot->set_n(l.n);
+    *slot->mutable_full_grad() = MakeRef(&cursor, lspo::v1::BF16, {l.m, l.n});
+    *slot->mutable_param() = MakeRef(&cursor, lspo::v1::BF16, {l.m, l.n});
+  }
+  *layout.mutable_flags() =
+      MakeRef(&cursor, lspo::v1::I32, {1 + 2 * static_cast<int64_t>(linears.size())});
+  layout.set_mode("zero");
+  layout.set_bytes(std::max<uint64_t>(cursor, 64));
+  return layout;
+}
+
+absl::StatusOr<at::Tensor> ArenaBf16(const runtime::ShmArena& arena, const TensorRef& ref) {
+  if (ref.dtype() != lspo::v1::BF16) {
+    return absl::InvalidArgumentError(absl::StrCat("arena slot at offset ", ref.offset(),
+                                                   " is not BF16"));
+  }
+  ASSIGN_OR_RETURN(uint16_t* ptr, arena.At<uint16_t>(ref.offset(), Numel(ref)));
+  std::vector<int64_t> shape(ref.shape().begin(), ref.shape().end());
+  return at::from_blob(ptr, shape, at::TensorOptions().dtype(at::kBFloat16));
+}
+
+absl::StatusOr<runtime::CompletionFlags> ArenaFlags(const runtime::ShmArena& arena,
+                                                    const lspo::v1::ArenaLayout& layout) {
+  const int64_t n = layout.linears_size();
+  if (Numel(layout.flags()) != 1 + 2 * n) {
+    return absl::InvalidArgumentError(absl::StrCat("arena flags region has ",
+                                                   Numel(layout.flags()), " words, expected ",
+                                                   1 + 2 * n));
+  }
+  ASSIGN_OR_RETURN(uint32_t* words, arena.At<uint32_t>(layout.flags().offset(), 1 + 2 * n));
+  return runtime::CompletionFlags(words, n);
 }
 
 absl::StatusOr<at::Tensor> ArenaF32(const runtime::ShmArena& arena, const TensorRef& ref) {

@@ -6,6 +6,11 @@
 //   step    D  (d, d) f32   optimizer -> worker (W += P D Q^T)
 //   p_index    (m, r) i32,  p_value (m, r) f32   projector P
 //   q_index    (n, r) i32,  q_value (n, r) f32   projector Q
+// then the completion flags (runtime/completion_flags.h) and a one-layer fp32 staging region
+// (master-weight refresh). MODE_ZERO (BuildZeroArenaLayout) instead has per matrix:
+//   full_grad  (m, n) bf16  worker -> optimizer (full weight gradient)
+//   param      (m, n) bf16  optimizer -> worker (updated parameters)
+// followed by the flags.
 #ifndef LSPO_GPU_WORKER_ARENA_IO_H_
 #define LSPO_GPU_WORKER_ARENA_IO_H_
 
@@ -17,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "lsp/projector.h"
 #include "proto/lsp_offload.pb.h"
+#include "runtime/completion_flags.h"
 #include "runtime/shm_arena.h"
 
 namespace lspo::worker {
@@ -34,6 +40,18 @@ struct LinearShape {
 absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(const std::vector<LinearShape>& linears,
                                                        int32_t d, int32_t r,
                                                        const std::string& name);
+
+// The MODE_ZERO layout (see the file comment): 4 m n bytes per matrix plus the flags.
+absl::StatusOr<lspo::v1::ArenaLayout> BuildZeroArenaLayout(
+    const std::vector<LinearShape>& linears, const std::string& name);
+
+// A CPU bf16 tensor viewing the slot `ref`. Errors as ArenaF32 (dtype must be BF16).
+absl::StatusOr<at::Tensor> ArenaBf16(const runtime::ShmArena& arena, const lspo::v1::TensorRef& ref);
+
+// The completion flags of `layout` inside `arena`. kInvalidArgument if the flags region does
+// not hold 1 + 2 L words; kOutOfRange if it lies outside the arena.
+absl::StatusOr<runtime::CompletionFlags> ArenaFlags(const runtime::ShmArena& arena,
+                                                    const lspo::v1::ArenaLayout& layout);
 
 // A CPU fp32 tensor viewing the slot `ref` (no copy; valid while the arena lives).
 // Errors: kInvalidArgument (dtype is not F32), kOutOfRange (outside the arena).

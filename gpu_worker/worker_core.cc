@@ -33,17 +33,35 @@ using lspo::v1::JobSpec;
 struct WorkerJob {
   std::string id;
   JobSpec spec;
-  bool lsp = true;
+  bool lsp = true;    // MODE_LSP
+  bool zero = false;  // MODE_ZERO
   bool classification = true;
   std::unique_ptr<model::BpeTokenizer> tokenizer;
   std::unique_ptr<model::LlamaModel> model;
   std::vector<data::TokenizedExample> train;
   std::vector<int32_t> train_class;  // Classification: label id per training example.
   std::vector<data::TokenizedExample> eval;
+  std::vector<std::vector<int32_t>> ppl_blocks;  // data.perplexity_path, seq_len tokens each.
   std::vector<LinearShape> linears;
-  // MODE_LSP.
+  // MODE_LSP and MODE_ZERO: the arena and its completion flags.
   runtime::ShmArena arena;
   lspo::v1::ArenaLayout layout;
+  runtime::CompletionFlags flags;
+  // Per linear: the step whose update must still be applied before the linear's next
+  // forward (0 = none), and the weight-decay factor 1 - lr * wd of that step.
+  std::vector<uint32_t> pending_step;
+  std::vector<double> pending_decay;
+  // While > 0: the step whose gradients the backward publishes as they are formed (overlap
+  // schedule, last micro-batch only).
+  uint32_t publish_step = 0;
+  bool publish_failed = false;       // A published gradient was non-finite (step abandoned).
+  double offload_seconds = 0;        // Time spent writing gradients into the arena.
+  std::vector<double> offload_done;  // Per layer: time its last gradient was published.
+  std::vector<double> offload_secs;  // Per layer: seconds spent publishing its gradients.
+  std::vector<lspo::v1::LayerEvent> events;  // Timeline of the current step.
+  double layer_t0 = 0;               // Start of the current layer's forward / backward.
+  double wait_seconds = 0;
+  // MODE_LSP.
   std::vector<lsp::SparseProjector> p, q;  // Per linear; rows == 0 until the first fit.
   std::vector<at::Tensor> s_accum;          // Per linear, (d, d) fp32, summed over micro-batches.
   bool fitted = false;
@@ -56,6 +74,101 @@ struct WorkerJob {
 
 namespace {
 
+double MonotonicSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void AddEvent(WorkerJob* job, int64_t layer, const char* what, double start, double end) {
+  lspo::v1::LayerEvent e;
+  e.set_layer(static_cast<int32_t>(layer));
+  e.set_what(what);
+  e.set_start(start);
+  e.set_end(end);
+  e.set_actor("worker");
+  job->events.push_back(std::move(e));
+}
+
+// How long the worker waits for an update (or the optimizer for a gradient) before deciding
+// its peer is gone.
+constexpr absl::Duration kPeerTimeout = absl::Minutes(10);
+
+// Writes linear i's gradient for `step` into its arena slot and publishes it. lsp: S (d, d)
+// fp32; zero: the full gradient (m, n) as bf16. Returns false (and abandons the step) if the
+// gradient is not finite.
+bool PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& grad, uint32_t step) {
+  const double t0 = MonotonicSeconds();
+  if (!at::isfinite(grad).all().item<bool>()) {
+    LOG(WARNING) << "worker: non-finite gradient for " << job->linears[i].name << " at step "
+                 << step << "; step skipped";
+    job->flags.Abort(step);
+    job->publish_failed = true;
+    return false;
+  }
+  const auto& slot = job->layout.linears(i);
+  absl::StatusOr<at::Tensor> dst = job->lsp ? ArenaF32(job->arena, slot.grad())
+                                            : ArenaBf16(job->arena, slot.full_grad());
+  CHECK(dst.ok()) << dst.status();  // The layout was validated at LoadJob.
+  dst->copy_(grad);
+  job->flags.PublishGrad(i, step);
+  const double t1 = MonotonicSeconds();
+  job->offload_seconds += t1 - t0;
+  const int64_t layer = i / model::kLinearsPerLayer;
+  job->offload_done[layer] = t1;
+  job->offload_secs[layer] += t1 - t0;
+  return true;
+}
+
+// Waits for linear i's update of `step` and applies it: lsp W <- decay W + P D Q^T;
+// zero W <- param (bf16, decay already applied by the optimizer). Records wait/apply times.
+absl::Status ApplyLinear(WorkerJob* job, int64_t i, uint32_t step, double decay) {
+  const double t0 = MonotonicSeconds();
+  absl::Status st = job->flags.WaitStep(i, step, kPeerTimeout);
+  if (!st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("optimizer update of ", job->linears[i].name,
+                                                ": ", st.message()));
+  }
+  const double t1 = MonotonicSeconds();
+  job->wait_seconds += t1 - t0;
+  const auto& slot = job->layout.linears(i);
+  at::NoGradGuard no_grad;
+  at::Tensor& w = job->model->LinearWeight(i);
+  if (job->lsp) {
+    ASSIGN_OR_RETURN(at::Tensor d, ArenaF32(job->arena, slot.step()));
+    if (!at::isfinite(d).all().item<bool>()) {
+      return absl::DataLossError(absl::StrCat("step D for ", job->linears[i].name, " at step ",
+                                              step, " is not finite; weights left untouched"));
+    }
+    if (decay != 1.0) w.mul_(decay);
+    lsp::ApplyStep(w, job->p[i], d, job->q[i]);
+  } else {
+    ASSIGN_OR_RETURN(at::Tensor param, ArenaBf16(job->arena, slot.param()));
+    w.copy_(param);
+  }
+  job->offload_seconds += MonotonicSeconds() - t1;
+  return absl::OkStatus();
+}
+
+// Applies every pending update of decoder layer `layer` (all layers when layer < 0).
+absl::Status ApplyPending(WorkerJob* job, int64_t layer) {
+  const int64_t lo = layer < 0 ? 0 : layer * model::kLinearsPerLayer;
+  const int64_t hi = layer < 0 ? static_cast<int64_t>(job->pending_step.size())
+                               : lo + model::kLinearsPerLayer;
+  const double t0 = MonotonicSeconds(), waited0 = job->wait_seconds;
+  bool any = false;
+  for (int64_t i = lo; i < hi; ++i) {
+    if (job->pending_step[i] == 0) continue;
+    any = true;
+    RETURN_IF_ERROR(ApplyLinear(job, i, job->pending_step[i], job->pending_decay[i]));
+    job->pending_step[i] = 0;
+  }
+  if (any && layer >= 0) {
+    const double waited = job->wait_seconds - waited0;
+    if (waited > 0) AddEvent(job, layer, "wait", t0, t0 + waited);
+    AddEvent(job, layer, "apply", t0 + waited, MonotonicSeconds());
+  }
+  return absl::OkStatus();
+}
 
 // A token's text, trimmed of white space and lower-cased (for answer matching).
 std::string NormalizedToken(const model::BpeTokenizer& tok, int64_t id) {
@@ -142,7 +255,8 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   auto job = std::make_unique<WorkerJob>();
   job->id = job_id;
   job->spec = spec;
-  job->lsp = spec.mode() != lspo::v1::MODE_NATIVE;
+  job->lsp = spec.mode() == lspo::v1::MODE_LSP;
+  job->zero = spec.mode() == lspo::v1::MODE_ZERO;
   job->classification = spec.data().format() == "classification";
   ASSIGN_OR_RETURN(auto tok, LoadJobTokenizer(spec));
   job->tokenizer = std::make_unique<model::BpeTokenizer>(std::move(tok));
@@ -155,7 +269,17 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     ASSIGN_OR_RETURN(job->eval, LoadExamples(spec, *job->tokenizer, spec.data().eval_path(),
                                              spec.data().max_eval_examples()));
   }
+  if (!spec.data().perplexity_path().empty()) {
+    ASSIGN_OR_RETURN(job->ppl_blocks,
+                     data::PackTextBlocks(*job->tokenizer, spec.data().perplexity_path(),
+                                          spec.seq_len(),
+                                          spec.data().perplexity_blocks() > 0
+                                              ? spec.data().perplexity_blocks()
+                                              : 32));
+  }
   auto& model = *job->model;
+  if (spec.weight_dtype() == "bf16") RETURN_IF_ERROR(model.SetLinearStorageDtype(at::kBFloat16));
+  model.SetActivationCheckpointing(spec.activation_checkpointing());
   int64_t trainable = 0;
   for (int64_t i = 0; i < model.num_linears(); ++i) {
     const at::Tensor& w = model.LinearWeight(i);
@@ -178,6 +302,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
                                                    runtime::ShmArena::UniqueName(job_id)));
     ASSIGN_OR_RETURN(job->arena,
                      runtime::ShmArena::Create(job->layout.name(), job->layout.bytes()));
+    ASSIGN_OR_RETURN(job->flags, ArenaFlags(job->arena, job->layout));
     job->p.resize(job->linears.size());
     job->q.resize(job->linears.size());
     job->s_accum.resize(job->linears.size());
@@ -186,7 +311,29 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     WorkerJob* raw = job.get();
     model.SetCompressedGradSink([raw](int64_t i, const at::Tensor& s) {
       raw->s_accum[i].add_(s);
+      if (raw->publish_step > 0 && !raw->publish_failed) {
+        PublishGradient(raw, i, raw->s_accum[i], raw->publish_step);
+      }
     });
+    *reply.mutable_arena() = job->layout;
+  } else if (job->zero) {
+    ASSIGN_OR_RETURN(job->layout, BuildZeroArenaLayout(job->linears,
+                                                       runtime::ShmArena::UniqueName(job_id)));
+    ASSIGN_OR_RETURN(job->arena,
+                     runtime::ShmArena::Create(job->layout.name(), job->layout.bytes()));
+    ASSIGN_OR_RETURN(job->flags, ArenaFlags(job->arena, job->layout));
+    model.SetLinearMode(model::LinearMode::kDense);
+    WorkerJob* raw = job.get();
+    for (int64_t i = 0; i < model.num_linears(); ++i) {
+      // Fires with this micro-batch's gradient before it is accumulated into W.grad().
+      model.LinearWeight(i).register_hook([raw, i](const at::Tensor& g) {
+        if (raw->publish_step > 0 && !raw->publish_failed) {
+          const at::Tensor& acc = raw->model->LinearWeight(i).grad();
+          PublishGradient(raw, i, acc.defined() ? acc + g : g, raw->publish_step);
+        }
+        return g;
+      });
+    }
     *reply.mutable_arena() = job->layout;
   } else {
     model.SetLinearMode(model::LinearMode::kDense);
@@ -198,6 +345,26 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
                     .betas({o.beta1(), o.beta2()})
                     .eps(o.eps())
                     .weight_decay(o.weight_decay()));
+  }
+  job->pending_step.assign(job->linears.size(), 0);
+  job->pending_decay.assign(job->linears.size(), 1.0);
+  job->offload_done.assign(model.config().num_layers, 0.0);
+  job->offload_secs.assign(model.config().num_layers, 0.0);
+  {
+    WorkerJob* raw = job.get();
+    model.SetLayerHooks(
+        [raw](int64_t l) {
+          // Apply this layer's pending update just before its forward (overlap schedule).
+          absl::Status st = ApplyPending(raw, l);
+          if (!st.ok()) throw std::runtime_error(std::string(st.message()));
+          raw->layer_t0 = MonotonicSeconds();
+        },
+        [raw](int64_t l) { AddEvent(raw, l, "forward", raw->layer_t0, MonotonicSeconds()); },
+        [raw](int64_t l) {
+          const double now = MonotonicSeconds();
+          AddEvent(raw, l, "backward", raw->layer_t0, now);
+          raw->layer_t0 = now;
+        });
   }
   reply.set_train_examples(job->train.size());
   reply.set_eval_examples(job->eval.size());
@@ -224,18 +391,14 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> WorkerCore::FitProjectors(
   job->arena.Unlink();
   lspo::v1::FitProjectorsReply reply;
   absl::Status st = TorchCall("calibration gradients", [&]() -> absl::Status {
+    RETURN_IF_ERROR(ApplyPending(job, -1));
     // Calibration gradient: dense G of every trained matrix, mean over the calibration
-    // examples' answer tokens (a fixed subset drawn with seed + 1).
+    // examples' answer tokens (a fixed subset drawn with seed + 1, re-drawn per check).
     const int64_t n_cal =
         std::min<int64_t>(spec.lsp().calibration_examples(), job->train.size());
     std::vector<int64_t> cal =
         data::ShuffledOrder(job->train.size(), spec.seed() + 1, /*epoch=*/step);
     cal.resize(n_cal);
-    model.SetLinearMode(model::LinearMode::kDense);
-    for (int64_t i = 0; i < model.num_linears(); ++i) {
-      at::Tensor& w = model.LinearWeight(i);
-      if (w.grad().defined()) w.mutable_grad().zero_();
-    }
     const int64_t mb = spec.micro_batch_size();
     std::vector<data::Batch> batches;
     int64_t total = 0;
@@ -245,76 +408,98 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> WorkerCore::FitProjectors(
       batches.push_back(data::MakeBatch(rows, job->tokenizer->pad_id()));
       total += batches.back().num_loss_tokens;
     }
-    for (const auto& b : batches) {
-      const int64_t targets = b.num_loss_tokens;
-      if (targets == 0) continue;
-      at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len),
-                                           ToTensor(b.labels, b.batch_size, b.seq_len));
-      (loss * (static_cast<double>(targets) / total)).backward();
-    }
     const int d = spec.lsp().d(), r = spec.lsp().r();
     lsp::FitOptions opts;
     opts.max_iters = std::max(0, spec.lsp().fit_iters());
     opts.lr = spec.lsp().fit_lr();
-    opts.alpha = 0.0;
+    opts.beta = spec.lsp().beta();
+    opts.alpha = spec.lsp().fit_stop() > 0 ? spec.lsp().fit_stop() : spec.lsp().alpha();
     // fp32 objective: ~1.5x faster than fp64 here (bench/lsp_fit_bench); the reported errors
     // are recomputed exactly (RelativeBias, fp64) by FitProjectors.
     opts.float64 = false;
     double err_sum = 0;
-    for (int64_t i = 0; i < model.num_linears(); ++i) {
-      at::Tensor& w = model.LinearWeight(i);
-      at::Tensor g = w.grad().detach().clone();  // (m, n) fp32
-      w.mutable_grad() = at::Tensor();
-      const bool finite = at::isfinite(g).all().item<bool>();
-      const bool have = job->p[i].rows > 0;
-      if (!finite) {
-        LOG(WARNING) << "worker: non-finite calibration gradient for " << job->linears[i].name
-                     << "; keeping " << (have ? "its projectors" : "random projectors");
+    int err_n = 0;
+    reply.mutable_initial_error()->Resize(model.num_linears(), NAN);
+    reply.mutable_final_error()->Resize(model.num_linears(), NAN);
+    const int64_t num_layers = model.config().num_layers;
+    const int64_t per_pass = spec.lsp().calibration_layers_per_pass() > 0
+                                 ? spec.lsp().calibration_layers_per_pass()
+                                 : num_layers;
+    // Layers are processed in groups of `per_pass`: one forward + backward per group forms
+    // the dense G of the group's matrices only (the others frozen), so peak extra memory is
+    // one group's weights in fp32; each G is fitted and freed before the next group.
+    for (int64_t l0 = 0; l0 < num_layers; l0 += per_pass) {
+      const int64_t l1 = std::min(num_layers, l0 + per_pass);
+      const int64_t i0 = l0 * model::kLinearsPerLayer, i1 = l1 * model::kLinearsPerLayer;
+      model.SetLinearMode(model::LinearMode::kFrozen);
+      for (int64_t i = i0; i < i1; ++i) model.SetLinearMode(i, model::LinearMode::kDense);
+      model.ZeroLinearGrads();
+      for (const auto& b : batches) {
+        const int64_t targets = b.num_loss_tokens;
+        if (targets == 0) continue;
+        at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len),
+                                             ToTensor(b.labels, b.batch_size, b.seq_len));
+        (loss * (static_cast<double>(targets) / total)).backward();
       }
-      if (have && finite) {
-        const double err = lsp::RelativeBias(g, job->p[i], job->q[i]);
-        if (err <= spec.lsp().alpha()) {
-          reply.add_initial_error(err);
-          reply.add_final_error(err);
-          err_sum += err;
-          continue;
+      for (int64_t i = i0; i < i1; ++i) {
+        at::Tensor& w = model.LinearWeight(i);
+        at::Tensor g = w.grad().defined() ? w.grad().detach().to(at::kFloat)
+                                          : at::zeros(w.sizes(), at::kFloat);  // (m, n)
+        w.mutable_grad() = at::Tensor();
+        const bool finite = at::isfinite(g).all().item<bool>();
+        const bool have = job->p[i].rows > 0;
+        if (!finite) {
+          LOG(WARNING) << "worker: non-finite calibration gradient for "
+                       << job->linears[i].name << "; check skipped, keeping "
+                       << (have ? "its projectors" : "random projectors");
         }
+        if (have && finite) {
+          const double err = lsp::RelativeBias(g, job->p[i], job->q[i]);
+          if (err <= spec.lsp().alpha()) {
+            reply.set_initial_error(i, err);
+            reply.set_final_error(i, err);
+            err_sum += err;
+            ++err_n;
+            continue;
+          }
+        }
+        if (have && !finite) continue;
+        const uint64_t seed = spec.seed() * 1000003ull + static_cast<uint64_t>(i) * 7919ull +
+                              static_cast<uint64_t>(step) * 104729ull;
+        ASSIGN_OR_RETURN(lsp::SparseProjector p,
+                         lsp::SparseProjector::Random(job->linears[i].m, d, r, seed));
+        ASSIGN_OR_RETURN(lsp::SparseProjector q,
+                         lsp::SparseProjector::Random(job->linears[i].n, d, r, seed + 1));
+        double init_err = NAN, final_err = NAN;
+        const bool nonzero = finite && g.abs().max().item<float>() > 0;
+        if (nonzero && opts.max_iters > 0) {
+          ASSIGN_OR_RETURN(lsp::FitResult fit, lsp::FitProjectors(g, &p, &q, opts));
+          init_err = fit.initial_error;
+          final_err = fit.final_error;
+        } else if (nonzero) {
+          init_err = final_err = lsp::RelativeBias(g, p, q);
+        }
+        reply.set_initial_error(i, init_err);
+        reply.set_final_error(i, final_err);
+        if (std::isfinite(final_err)) {
+          err_sum += final_err;
+          ++err_n;
+        }
+        const auto& slot = job->layout.linears(i);
+        RETURN_IF_ERROR(WriteProjector(job->arena, slot.p_index(), slot.p_value(), p));
+        RETURN_IF_ERROR(WriteProjector(job->arena, slot.q_index(), slot.q_value(), q));
+        RETURN_IF_ERROR(model.SetProjectors(i, p, q));
+        job->p[i] = std::move(p);
+        job->q[i] = std::move(q);
+        reply.add_refitted(i);
       }
-      if (have && !finite) {
-        reply.add_initial_error(NAN);
-        reply.add_final_error(NAN);
-        continue;
-      }
-      const uint64_t seed = spec.seed() * 1000003ull + static_cast<uint64_t>(i) * 7919ull +
-                            static_cast<uint64_t>(step) * 104729ull;
-      ASSIGN_OR_RETURN(lsp::SparseProjector p,
-                       lsp::SparseProjector::Random(job->linears[i].m, d, r, seed));
-      ASSIGN_OR_RETURN(lsp::SparseProjector q,
-                       lsp::SparseProjector::Random(job->linears[i].n, d, r, seed + 1));
-      double init_err = NAN, final_err = NAN;
-      if (finite && opts.max_iters > 0 && g.abs().max().item<float>() > 0) {
-        ASSIGN_OR_RETURN(lsp::FitResult fit, lsp::FitProjectors(g, &p, &q, opts));
-        init_err = fit.initial_error;
-        final_err = fit.final_error;
-      } else if (finite && g.abs().max().item<float>() > 0) {
-        init_err = final_err = lsp::RelativeBias(g, p, q);
-      }
-      reply.add_initial_error(init_err);
-      reply.add_final_error(final_err);
-      if (std::isfinite(final_err)) err_sum += final_err;
-      const auto& slot = job->layout.linears(i);
-      RETURN_IF_ERROR(WriteProjector(job->arena, slot.p_index(), slot.p_value(), p));
-      RETURN_IF_ERROR(WriteProjector(job->arena, slot.q_index(), slot.q_value(), q));
-      RETURN_IF_ERROR(model.SetProjectors(i, p, q));
-      job->p[i] = std::move(p);
-      job->q[i] = std::move(q);
-      reply.add_refitted(i);
     }
     model.SetLinearMode(model::LinearMode::kLsp);
     job->fitted = true;
+    job->events.clear();
     LOG(INFO) << "worker: projector check at step " << step << ": " << reply.refitted_size()
               << " of " << model.num_linears() << " matrices (re)fitted, mean relative bias "
-              << err_sum / std::max(1, reply.final_error_size());
+              << err_sum / std::max(1, err_n);
     return absl::OkStatus();
   });
   if (!st.ok()) {
@@ -325,8 +510,8 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> WorkerCore::FitProjectors(
   return reply;
 }
 
-absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(const std::string& job_id,
-                                                              int step, double lr) {
+absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
+    const std::string& job_id, int step, double lr, const lspo::v1::StepPlan& plan) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
   if (job->lsp && !job->fitted) {
@@ -336,10 +521,22 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(const std::string
   auto t_step = std::chrono::steady_clock::now();
   const auto& spec = job->spec;
   auto& model = *job->model;
+  const bool offload = job->lsp || job->zero;
+  const int64_t num_layers = model.config().num_layers;
+  const int split = std::clamp<int>(plan.split_layer(), 0, static_cast<int>(num_layers));
   lspo::v1::TrainStepReply reply;
   auto* metrics = reply.mutable_metrics();
   metrics->set_step(step);
   metrics->set_lr(lr);
+  metrics->set_split_layer(plan.overlap() ? split : 0);
+  job->events.clear();
+  job->wait_seconds = 0;
+  job->offload_seconds = 0;
+  job->publish_step = 0;
+  job->publish_failed = false;
+  std::fill(job->offload_done.begin(), job->offload_done.end(), 0.0);
+  std::fill(job->offload_secs.begin(), job->offload_secs.end(), 0.0);
+  const double decay = 1.0 - lr * spec.optim().weight_decay();
   absl::Status st = TorchCall("train step", [&]() -> absl::Status {
     const bool balanced = spec.data().balance_classes() && !job->train_class.empty();
     // Epoch length: every example once, or (balanced) classes x largest class size.
@@ -367,11 +564,19 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(const std::string
     }
     if (job->lsp) {
       for (auto& s : job->s_accum) s.zero_();
+    } else if (job->zero) {
+      model.ZeroLinearGrads();
     } else {
       job->adamw->zero_grad();
     }
+    // The last micro-batch that carries loss tokens publishes (overlap schedule).
+    int64_t last = -1;
+    for (size_t k = 0; k < batches.size(); ++k) {
+      if (batches[k].num_loss_tokens > 0) last = static_cast<int64_t>(k);
+    }
     double loss_sum = 0, fwd = 0, bwd = 0;
-    for (const auto& b : batches) {
+    for (int64_t k = 0; k < static_cast<int64_t>(batches.size()); ++k) {
+      const auto& b = batches[k];
       const int64_t targets = b.num_loss_tokens;
       if (targets == 0) continue;
       auto t0 = std::chrono::steady_clock::now();
@@ -384,41 +589,87 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(const std::string
         return absl::OkStatus();
       }
       loss_sum += lv * targets;
+      if (offload && plan.overlap() && k == last) job->publish_step = static_cast<uint32_t>(step);
       t0 = std::chrono::steady_clock::now();
+      job->layer_t0 = MonotonicSeconds();
       (loss * (static_cast<double>(targets) / total)).backward();
       bwd += runtime::SecondsSince(t0);
+      if (job->publish_step > 0 && num_layers > 0) {
+        // Layer 0's input needs no gradient, so no hook marked its end: the backward did.
+        bool have0 = false;
+        for (const auto& e : job->events) have0 |= e.what() == "backward" && e.layer() == 0;
+        if (!have0) AddEvent(job, 0, "backward", job->layer_t0, MonotonicSeconds());
+      }
+      job->publish_step = 0;
+      if (job->publish_failed) {
+        reply.set_nonfinite(true);
+        return absl::OkStatus();
+      }
     }
     metrics->set_loss(total > 0 ? loss_sum / total : 0.0);
     metrics->set_tokens(total);
     metrics->set_forward_seconds(fwd);
     metrics->set_backward_seconds(bwd);
-    if (job->lsp) {
-      for (size_t i = 0; i < job->s_accum.size(); ++i) {
-        if (!at::isfinite(job->s_accum[i]).all().item<bool>()) {
-          LOG(WARNING) << "worker: non-finite compressed gradient for " << job->linears[i].name
+    if (offload && !plan.overlap()) {
+      // Serial schedule: check every gradient, then publish them all.
+      for (size_t i = 0; i < job->linears.size(); ++i) {
+        const at::Tensor g = job->lsp ? job->s_accum[i] : model.LinearWeight(i).grad();
+        if (!g.defined() || !at::isfinite(g).all().item<bool>()) {
+          LOG(WARNING) << "worker: non-finite or missing gradient for " << job->linears[i].name
                        << " at step " << step << "; step skipped";
           reply.set_nonfinite(true);
           return absl::OkStatus();
         }
       }
-      for (size_t i = 0; i < job->s_accum.size(); ++i) {
-        ASSIGN_OR_RETURN(at::Tensor slot, ArenaF32(job->arena, job->layout.linears(i).grad()));
-        slot.copy_(job->s_accum[i]);
+      for (size_t i = 0; i < job->linears.size(); ++i) {
+        const at::Tensor g = job->lsp ? job->s_accum[i] : model.LinearWeight(i).grad();
+        PublishGradient(job, i, g, static_cast<uint32_t>(step));
       }
+    } else if (offload) {
+      // Overlap schedule: layers >= split are applied now, as their updates arrive (deepest
+      // first: that is the order the optimizer finishes them); shallower layers just before
+      // their next forward.
+      for (size_t i = 0; i < job->linears.size(); ++i) {
+        job->pending_step[i] = static_cast<uint32_t>(step);
+        job->pending_decay[i] = job->lsp ? decay : 1.0;
+      }
+      for (int64_t l = num_layers - 1; l >= split; --l) RETURN_IF_ERROR(ApplyPending(job, l));
     } else {
       auto t0 = std::chrono::steady_clock::now();
       for (auto& group : job->adamw->param_groups()) {
         static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
       }
+      if (spec.optim().max_grad_norm() > 0) {
+        std::vector<at::Tensor> params;
+        for (int64_t i = 0; i < model.num_linears(); ++i) params.push_back(model.LinearWeight(i));
+        metrics->set_grad_norm(torch::nn::utils::clip_grad_norm_(params,
+                                                                 spec.optim().max_grad_norm()));
+      }
       job->adamw->step();
       metrics->set_update_seconds(runtime::SecondsSince(t0));
+    }
+    for (int64_t l = 0; l < num_layers; ++l) {
+      if (job->offload_done[l] > 0) {
+        AddEvent(job, l, "offload", job->offload_done[l] - job->offload_secs[l],
+                 job->offload_done[l]);
+      }
     }
     const double secs = runtime::SecondsSince(t_step);
     metrics->set_step_seconds(secs);
     metrics->set_tokens_per_second(secs > 0 ? input_tokens / secs : 0);
+    metrics->set_wait_seconds(job->wait_seconds);
+    metrics->set_offload_seconds(job->offload_seconds);
     return absl::OkStatus();
   });
+  job->publish_step = 0;
+  if (offload && plan.overlap() && (!st.ok() || reply.nonfinite())) {
+    // The optimizer may be waiting for this step's gradients: release it.
+    job->flags.Abort(static_cast<uint32_t>(step));
+    std::fill(job->pending_step.begin(), job->pending_step.end(), 0);
+  }
   if (!st.ok()) return st;
+  for (auto& e : job->events) *reply.add_events() = std::move(e);
+  job->events.clear();
   return reply;
 }
 
@@ -426,33 +677,81 @@ absl::StatusOr<lspo::v1::ApplyReply> WorkerCore::ApplyUpdates(
     const std::string& job_id, int step, const lspo::v1::ApplyRequest& request) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
-  if (!job->lsp) return absl::FailedPreconditionError("ApplyUpdates needs MODE_LSP");
+  if (!job->lsp && !job->zero) {
+    return absl::FailedPreconditionError("ApplyUpdates needs MODE_LSP or MODE_ZERO");
+  }
   auto t0 = std::chrono::steady_clock::now();
-  // Validate every step first so that a bad one leaves all weights untouched.
-  std::vector<std::pair<int, at::Tensor>> steps;
   for (const auto& task : request.tasks()) {
     if (task.index() < 0 || task.index() >= job->layout.linears_size()) {
       return absl::InvalidArgumentError(absl::StrCat("ApplyUpdates: linear index ",
                                                      task.index(), " out of range"));
     }
-    ASSIGN_OR_RETURN(at::Tensor d, ArenaF32(job->arena, job->layout.linears(task.index()).step()));
-    if (!at::isfinite(d).all().item<bool>()) {
-      return absl::DataLossError(absl::StrCat("step D for ", job->linears[task.index()].name,
-                                              " at step ", step,
-                                              " is not finite; weights left untouched"));
-    }
-    steps.emplace_back(task.index(), d);
   }
+  // Check every step first so that a bad one leaves all weights untouched.
+  for (const auto& task : request.tasks()) {
+    const int i = task.index();
+    if (job->flags.step_seq(i) < static_cast<uint32_t>(step)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ApplyUpdates: the optimizer has not written step ", step, " of ",
+          job->linears[i].name, " (Update first)"));
+    }
+    if (job->lsp) {
+      ASSIGN_OR_RETURN(at::Tensor d, ArenaF32(job->arena, job->layout.linears(i).step()));
+      if (!at::isfinite(d).all().item<bool>()) {
+        return absl::DataLossError(absl::StrCat("step D for ", job->linears[i].name,
+                                                " at step ", step,
+                                                " is not finite; weights left untouched"));
+      }
+    }
+  }
+  const double decay = job->lsp ? 1.0 - request.lr() * job->spec.optim().weight_decay() : 1.0;
+  lspo::v1::ApplyReply reply;
   absl::Status st = TorchCall("apply", [&]() -> absl::Status {
-    at::NoGradGuard no_grad;
-    for (auto& [i, d] : steps) {
-      lsp::ApplyStep(job->model->LinearWeight(i), job->p[i], d, job->q[i]);
+    for (const auto& task : request.tasks()) {
+      const double t1 = MonotonicSeconds();
+      RETURN_IF_ERROR(ApplyLinear(job, task.index(), static_cast<uint32_t>(step), decay));
+      auto* e = reply.add_events();
+      e->set_layer(task.index() / model::kLinearsPerLayer);
+      e->set_what("apply");
+      e->set_start(t1);
+      e->set_end(MonotonicSeconds());
+      e->set_actor("worker");
     }
     return absl::OkStatus();
   });
   if (!st.ok()) return st;
-  lspo::v1::ApplyReply reply;
   reply.set_seconds(runtime::SecondsSince(t0));
+  return reply;
+}
+
+absl::StatusOr<lspo::v1::LayerWeightsReply> WorkerCore::ImportLayerWeights(
+    const std::string& job_id, int layer, bool measure_only) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
+  if (!job->lsp) return absl::FailedPreconditionError("ImportLayerWeights needs MODE_LSP");
+  const int64_t num_layers = job->model->config().num_layers;
+  if (layer < 0 || layer >= num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("ImportLayerWeights: layer ", layer,
+                                                   " is not in [0, ", num_layers, ")"));
+  }
+  lspo::v1::LayerWeightsReply reply;
+  RETURN_IF_ERROR(TorchCall("import layer weights", [&]() -> absl::Status {
+    RETURN_IF_ERROR(ApplyPending(job, -1));
+    ASSIGN_OR_RETURN(at::Tensor staging, ArenaF32(job->arena, job->layout.staging()));
+    at::NoGradGuard no_grad;
+    int64_t offset = 0;
+    double max_change = 0;
+    for (int64_t k = 0; k < model::kLinearsPerLayer; ++k) {
+      const int64_t i = layer * model::kLinearsPerLayer + k;
+      at::Tensor& w = job->model->LinearWeight(i);
+      at::Tensor src = staging.narrow(0, offset, w.numel()).view(w.sizes());
+      offset += w.numel();
+      max_change = std::max(max_change, (w.to(at::kFloat) - src).abs().max().item<double>());
+      if (!measure_only) w.copy_(src);
+    }
+    reply.set_max_abs_change(max_change);
+    return absl::OkStatus();
+  }));
   return reply;
 }
 
@@ -462,8 +761,9 @@ absl::StatusOr<lspo::v1::EvalMetrics> WorkerCore::Evaluate(const std::string& jo
   auto t0 = std::chrono::steady_clock::now();
   lspo::v1::EvalMetrics out;
   out.set_step(step);
-  if (job->eval.empty()) return out;
+  if (job->eval.empty() && job->ppl_blocks.empty()) return out;
   absl::Status st = TorchCall("evaluate", [&]() -> absl::Status {
+    RETURN_IF_ERROR(ApplyPending(job, -1));
     at::NoGradGuard no_grad;
     auto& model = *job->model;
     ASSIGN_OR_RETURN(at::Tensor lm_head,
@@ -523,6 +823,25 @@ absl::StatusOr<lspo::v1::EvalMetrics> WorkerCore::Evaluate(const std::string& jo
         }
       }
     }
+    // Perplexity of the text corpus: exp of the mean next-token loss over every token.
+    if (!job->ppl_blocks.empty()) {
+      double nll = 0;
+      int64_t tokens = 0;
+      const int64_t T = job->ppl_blocks[0].size();
+      for (size_t s = 0; s < job->ppl_blocks.size(); s += bs) {
+        const int64_t rows = std::min<int64_t>(bs, job->ppl_blocks.size() - s);
+        std::vector<int64_t> ids;
+        for (int64_t k = 0; k < rows; ++k) {
+          ids.insert(ids.end(), job->ppl_blocks[s + k].begin(), job->ppl_blocks[s + k].end());
+        }
+        at::Tensor t = ToTensor(ids, rows, T);
+        const int64_t targets = rows * (T - 1);
+        nll += model.CausalLmLoss(t, t).item<double>() * targets;
+        tokens += targets;
+      }
+      out.set_perplexity(std::exp(nll / std::max<int64_t>(tokens, 1)));
+      out.set_perplexity_tokens(tokens);
+    }
     out.set_examples(job->eval.size());
     out.set_loss(targets > 0 ? loss_sum / targets : 0.0);
     out.set_accuracy(counted > 0 ? static_cast<double>(correct) / counted : 0.0);
@@ -549,11 +868,12 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
     }
     reply.add_files(path);
   }
+  RETURN_IF_ERROR(TorchCall("flush updates", [&] { return ApplyPending(job, -1); }));
   RETURN_IF_ERROR(job->tokenizer->WriteHfFiles(dir));
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
     reply.add_files(dir + "/" + f);
   }
-  if (!job->lsp) {
+  if (!job->lsp && !job->zero) {
     std::vector<std::pair<std::string, at::Tensor>> tensors = job->model->NamedTensors();
     std::vector<model::SafetensorsEntry> entries;
     for (auto& [name, t] : tensors) {

@@ -6,7 +6,15 @@
 //   forward keeps XQ = X Q (N x d); backward forms S = (dY P)^T (X Q) = P^T G Q (d x d fp32)
 //   without ever forming G; S (summed over the step's micro-batches) goes to the arena's grad
 //   slot; ApplyUpdates reads D (d x d) from the step slot and does W += P D Q^T.
+// MODE_ZERO: the full gradient G (bf16) of every matrix goes to the arena; the optimizer
+//   returns the updated parameters (bf16), copied into W.
 // MODE_NATIVE: AdamW on the worker over the same trained matrices (no offload).
+// Schedules (StepPlan): serial = all gradients published after the backward, updates
+// applied by ApplyUpdates; overlap = each matrix's gradient published (arena slot + completion
+// flag) during the backward as soon as its last micro-batch formed it, layers >= split_layer
+// applied right after the backward, shallower layers just before their next forward
+// (LlamaModel layer hooks), and any pending update flushed before Evaluate, FitProjectors,
+// SaveArtifacts and ImportLayerWeights.
 // Only the 7 linear weights of every decoder layer train; embeddings and norms stay frozen.
 //
 // Thread-safety: all methods may be called concurrently; calls are serialised per worker by
@@ -40,22 +48,32 @@ class WorkerCore {
                                                  const lspo::v1::JobSpec& spec);
 
   // Calibration gradients (dense G of every trained matrix over lsp.calibration_examples
-  // training examples) then, per matrix, a projector fit (lsp/fit.h). At step 0 every matrix
-  // gets fresh projectors; later only those whose relative bias exceeds lsp.alpha are
-  // re-drawn and refitted. New projectors are written to the arena.
-  // Errors: kFailedPrecondition (no job / not MODE_LSP), kInvalidArgument (non-finite G).
+  // held-out training examples, lsp.calibration_layers_per_pass decoder layers per
+  // forward + backward so peak memory stays bounded) then, per matrix, a projector fit
+  // (lsp/fit.h; stops at lsp.fit_stop or lsp.fit_iters). At step 0 every matrix gets fresh
+  // projectors; later only those whose relative bias exceeds lsp.alpha are re-drawn and
+  // refitted (reply.refitted lists them). A non-finite G is logged and that matrix's check
+  // skipped. New projectors are written to the arena.
+  // Errors: kFailedPrecondition (no job / not MODE_LSP).
   absl::StatusOr<lspo::v1::FitProjectorsReply> FitProjectors(const std::string& job_id,
                                                              int step);
 
   // One optimizer step's forward + backward over grad_accum micro-batches (data order from
-  // the seed; step is 1-based). MODE_LSP: writes the summed S of every matrix into its grad
-  // slot. MODE_NATIVE: also runs AdamW with `lr`. A non-finite loss or S sets nonfinite and
-  // leaves slots and weights untouched.
+  // the seed; step is 1-based), following `plan` (see the file comment). MODE_LSP: the summed
+  // S (d, d) fp32 of every matrix goes to its grad slot; MODE_ZERO: the summed G (m, n) as
+  // bf16. MODE_NATIVE: AdamW with `lr` (clipped to optim.max_grad_norm). A non-finite loss
+  // or gradient sets nonfinite (and, overlapped, marks the step abandoned in the arena so the
+  // optimizer stops waiting); no weight changes for that step. reply.events is the step's
+  // per-layer timeline (forward, backward, offload, wait, apply; CLOCK_MONOTONIC seconds).
+  // Errors: kDeadlineExceeded (an update never arrived: optimizer gone), kDataLoss
+  // (non-finite D), kInternal (LibTorch).
   absl::StatusOr<lspo::v1::TrainStepReply> TrainStep(const std::string& job_id, int step,
-                                                     double lr);
+                                                     double lr, const lspo::v1::StepPlan& plan);
 
-  // W += P D Q^T for each listed matrix from its step slot (MODE_LSP).
-  // Errors: kInvalidArgument (bad index), kDataLoss (non-finite D: weights untouched).
+  // Serial schedule: applies each listed matrix's update of `step`: MODE_LSP
+  // W <- (1 - lr wd) W + P D Q^T from its step slot, MODE_ZERO W <- param slot.
+  // Errors: kInvalidArgument (bad index), kFailedPrecondition (the optimizer has not
+  // published that step), kDataLoss (non-finite D: weights untouched).
   absl::StatusOr<lspo::v1::ApplyReply> ApplyUpdates(const std::string& job_id, int step,
                                                     const lspo::v1::ApplyRequest& request);
 
@@ -68,6 +86,14 @@ class WorkerCore {
   // worker's weights in MODE_NATIVE). Errors: kPermissionDenied/kInternal on I/O.
   absl::StatusOr<lspo::v1::SaveReply> SaveArtifacts(const std::string& job_id,
                                                     const std::string& dir);
+
+  // Master-weight refresh (MODE_LSP): copies decoder layer `layer`'s 7 matrices from the
+  // arena staging region (fp32, linear order, written by the optimizer's
+  // ExportLayerWeights) into the model, after flushing pending updates. reply.max_abs_change
+  // = max |W_worker - W_master| before the copy; `measure_only` skips the copy (drift
+  // report). Errors: kInvalidArgument (bad layer), kFailedPrecondition (not MODE_LSP).
+  absl::StatusOr<lspo::v1::LayerWeightsReply> ImportLayerWeights(const std::string& job_id,
+                                                                 int layer, bool measure_only);
 
   // Frees the job and removes its arena. Unknown ids are ignored.
   absl::Status UnloadJob(const std::string& job_id);

@@ -26,7 +26,7 @@ grpc::Status WorkerService::FitProjectors(grpc::ServerContext*,
 grpc::Status WorkerService::TrainStep(grpc::ServerContext*,
                                       const lspo::v1::TrainStepRequest* req,
                                       lspo::v1::TrainStepReply* out) {
-  return Reply(core_->TrainStep(req->job_id(), req->step(), req->lr()), out);
+  return Reply(core_->TrainStep(req->job_id(), req->step(), req->lr(), req->plan()), out);
 }
 grpc::Status WorkerService::ApplyUpdates(grpc::ServerContext*, const lspo::v1::ApplyRequest* req,
                                          lspo::v1::ApplyReply* out) {
@@ -42,6 +42,11 @@ grpc::Status WorkerService::Evaluate(grpc::ServerContext*, const lspo::v1::Evalu
 grpc::Status WorkerService::SaveArtifacts(grpc::ServerContext*, const lspo::v1::SaveRequest* req,
                                           lspo::v1::SaveReply* out) {
   return Reply(core_->SaveArtifacts(req->job_id(), req->dir()), out);
+}
+grpc::Status WorkerService::ImportLayerWeights(grpc::ServerContext*,
+                                               const lspo::v1::LayerWeightsRequest* req,
+                                               lspo::v1::LayerWeightsReply* out) {
+  return Reply(core_->ImportLayerWeights(req->job_id(), req->layer(), req->measure_only()), out);
 }
 grpc::Status WorkerService::UnloadJob(grpc::ServerContext*,
                                       const lspo::v1::UnloadJobRequest* req,

@@ -24,6 +24,8 @@ class WorkerService final : public lspo::v1::Worker::Service {
                              lspo::v1::SaveReply*) override;
   grpc::Status UnloadJob(grpc::ServerContext*, const lspo::v1::UnloadJobRequest*,
                          lspo::v1::UnloadJobReply*) override;
+  grpc::Status ImportLayerWeights(grpc::ServerContext*, const lspo::v1::LayerWeightsRequest*,
+                                  lspo::v1::LayerWeightsReply*) override;
 
  private:
   WorkerCore* core_;  // Not owned.

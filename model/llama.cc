@@ -97,6 +97,41 @@ at::Tensor SwapHalves(const at::Tensor& x) {
 
 }  // namespace
 
+// Activation checkpointing of one decoder layer (see LlamaModel::SetActivationCheckpointing):
+// the forward runs without recording (autograd Functions run their forward in no-grad mode)
+// and saves only the layer input; the backward recomputes the layer with grad mode on and
+// runs a nested backward through it, which accumulates dense weight gradients and fires the
+// LSP sinks exactly as the plain graph would, then returns the input gradient.
+struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h,
+                            int64_t model_ptr, int64_t layer, const at::Tensor& cos,
+                            const at::Tensor& sin, const at::Tensor& mask) {
+    auto* model = reinterpret_cast<LlamaModel*>(model_ptr);
+    ctx->save_for_backward({h});
+    ctx->saved_data["model"] = model_ptr;
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["cos"] = cos;
+    ctx->saved_data["sin"] = sin;
+    ctx->saved_data["mask"] = mask;
+    return model->DecoderLayer(h, layer, cos, sin, mask);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* model = reinterpret_cast<LlamaModel*>(ctx->saved_data["model"].toInt());
+    const int64_t layer = ctx->saved_data["layer"].toInt();
+    at::Tensor h = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    at::Tensor out;
+    {
+      at::AutoGradMode enable(true);
+      out = model->DecoderLayer(h, layer, ctx->saved_data["cos"].toTensor(),
+                                ctx->saved_data["sin"].toTensor(),
+                                ctx->saved_data["mask"].toTensor());
+    }
+    torch::autograd::backward({out}, {grads[0]});
+    return {h.grad(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 LlamaModel LlamaModel::Allocate(const LlamaConfig& c) {
   LlamaModel model;
   model.config_ = c;
@@ -245,7 +280,9 @@ at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) co
 }
 
 at::Tensor LlamaModel::Linear(const at::Tensor& x, int64_t linear_index) {
-  const at::Tensor& w = T(linear_slot_[static_cast<size_t>(linear_index)]);  // (m, n)
+  const at::Tensor& stored = T(linear_slot_[static_cast<size_t>(linear_index)]);  // (m, n)
+  // bf16 storage: fp32 compute on an upcast copy (tracked by autograd in kDense).
+  const at::Tensor w = stored.scalar_type() == x.scalar_type() ? stored : stored.to(x.scalar_type());
   const int64_t m = w.size(0), n = w.size(1);
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape.back() = m;
@@ -311,17 +348,65 @@ at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids) {
   // Additive causal mask: -inf above the diagonal, (T, T).
   at::Tensor mask = at::full({T_len, T_len}, -std::numeric_limits<float>::infinity(), fopts)
                         .triu(1);
+  const bool grad = at::GradMode::is_enabled();
+  if (grad && checkpointing_ && !h.requires_grad()) {
+    // A checkpointed layer records a backward node only when its input needs a gradient
+    // (autograd Function semantics), and with a frozen embedding nothing would: make the
+    // first layer's input a leaf that needs one, so every layer's backward (and its LSP
+    // sinks or weight gradients) runs. Costs layer 0's input gradient, which is discarded.
+    h = h.detach().requires_grad_(true);
+  }
   for (int64_t l = 0; l < config_.num_layers; ++l) {
-    const int64_t base = 1 + l * kTensorsPerLayer;
-    at::Tensor a = RmsNorm(h, T(base + kInputNormOffset));
-    h = h + Attention(a, l, cos, sin, mask);
-    a = RmsNorm(h, T(base + kPostNormOffset));
-    const int64_t lin = l * kLinearsPerLayer;
-    at::Tensor gate = Linear(a, lin + static_cast<int64_t>(LinearKind::kGate));  // (B, T, F)
-    at::Tensor up = Linear(a, lin + static_cast<int64_t>(LinearKind::kUp));      // (B, T, F)
-    h = h + Linear(at::silu(gate) * up, lin + static_cast<int64_t>(LinearKind::kDown));
+    if (pre_forward_) pre_forward_(l);
+    if (grad && post_backward_ && h.requires_grad()) {
+      LayerHook hook = post_backward_;
+      h.register_hook([hook, l](const at::Tensor& g) {
+        hook(l);
+        return g;
+      });
+    }
+    if (grad && checkpointing_) {
+      h = CheckpointedLayer::apply(h, reinterpret_cast<int64_t>(this), l, cos, sin, mask);
+    } else {
+      h = DecoderLayer(h, l, cos, sin, mask);
+    }
+    if (post_forward_) post_forward_(l);
   }
   return RmsNorm(h, T(final_norm_slot_));  // (B, T, H)
+}
+
+at::Tensor LlamaModel::DecoderLayer(const at::Tensor& h_in, int64_t l, const at::Tensor& cos,
+                                    const at::Tensor& sin, const at::Tensor& mask) {
+  const int64_t base = 1 + l * kTensorsPerLayer;
+  at::Tensor a = RmsNorm(h_in, T(base + kInputNormOffset));
+  at::Tensor h = h_in + Attention(a, l, cos, sin, mask);
+  a = RmsNorm(h, T(base + kPostNormOffset));
+  const int64_t lin = l * kLinearsPerLayer;
+  at::Tensor gate = Linear(a, lin + static_cast<int64_t>(LinearKind::kGate));  // (B, T, F)
+  at::Tensor up = Linear(a, lin + static_cast<int64_t>(LinearKind::kUp));      // (B, T, F)
+  return h + Linear(at::silu(gate) * up, lin + static_cast<int64_t>(LinearKind::kDown));
+}
+
+void LlamaModel::SetLayerHooks(LayerHook pre_forward, LayerHook post_forward,
+                               LayerHook post_backward) {
+  pre_forward_ = std::move(pre_forward);
+  post_forward_ = std::move(post_forward);
+  post_backward_ = std::move(post_backward);
+}
+
+absl::Status LlamaModel::SetLinearStorageDtype(at::ScalarType dtype) {
+  if (dtype != at::kFloat && dtype != at::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("linear weight storage dtype must be fp32 or bf16, got ",
+                     std::string(c10::toString(dtype))));
+  }
+  for (int64_t i = 0; i < num_linears(); ++i) {
+    at::Tensor& w = tensors_[static_cast<size_t>(linear_slot_[static_cast<size_t>(i)])];
+    if (w.scalar_type() == dtype) continue;
+    const bool rg = w.requires_grad();
+    w = w.detach().to(dtype).requires_grad_(rg);
+  }
+  return absl::OkStatus();
 }
 
 at::Tensor LlamaModel::Logits(const at::Tensor& input_ids) {

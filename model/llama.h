@@ -84,6 +84,9 @@ enum class LinearMode {
 using CompressedGradSink =
     std::function<void(int64_t linear_index, const at::Tensor& S /* (d, d) fp32 */)>;
 
+// Called with a decoder layer index (see LlamaModel::SetLayerHooks).
+using LayerHook = std::function<void(int64_t layer)>;
+
 namespace internal {
 // Shared between a model and the backward nodes it recorded (stable across model moves).
 struct SinkHolder {
@@ -183,6 +186,37 @@ class LlamaModel {
   // (dX still flows). The sink must not throw.
   void SetCompressedGradSink(CompressedGradSink sink);
 
+  // Per-layer callbacks (any may be empty), for the offload schedule and the timeline:
+  //   pre_forward(l)   before decoder layer l's forward in Hidden() (not during an activation
+  //                    checkpointing recompute); may modify layer l's weights in place (the
+  //                    layer has recorded nothing yet), e.g. to apply a pending update.
+  //   post_forward(l)  after layer l's forward.
+  //   post_backward(l) when the gradient w.r.t. layer l's input is computed, i.e. layer l's
+  //                    backward is done (autograd thread); not called for a layer whose input
+  //                    needs no gradient (layer 0 with a frozen embedding: the end of
+  //                    backward() marks it).
+  // Hooks must not throw. A forward under at::NoGradGuard calls pre/post_forward only.
+  void SetLayerHooks(LayerHook pre_forward, LayerHook post_forward, LayerHook post_backward);
+
+  // Activation checkpointing: when on, a forward with grad mode enabled keeps only each
+  // decoder layer's input (B, T, H) and recomputes the layer inside the backward pass (a
+  // custom autograd node running a nested backward), trading one extra layer forward per
+  // layer for activation memory. Gradients (dense G, compressed S) are bitwise those of the
+  // plain forward. Must not be toggled between a forward and its backward.
+  void SetActivationCheckpointing(bool on) { checkpointing_ = on; }
+  bool activation_checkpointing() const { return checkpointing_; }
+
+  // Storage dtype of the linear weights: at::kFloat (default) or at::kBFloat16. Compute stays
+  // fp32: a bf16 weight is upcast in every forward (autograd-tracked in kDense, where W.grad()
+  // is then bf16). Used to reproduce bf16 weight rounding (W += P D Q^T rounds once into
+  // bf16) on CPUs without fast bf16 matmul. kInvalidArgument for other dtypes.
+  absl::Status SetLinearStorageDtype(at::ScalarType dtype);
+
+  // One decoder layer: h (B, T, H) fp32 -> (B, T, H). cos/sin (T, 1, hd) RoPE tables and
+  // mask (T, T) additive causal mask as built by Hidden(). Calls no hooks.
+  at::Tensor DecoderLayer(const at::Tensor& h, int64_t layer, const at::Tensor& cos,
+                          const at::Tensor& sin, const at::Tensor& mask);
+
   // Every model tensor with its HF name, in order: embed_tokens, per layer
   // [input_layernorm, q, k, v, o, post_attention_layernorm, gate, up, down], norm, and
   // lm_head only when not tied (272 tensors for SmolLM2-135M). The tensors alias the model's.
@@ -221,6 +255,8 @@ class LlamaModel {
   std::vector<LinearMode> modes_;
   std::vector<std::optional<std::pair<lsp::SparseProjector, lsp::SparseProjector>>> projectors_;
   std::shared_ptr<internal::SinkHolder> sink_ = std::make_shared<internal::SinkHolder>();
+  LayerHook pre_forward_, post_forward_, post_backward_;
+  bool checkpointing_ = false;
 };
 
 }  // namespace lspo::model

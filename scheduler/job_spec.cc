@@ -62,6 +62,7 @@ absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json_in, absl::string
       const std::string m = absl::AsciiStrToLower(j["mode"].get<std::string>());
       if (m == "lsp") j["mode"] = "MODE_LSP";
       if (m == "native") j["mode"] = "MODE_NATIVE";
+      if (m == "zero") j["mode"] = "MODE_ZERO";
       json = j.dump();
     }
   } catch (const nlohmann::json::exception&) {
@@ -76,7 +77,7 @@ absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json_in, absl::string
     return absl::InvalidArgumentError(absl::StrCat(
         "job spec ", source, " is not a valid JobSpec: ", st.ToString(),
         ". See examples/*.yaml and proto/lsp_offload.proto (message JobSpec) for the fields; "
-        "mode is lsp, native, MODE_LSP or MODE_NATIVE."));
+        "mode is lsp, zero, native (or MODE_LSP, MODE_ZERO, MODE_NATIVE)."));
   }
   return spec;
 }
@@ -138,7 +139,12 @@ void ResolveDefaults(JobSpec* spec) {
   if (lsp->alpha() == 0) lsp->set_alpha(0.8);
   if (lsp->fit_iters() == 0) lsp->set_fit_iters(40);
   if (lsp->fit_lr() == 0) lsp->set_fit_lr(0.05);
-  if (lsp->calibration_examples() == 0) lsp->set_calibration_examples(16);
+  if (lsp->calibration_examples() == 0) lsp->set_calibration_examples(64);
+  if (lsp->master_refresh().empty()) lsp->set_master_refresh("refit");
+  if (spec->schedule().empty()) spec->set_schedule("overlap");
+  if (spec->weight_dtype().empty()) {
+    spec->set_weight_dtype(spec->device() == "cuda" ? "bf16" : "fp32");
+  }
   auto* optim = spec->mutable_optim();
   if (optim->lr() == 0) optim->set_lr(1e-4);
   if (optim->beta1() == 0) optim->set_beta1(0.9);
@@ -200,9 +206,23 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                                             data.eval_path(),
                                             "' does not exist or is not readable"));
   }
-  if (spec.mode() != lspo::v1::MODE_LSP && spec.mode() != lspo::v1::MODE_NATIVE) {
-    return bad("mode", lspo::v1::TrainingMode_Name(spec.mode()),
-               "this version supports MODE_LSP and MODE_NATIVE");
+  if (!data.perplexity_path().empty() && !Readable(data.perplexity_path())) {
+    return absl::NotFoundError(absl::StrCat("job spec field data.perplexity_path: file '",
+                                            data.perplexity_path(),
+                                            "' does not exist or is not readable"));
+  }
+  if (data.perplexity_blocks() < 0) {
+    return bad("data.perplexity_blocks", data.perplexity_blocks(), "must be >= 0");
+  }
+  if (spec.mode() != lspo::v1::MODE_LSP && spec.mode() != lspo::v1::MODE_NATIVE &&
+      spec.mode() != lspo::v1::MODE_ZERO) {
+    return bad("mode", lspo::v1::TrainingMode_Name(spec.mode()), "use lsp, zero or native");
+  }
+  if (spec.schedule() != "serial" && spec.schedule() != "overlap") {
+    return bad("schedule", spec.schedule(), "use \"overlap\" or \"serial\"");
+  }
+  if (spec.weight_dtype() != "fp32" && spec.weight_dtype() != "bf16") {
+    return bad("weight_dtype", spec.weight_dtype(), "use \"fp32\" or \"bf16\"");
   }
   const auto& lsp = spec.lsp();
   if (lsp.d() < 1) return bad("lsp.d", lsp.d(), "d must be >= 1");
@@ -213,6 +233,15 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (lsp.check_freq() < 0) return bad("lsp.check_freq", lsp.check_freq(), "must be >= 0");
   if (lsp.calibration_examples() < 1) {
     return bad("lsp.calibration_examples", lsp.calibration_examples(), "must be >= 1");
+  }
+  if (lsp.calibration_layers_per_pass() < 0) {
+    return bad("lsp.calibration_layers_per_pass", lsp.calibration_layers_per_pass(),
+               "must be >= 0 (0 = all layers in one pass)");
+  }
+  if (!(lsp.beta() >= 0)) return bad("lsp.beta", lsp.beta(), "must be >= 0");
+  if (!(lsp.fit_stop() >= 0)) return bad("lsp.fit_stop", lsp.fit_stop(), "must be >= 0");
+  if (lsp.master_refresh() != "refit" && lsp.master_refresh() != "never") {
+    return bad("lsp.master_refresh", lsp.master_refresh(), "use \"refit\" or \"never\"");
   }
   if (spec.steps() < 1) return bad("steps", spec.steps(), "run at least 1 step");
   if (spec.micro_batch_size() < 1) {
@@ -229,6 +258,12 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (optim.warmup_steps() < 0) return bad("optim.warmup_steps", optim.warmup_steps(), ">= 0");
   if (optim.schedule() != "constant" && optim.schedule() != "cosine") {
     return bad("optim.schedule", optim.schedule(), "use \"constant\" or \"cosine\"");
+  }
+  if (!(optim.weight_decay() >= 0) || optim.weight_decay() * optim.lr() >= 1) {
+    return bad("optim.weight_decay", optim.weight_decay(), "use 0 <= weight_decay < 1 / lr");
+  }
+  if (!(optim.max_grad_norm() >= 0)) {
+    return bad("optim.max_grad_norm", optim.max_grad_norm(), "use 0 (off) or a positive norm");
   }
   if (spec.device() != "" && spec.device() != "cpu" && spec.device() != "cuda") {
     return bad("device", spec.device(), "use \"cpu\", \"cuda\" or leave empty");

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -14,6 +15,7 @@
 #include "proto/grpc_status.h"
 #include "runtime/status_macros.h"
 #include "runtime/util.h"
+#include "scheduler/cost_model.h"
 #include "scheduler/job_spec.h"
 #include "scheduler/lr_schedule.h"
 
@@ -223,7 +225,9 @@ void SchedulerCore::RunLoop() {
 absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
   const double t_start = Now();
   const double dl = options_.rpc_deadline_seconds;
-  const bool lsp = spec.mode() != lspo::v1::MODE_NATIVE;
+  const bool lsp = spec.mode() == lspo::v1::MODE_LSP;
+  const bool zero = spec.mode() == lspo::v1::MODE_ZERO;
+  const bool offload = lsp || zero;  // An optimizer service and an arena take part.
   const std::string& out_dir = spec.output_dir();
   RETURN_IF_ERROR(runtime::MakeDirs(out_dir));
   std::ofstream metrics(out_dir + "/metrics.jsonl", std::ios::trunc);
@@ -253,21 +257,21 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
   struct Unloader {
     SchedulerCore* self;
     std::string id;
-    bool lsp;
+    bool offload;
     ~Unloader() {
       lspo::v1::UnloadJobRequest u;
       u.set_job_id(id);
       lspo::v1::UnloadJobReply r;
-      if (lsp) {
+      if (offload) {
         (void)Call(self->optimizer_, &lspo::v1::Optimizer::StubInterface::UnloadJob, u, &r,
                    60, "optimizer");
       }
       (void)Call(self->worker_, &lspo::v1::Worker::StubInterface::UnloadJob, u, &r, 60,
                  "worker");
     }
-  } unloader{this, id, lsp};
+  } unloader{this, id, offload};
   const lspo::v1::ArenaLayout& layout = wload.arena();
-  if (lsp) {
+  if (offload) {
     *load.mutable_arena() = layout;
     lspo::v1::LoadJobReply oload;
     RETURN_IF_ERROR(Call(optimizer_, &lspo::v1::Optimizer::StubInterface::LoadJob, load, &oload,
@@ -275,7 +279,10 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
   }
   nlohmann::json summary;
   summary["job_id"] = id;
-  summary["mode"] = lsp ? "lsp" : "native";
+  summary["mode"] = lsp ? "lsp" : zero ? "zero" : "native";
+  summary["schedule"] = offload ? spec.schedule() : "none";
+  summary["weight_dtype"] = spec.weight_dtype();
+  summary["activation_checkpointing"] = spec.activation_checkpointing();
   summary["d"] = lsp ? spec.lsp().d() : 0;
   summary["r"] = lsp ? spec.lsp().r() : 0;
   summary["steps"] = spec.steps();
@@ -289,7 +296,7 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
   summary["model"] = spec.model().format() == "gguf" ? spec.model().path() : "tiny-random";
   summary["train_path"] = spec.data().train_path();
 
-  const bool has_eval = wload.eval_examples() > 0;
+  const bool has_eval = wload.eval_examples() > 0 || !spec.data().perplexity_path().empty();
   auto evaluate = [&](int step) -> absl::StatusOr<lspo::v1::EvalMetrics> {
     phase(absl::StrCat("evaluating after step ", step));
     lspo::v1::EvaluateRequest req;
@@ -309,19 +316,22 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
   };
 
   if (has_eval && !spec.skip_initial_eval()) {
-    ASSIGN_OR_RETURN(lspo::v1::EvalMetrics zero, evaluate(0));
-    if (spec.data().format() == "classification") summary["zero_shot_accuracy"] = zero.accuracy();
-    summary["zero_shot_eval_loss"] = zero.loss();
+    ASSIGN_OR_RETURN(lspo::v1::EvalMetrics initial, evaluate(0));
+    if (spec.data().format() == "classification") {
+      summary["zero_shot_accuracy"] = initial.accuracy();
+    }
+    summary["zero_shot_eval_loss"] = initial.loss();
+    if (initial.perplexity() > 0) summary["zero_shot_perplexity"] = initial.perplexity();
   }
   RETURN_IF_ERROR(check_cancel());
 
   // Per-layer task list of a step: deepest layer first (its gradient is ready first in the
-  // backward pass), which is the order the overlapped schedule will use.
-  std::vector<lspo::v1::LayerTask> plan;
+  // backward pass; the overlapped schedule's first-come-first-served order).
+  std::vector<lspo::v1::LayerTask> plan_tasks;
   for (int i = layout.linears_size() - 1; i >= 0; --i) {
     lspo::v1::LayerTask t;
     t.set_index(layout.linears(i).index());
-    plan.push_back(t);
+    plan_tasks.push_back(t);
   }
   auto fit = [&](int step) -> absl::Status {
     phase(absl::StrCat("fitting projectors (step ", step, ")"));
@@ -366,21 +376,87 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
   };
   if (lsp) RETURN_IF_ERROR(fit(0));
 
+  // Master-weight refresh (lsp): the optimizer writes each layer's fp32 master weights into
+  // the arena staging region and the worker copies them in (or, measure_only, reports
+  // max |W_worker - W_master| without copying). Returns that maximum over all layers.
+  const int num_layers = layout.linears_size() / 7;
+  auto refresh = [&](bool measure_only) -> absl::StatusOr<double> {
+    double max_diff = 0;
+    for (int l = 0; l < num_layers; ++l) {
+      lspo::v1::LayerWeightsRequest req;
+      req.set_job_id(id);
+      req.set_layer(l);
+      req.set_measure_only(measure_only);
+      lspo::v1::LayerWeightsReply rep;
+      RETURN_IF_ERROR(Call(optimizer_, &lspo::v1::Optimizer::StubInterface::ExportLayerWeights,
+                           req, &rep, dl, "optimizer"));
+      RETURN_IF_ERROR(Call(worker_, &lspo::v1::Worker::StubInterface::ImportLayerWeights, req,
+                           &rep, dl, "worker"));
+      max_diff = std::max(max_diff, rep.max_abs_change());
+    }
+    return max_diff;
+  };
+
   phase("training");
   const double t_train = Now();
   int nonfinite_in_a_row = 0, skipped = 0;
   double step_time_sum = 0;
+  std::ofstream timeline;
+  if (offload) {
+    timeline.open(out_dir + "/timeline.jsonl", std::ios::trunc);
+    if (!timeline) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot write '", out_dir, "/timeline.jsonl'"));
+    }
+  }
+  LayerCostModel cost_model(num_layers, spec.optim().max_grad_norm() > 0);
+  const bool overlap_schedule = spec.schedule() == "overlap";
+  double last_step_end = -1;  // Worker clock (CLOCK_MONOTONIC) at the end of the last step.
   for (int step = 1; step <= spec.steps(); ++step) {
     RETURN_IF_ERROR(check_cancel());
     const double t0 = Now();
     const double lr = LearningRate(spec.optim(), step, spec.steps());
+    SplitChoice choice;
+    const lspo::v1::StepPlan plan = cost_model.Plan(overlap_schedule, &choice);
     lspo::v1::TrainStepRequest treq;
     treq.set_job_id(id);
     treq.set_step(step);
     treq.set_lr(lr);
+    *treq.mutable_plan() = plan;
+    lspo::v1::UpdateRequest ureq;
+    ureq.set_job_id(id);
+    ureq.set_step(step);
+    ureq.set_lr(lr);
+    for (const auto& t : plan_tasks) *ureq.add_tasks() = t;
     lspo::v1::TrainStepReply trep;
-    RETURN_IF_ERROR(Call(worker_, &lspo::v1::Worker::StubInterface::TrainStep, treq, &trep, dl,
-                         "worker"));
+    lspo::v1::UpdateReply urep;
+    lspo::v1::ApplyReply arep;
+    if (offload && plan.overlap()) {
+      // The optimizer waits on each layer's gradient flag while the worker's backward runs.
+      ureq.set_wait_for_grads(true);
+      ureq.set_wait_timeout_seconds(dl);
+      absl::Status ust;
+      std::thread updater([&] {
+        ust = Call(optimizer_, &lspo::v1::Optimizer::StubInterface::Update, ureq, &urep, dl,
+                   "optimizer");
+      });
+      absl::Status tst = Call(worker_, &lspo::v1::Worker::StubInterface::TrainStep, treq, &trep,
+                              dl, "worker");
+      if (!tst.ok()) {
+        lspo::v1::AbortStepRequest areq;
+        areq.set_job_id(id);
+        areq.set_step(step);
+        lspo::v1::AbortStepReply ar;
+        (void)Call(optimizer_, &lspo::v1::Optimizer::StubInterface::AbortStep, areq, &ar, 60,
+                   "optimizer");
+      }
+      updater.join();
+      RETURN_IF_ERROR(tst);
+      RETURN_IF_ERROR(ust);
+    } else {
+      RETURN_IF_ERROR(Call(worker_, &lspo::v1::Worker::StubInterface::TrainStep, treq, &trep,
+                           dl, "worker"));
+    }
     if (trep.nonfinite()) {
       ++skipped;
       LOG(WARNING) << "scheduler: " << id << ": step " << step
@@ -388,30 +464,59 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
       if (++nonfinite_in_a_row >= options_.max_nonfinite_steps_in_a_row) {
         return absl::DataLossError(absl::StrCat(
             nonfinite_in_a_row, " non-finite steps in a row at step ", step,
-            ": lower optim.lr or check the data"));
+            ": lower optim.lr, set optim.max_grad_norm, or check the data"));
       }
       continue;
     }
     nonfinite_in_a_row = 0;
-    lspo::v1::StepMetrics m = trep.metrics();
-    if (lsp) {
-      lspo::v1::UpdateRequest ureq;
-      ureq.set_job_id(id);
-      ureq.set_step(step);
-      ureq.set_lr(lr);
-      for (const auto& t : plan) *ureq.add_tasks() = t;
-      lspo::v1::UpdateReply urep;
+    if (offload && !plan.overlap()) {
       RETURN_IF_ERROR(Call(optimizer_, &lspo::v1::Optimizer::StubInterface::Update, ureq, &urep,
                            dl, "optimizer"));
       lspo::v1::ApplyRequest areq;
       areq.set_job_id(id);
       areq.set_step(step);
-      for (const auto& t : plan) *areq.add_tasks() = t;
-      lspo::v1::ApplyReply arep;
+      areq.set_lr(lr);
+      for (const auto& t : plan_tasks) *areq.add_tasks() = t;
       RETURN_IF_ERROR(Call(worker_, &lspo::v1::Worker::StubInterface::ApplyUpdates, areq, &arep,
                            dl, "worker"));
+    }
+    lspo::v1::StepMetrics m = trep.metrics();
+    if (offload) {
       m.set_update_seconds(urep.seconds());
+      m.set_grad_norm(urep.grad_norm());
       m.set_apply_seconds(arep.seconds());
+      // Timeline and cost model: every event of the step, worker and optimizer.
+      std::vector<lspo::v1::LayerEvent> events(trep.events().begin(), trep.events().end());
+      events.insert(events.end(), urep.events().begin(), urep.events().end());
+      events.insert(events.end(), arep.events().begin(), arep.events().end());
+      double first = std::numeric_limits<double>::infinity(), last = 0;
+      for (const auto& e : trep.events()) {
+        first = std::min(first, e.start());
+        last = std::max(last, e.end());
+      }
+      for (const auto& e : arep.events()) last = std::max(last, e.end());
+      const double gap = last_step_end > 0 && std::isfinite(first) ? first - last_step_end : -1;
+      last_step_end = last;
+      cost_model.Observe(events, gap);
+      nlohmann::json tl;
+      tl["step"] = step;
+      tl["plan"] = {{"overlap", plan.overlap()},
+                    {"split_layer", plan.split_layer()},
+                    {"predicted_cost_seconds", choice.predicted_cost},
+                    {"predicted_stall_seconds", choice.predicted_stall},
+                    {"cost_by_split", choice.cost_by_split}};
+      nlohmann::json ev = nlohmann::json::array();
+      for (const auto& e : events) {
+        ev.push_back({{"layer", e.layer()},
+                      {"what", e.what()},
+                      {"actor", e.actor()},
+                      {"start", e.start()},
+                      {"end", e.end()}});
+      }
+      tl["events"] = std::move(ev);
+      tl["step_seconds"] = Now() - t0;
+      tl["wait_seconds"] = m.wait_seconds();
+      timeline << tl.dump() << "\n" << std::flush;
     }
     const double secs = Now() - t0;
     const double tokens_in = m.tokens_per_second() * m.step_seconds();
@@ -423,7 +528,9 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
     log_json(j);
     const double eta = (Now() - t_train) / step * (spec.steps() - step);
     LOG(INFO) << "scheduler: " << id << ": step " << step << "/" << spec.steps() << " loss "
-              << m.loss() << " lr " << lr << " " << secs << " s";
+              << m.loss() << " lr " << lr << " " << secs << " s"
+              << (plan.overlap() ? absl::StrCat(" (overlap, split ", plan.split_layer(), ")")
+                                 : std::string());
     {
       absl::MutexLock lock(&mu_);
       Job& job = jobs_[id];
@@ -436,6 +543,13 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
     if (lsp && spec.lsp().check_freq() > 0 && step % spec.lsp().check_freq() == 0 &&
         step < spec.steps()) {
       RETURN_IF_ERROR(fit(step));
+      if (spec.lsp().master_refresh() == "refit") {
+        phase(absl::StrCat("refreshing worker weights from the master (step ", step, ")"));
+        ASSIGN_OR_RETURN(double diff, refresh(/*measure_only=*/false));
+        log_json({{"kind", "master_refresh"}, {"step", step}, {"max_abs_diff_before", diff}});
+        LOG(INFO) << "scheduler: " << id << ": master refresh at step " << step
+                  << ": max |W_worker - W_master| was " << diff;
+      }
       phase("training");
     }
     if (has_eval && spec.eval_every() > 0 && step % spec.eval_every() == 0 &&
@@ -445,6 +559,12 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
       phase("training");
     }
   }
+  if (lsp) {
+    // How far the worker's weights drifted from the fp32 master since the last refresh.
+    ASSIGN_OR_RETURN(double drift, refresh(/*measure_only=*/true));
+    summary["final_worker_master_max_abs_diff"] = drift;
+    log_json({{"kind", "master_drift"}, {"step", spec.steps()}, {"max_abs_diff", drift}});
+  }
   const int done_steps = spec.steps() - skipped;
   summary["skipped_steps"] = skipped;
   summary["train_seconds"] = Now() - t_train;
@@ -453,6 +573,7 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
     ASSIGN_OR_RETURN(lspo::v1::EvalMetrics fin, evaluate(spec.steps()));
     if (spec.data().format() == "classification") summary["final_accuracy"] = fin.accuracy();
     summary["final_eval_loss"] = fin.loss();
+    if (fin.perplexity() > 0) summary["final_perplexity"] = fin.perplexity();
   }
   if (!spec.skip_checkpoint()) {
     Update(id, [&](JobStatus* s) {
@@ -465,7 +586,7 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
     lspo::v1::SaveReply srep;
     RETURN_IF_ERROR(Call(worker_, &lspo::v1::Worker::StubInterface::SaveArtifacts, save, &srep,
                          dl, "worker"));
-    if (lsp) {
+    if (offload) {
       lspo::v1::SaveReply orep;
       RETURN_IF_ERROR(Call(optimizer_, &lspo::v1::Optimizer::StubInterface::SaveModel, save,
                            &orep, dl, "optimizer"));

@@ -3,14 +3,25 @@
 // separate processes), issues the per-layer offload/update/upload tasks of every step, the
 // projector fits, evaluations and the final checkpoint, and keeps status for the status RPCs.
 //
-// One step in MODE_LSP (method.md, "Layer-wise schedule"; this version runs the plan
-// serially: all compressed gradients down, then the CPU update, then all applies):
-//   worker.TrainStep      forward + backward; every matrix's S = P^T G Q into its grad slot
-//   optimizer.Update      per-layer tasks, deepest layer first: S -> Adam -> D into step slot
-//   worker.ApplyUpdates   per-layer tasks: W += P D Q^T, before the next forward
+// One step in MODE_LSP / MODE_ZERO (method.md, "Layer-wise schedule"):
+//   serial  : worker.TrainStep (forward + backward, then every gradient into the arena) ->
+//             optimizer.Update (per-layer tasks, deepest layer first) -> worker.ApplyUpdates
+//   overlap : optimizer.Update(wait_for_grads) runs concurrently with worker.TrainStep: each
+//             layer's gradient is published during the backward, the optimizer updates it at
+//             once (first come first served) and publishes the step; the worker applies layers
+//             >= split right after its backward and the others just before their next forward.
+//             The split comes from LayerCostModel (scheduler/cost_model.h), fed by the measured
+//             per-layer timeline of the previous steps; step 1 runs serially to measure it.
+// Either way the trained weights are bitwise the same (each layer's update depends only on
+// its own gradient and state). With optim.max_grad_norm the optimizer first waits for every
+// gradient (the global norm), so only the transfers overlap the backward.
+// MODE_LSP also fits projectors before step 1 and every lsp.check_freq steps, and after each
+// such check refreshes the worker's weights from the optimizer's fp32 master weights
+// (lsp.master_refresh); the final drift max |W_worker - W_master| goes to summary.json.
 // Outputs in the job's output directory: metrics.jsonl (one JSON object per step and per
-// evaluation), summary.json, and the HF-style checkpoint (model.safetensors, config.json,
-// tokenizer files).
+// evaluation), timeline.jsonl (per step: the plan and every per-layer event, CLOCK_MONOTONIC
+// seconds; scripts/plot_timeline.py renders it), summary.json, and the HF-style checkpoint
+// (model.safetensors, config.json, tokenizer files).
 //
 // Thread-safety: every public method is thread-safe.
 #ifndef LSPO_SCHEDULER_SCHEDULER_CORE_H_

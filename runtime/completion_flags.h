@@ -1,0 +1,68 @@
+// Lock-free per-linear completion flags in the job's shared-memory arena, waitable across
+// processes with futexes (futex(2), shared — not FUTEX_PRIVATE — so a worker and an optimizer
+// in different processes that map the same arena can wait on each other's words).
+//
+// Word layout (uint32, 4-byte aligned, inside the arena; see ArenaLayout.flags in
+// proto/lsp_offload.proto):  [abort_step, grad_seq[0..L), step_seq[0..L)]
+//   grad_seq[i] = s  : the gradient of linear i for optimizer step s is in its slot
+//   step_seq[i] = s  : the update (D or parameters) of linear i for step s is in its slot
+//   abort_step  = s  : the worker abandoned step s (non-finite gradient); waiters give up
+// Producers write the slot, then Publish (release store + FUTEX_WAKE); consumers Wait
+// (acquire load, FUTEX_WAIT while smaller) and then read the slot. Steps only grow, so a
+// counter never needs resetting and a stale value is never mistaken for a new one.
+//
+// Thread-safety: every method is safe to call from any thread or process.
+#ifndef LSPO_RUNTIME_COMPLETION_FLAGS_H_
+#define LSPO_RUNTIME_COMPLETION_FLAGS_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace lspo::runtime {
+
+class CompletionFlags {
+ public:
+  // Bytes needed for `num_linears` linears: 4 * (1 + 2 * num_linears).
+  static uint64_t Bytes(int64_t num_linears) { return 4u * (1u + 2u * num_linears); }
+
+  CompletionFlags() = default;
+  // `base` points at Bytes(num_linears) zero-initialised (or previously used) bytes in shared
+  // memory, 4-byte aligned; not owned.
+  CompletionFlags(void* base, int64_t num_linears);
+
+  int64_t num_linears() const { return n_; }
+
+  // Marks linear i's gradient (or update) of step `step` as written, waking waiters.
+  void PublishGrad(int64_t i, uint32_t step) { Publish(Word(1 + i), step); }
+  void PublishStep(int64_t i, uint32_t step) { Publish(Word(1 + n_ + i), step); }
+  // Marks `step` abandoned (wakes every waiter).
+  void Abort(uint32_t step);
+
+  uint32_t grad_seq(int64_t i) const { return Word(1 + i)->load(std::memory_order_acquire); }
+  uint32_t step_seq(int64_t i) const {
+    return Word(1 + n_ + i)->load(std::memory_order_acquire);
+  }
+  uint32_t abort_step() const { return Word(0)->load(std::memory_order_acquire); }
+
+  // Blocks until grad_seq(i) >= step (OK), abort_step() == step (kAborted), or `timeout`
+  // passes (kDeadlineExceeded, naming the linear and the step).
+  absl::Status WaitGrad(int64_t i, uint32_t step, absl::Duration timeout) const;
+  // Blocks until step_seq(i) >= step; same errors.
+  absl::Status WaitStep(int64_t i, uint32_t step, absl::Duration timeout) const;
+
+ private:
+  std::atomic<uint32_t>* Word(int64_t k) const { return words_ + k; }
+  void Publish(std::atomic<uint32_t>* w, uint32_t value);
+  absl::Status Wait(std::atomic<uint32_t>* w, uint32_t step, absl::Duration timeout,
+                    const char* what, int64_t i) const;
+
+  std::atomic<uint32_t>* words_ = nullptr;
+  int64_t n_ = 0;
+};
+
+}  // namespace lspo::runtime
+
+#endif  // LSPO_RUNTIME_COMPLETION_FLAGS_H_
