@@ -112,6 +112,7 @@ constexpr ModuleInfo kModules[] = {
     {LinearKind::kUp, "up"},     {LinearKind::kDown, "down"},
 };
 
+// Wall-clock seconds elapsed since t0.
 double Seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

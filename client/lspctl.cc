@@ -33,7 +33,8 @@
 ABSL_FLAG(std::string, spec, "", "job spec file (.yaml, .yml or .json) for run/submit");
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:50060", "scheduler address for remote commands");
 ABSL_FLAG(int32_t, steps, 0, "override the spec's steps (0 = keep)");
-ABSL_FLAG(std::string, mode, "", "override the spec's mode: lsp or native");
+ABSL_FLAG(std::string, mode, "", "override the spec's mode: lsp, zero or native");
+ABSL_FLAG(std::string, schedule, "", "override the spec's offload schedule: overlap or serial");
 ABSL_FLAG(std::string, output_dir, "", "override the spec's output directory");
 ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends");
 ABSL_FLAG(bool, json, false, "status/list: print JSON instead of a table");
@@ -136,9 +137,17 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode == "lsp") spec->set_mode(lspo::v1::MODE_LSP);
   else if (mode == "native") spec->set_mode(lspo::v1::MODE_NATIVE);
+  else if (mode == "zero") spec->set_mode(lspo::v1::MODE_ZERO);
   else if (!mode.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--mode=", mode, " is not a mode: use lsp or native"));
+        absl::StrCat("--mode=", mode, " is not a mode: use lsp, zero or native"));
+  }
+  const std::string schedule = absl::GetFlag(FLAGS_schedule);
+  if (schedule == "serial" || schedule == "overlap") {
+    spec->set_schedule(schedule);
+  } else if (!schedule.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--schedule=", schedule, " is not a schedule: use overlap or serial"));
   }
   if (!absl::GetFlag(FLAGS_output_dir).empty()) {
     spec->set_output_dir(absl::GetFlag(FLAGS_output_dir));
@@ -150,9 +159,13 @@ void PrintChoice(const lspo::v1::JobSpec& in) {
   lspo::v1::JobSpec spec = in;
   lspo::scheduler::ResolveDefaults(&spec);
   std::printf(
-      "LSP-Offload job '%s': mode %s, d=%d r=%d, steps=%d, micro-batch %d x %d accum, "
-      "seq_len %d, lr %g (%s, warm-up %d), %d threads\n",
-      spec.name().c_str(), spec.mode() == lspo::v1::MODE_NATIVE ? "native" : "lsp",
+      "LSP-Offload job '%s': mode %s (%s schedule), d=%d r=%d, steps=%d, micro-batch %d x %d "
+      "accum, seq_len %d, lr %g (%s, warm-up %d), %d threads\n",
+      spec.name().c_str(),
+      spec.mode() == lspo::v1::MODE_NATIVE ? "native"
+      : spec.mode() == lspo::v1::MODE_ZERO ? "zero"
+                                           : "lsp",
+      spec.mode() == lspo::v1::MODE_NATIVE ? "no offload" : spec.schedule().c_str(),
       spec.lsp().d(), spec.lsp().r(), spec.steps(), spec.micro_batch_size(), spec.grad_accum(),
       spec.seq_len(), spec.optim().lr(), spec.optim().schedule().c_str(),
       spec.optim().warmup_steps(), spec.num_threads());

@@ -740,16 +740,21 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> WorkerCore::ImportLayerWeights(
     ASSIGN_OR_RETURN(at::Tensor staging, ArenaF32(job->arena, job->layout.staging()));
     at::NoGradGuard no_grad;
     int64_t offset = 0;
-    double max_change = 0;
+    double max_change = 0, max_drift = 0;
     for (int64_t k = 0; k < model::kLinearsPerLayer; ++k) {
       const int64_t i = layer * model::kLinearsPerLayer + k;
       at::Tensor& w = job->model->LinearWeight(i);
       at::Tensor src = staging.narrow(0, offset, w.numel()).view(w.sizes());
       offset += w.numel();
       max_change = std::max(max_change, (w.to(at::kFloat) - src).abs().max().item<double>());
+      max_drift = std::max(max_drift, (w.to(at::kFloat) - src.to(w.scalar_type()).to(at::kFloat))
+                                          .abs()
+                                          .max()
+                                          .item<double>());
       if (!measure_only) w.copy_(src);
     }
     reply.set_max_abs_change(max_change);
+    reply.set_max_abs_drift(max_drift);
     return absl::OkStatus();
   }));
   return reply;

@@ -1,0 +1,85 @@
+// Completion flags: publish/wait ordering across threads and across processes (a forked child
+// mapping the same shared-memory arena), abort, and timeout.
+#include "runtime/completion_flags.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/shm_arena.h"
+
+namespace lspo::runtime {
+namespace {
+
+TEST(CompletionFlagsTest, WaitSeesPublishedPayloadFromAnotherThread) {
+  std::vector<uint32_t> words(CompletionFlags::Bytes(3) / 4, 0);
+  CompletionFlags flags(words.data(), 3);
+  std::vector<float> payload(1024, 0.0f);
+  std::thread producer([&] {
+    for (uint32_t step = 1; step <= 50; ++step) {
+      // The consumer must have taken the previous payload before it is overwritten.
+      ASSERT_TRUE(flags.WaitStep(2, step - 1 == 0 ? 0 : step - 1, absl::Seconds(10)).ok());
+      for (auto& x : payload) x = static_cast<float>(step);
+      flags.PublishGrad(2, step);
+    }
+  });
+  for (uint32_t step = 1; step <= 50; ++step) {
+    ASSERT_TRUE(flags.WaitGrad(2, step, absl::Seconds(10)).ok());
+    for (float x : payload) ASSERT_EQ(x, static_cast<float>(step));
+    flags.PublishStep(2, step);
+  }
+  producer.join();
+  EXPECT_EQ(flags.grad_seq(2), 50u);
+  EXPECT_EQ(flags.grad_seq(0), 0u);
+}
+
+TEST(CompletionFlagsTest, AbortWakesWaitersOfThatStepOnly) {
+  std::vector<uint32_t> words(CompletionFlags::Bytes(2) / 4, 0);
+  CompletionFlags flags(words.data(), 2);
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    flags.Abort(7);
+  });
+  absl::Status st = flags.WaitGrad(1, 7, absl::Seconds(10));
+  aborter.join();
+  EXPECT_TRUE(absl::IsAborted(st)) << st;
+  // Another step is not affected by step 7's abort: it times out.
+  st = flags.WaitGrad(1, 8, absl::Milliseconds(30));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
+  EXPECT_NE(st.message().find("linear 1 at step 8"), std::string::npos) << st;
+}
+
+TEST(CompletionFlagsTest, WorksAcrossProcessesThroughSharedMemory) {
+  auto arena = ShmArena::Create(ShmArena::UniqueName("flags-test"), 4096);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  CompletionFlags flags(arena->data(), 4);
+  float* payload = reinterpret_cast<float*>(arena->data() + 64);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Child: echo each gradient doubled as the step, 20 times.
+    for (uint32_t s = 1; s <= 20; ++s) {
+      if (!flags.WaitGrad(3, s, absl::Seconds(10)).ok()) _exit(2);
+      payload[1] = payload[0] * 2;
+      flags.PublishStep(3, s);
+    }
+    _exit(0);
+  }
+  bool ok = true;
+  for (uint32_t s = 1; s <= 20 && ok; ++s) {
+    payload[0] = static_cast<float>(s);
+    flags.PublishGrad(3, s);
+    ok = flags.WaitStep(3, s, absl::Seconds(10)).ok() && payload[1] == 2.0f * s;
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(ok);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  arena->Unlink();
+}
+
+}  // namespace
+}  // namespace lspo::runtime
