@@ -243,6 +243,8 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
       return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' already loaded"));
     }
     LOG(WARNING) << "worker: replacing stale job " << job_->id << " with " << job_id;
+    absl::MutexLock flags_lock(&flags_mu_);
+    abort_flags_ = runtime::CompletionFlags();
     job_.reset();
   }
   auto t0 = std::chrono::steady_clock::now();
@@ -374,6 +376,11 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   LOG(INFO) << "worker: loaded job " << job_id << ": " << job->train.size() << " train / "
             << job->eval.size() << " eval examples, " << trainable
             << " trainable parameters in " << job->linears.size() << " matrices";
+  {
+    absl::MutexLock flags_lock(&flags_mu_);
+    abort_flags_ = job->flags;
+    abort_job_id_ = job_id;
+  }
   job_ = std::move(job);
   return reply;
 }
@@ -537,6 +544,9 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
   std::fill(job->offload_done.begin(), job->offload_done.end(), 0.0);
   std::fill(job->offload_secs.begin(), job->offload_secs.end(), 0.0);
   const double decay = 1.0 - lr * spec.optim().weight_decay();
+  // The optimizer attached the arena before any step: drop its name so that a crash from
+  // here on leaves nothing in /dev/shm (lsp mode already did so at the first fit).
+  if (offload) job->arena.Unlink();
   absl::Status st = TorchCall("train step", [&]() -> absl::Status {
     const bool balanced = spec.data().balance_classes() && !job->train_class.empty();
     // Epoch length: every example once, or (balanced) classes x largest class size.
@@ -894,9 +904,24 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
   return reply;
 }
 
+absl::Status WorkerCore::AbortStep(const std::string& job_id, int step) {
+  absl::MutexLock lock(&flags_mu_);
+  if (abort_job_id_ != job_id || abort_flags_.num_linears() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", job_id, "' is not loaded on this worker"));
+  }
+  abort_flags_.Abort(static_cast<uint32_t>(step));
+  return absl::OkStatus();
+}
+
 absl::Status WorkerCore::UnloadJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
-  if (job_ != nullptr && job_->id == job_id) job_.reset();
+  if (job_ != nullptr && job_->id == job_id) {
+    absl::MutexLock flags_lock(&flags_mu_);
+    abort_flags_ = runtime::CompletionFlags();
+    abort_job_id_.clear();
+    job_.reset();
+  }
   return absl::OkStatus();
 }
 

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/lsp_offload.pb.h"
+#include "runtime/completion_flags.h"
 
 namespace lspo::worker {
 
@@ -95,6 +96,12 @@ class WorkerCore {
   absl::StatusOr<lspo::v1::LayerWeightsReply> ImportLayerWeights(const std::string& job_id,
                                                                  int layer, bool measure_only);
 
+  // Marks `step` abandoned in the arena so that a TrainStep waiting for the optimizer's
+  // updates of that step fails at once (kAborted) instead of waiting for its timeout; the
+  // scheduler calls it when the optimizer's Update failed. Does not wait for the core's mutex.
+  // kFailedPrecondition if `job_id` is not loaded.
+  absl::Status AbortStep(const std::string& job_id, int step);
+
   // Frees the job and removes its arena. Unknown ids are ignored.
   absl::Status UnloadJob(const std::string& job_id);
 
@@ -104,6 +111,10 @@ class WorkerCore {
 
   absl::Mutex mu_;
   std::unique_ptr<WorkerJob> job_ ABSL_GUARDED_BY(mu_);
+  // A copy of the loaded job's flags for AbortStep (TrainStep holds mu_ while it waits).
+  absl::Mutex flags_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  runtime::CompletionFlags abort_flags_ ABSL_GUARDED_BY(flags_mu_);
+  std::string abort_job_id_ ABSL_GUARDED_BY(flags_mu_);
 };
 
 }  // namespace lspo::worker

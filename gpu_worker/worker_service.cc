@@ -48,6 +48,11 @@ grpc::Status WorkerService::ImportLayerWeights(grpc::ServerContext*,
                                                lspo::v1::LayerWeightsReply* out) {
   return Reply(core_->ImportLayerWeights(req->job_id(), req->layer(), req->measure_only()), out);
 }
+grpc::Status WorkerService::AbortStep(grpc::ServerContext*,
+                                      const lspo::v1::AbortStepRequest* req,
+                                      lspo::v1::AbortStepReply*) {
+  return rpc::ToGrpc(core_->AbortStep(req->job_id(), req->step()));
+}
 grpc::Status WorkerService::UnloadJob(grpc::ServerContext*,
                                       const lspo::v1::UnloadJobRequest* req,
                                       lspo::v1::UnloadJobReply*) {

@@ -442,6 +442,15 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
       std::thread updater([&] {
         ust = Call(optimizer_, &lspo::v1::Optimizer::StubInterface::Update, ureq, &urep, dl,
                    "optimizer");
+        if (!ust.ok()) {
+          // The worker may be waiting for this step's updates: release it at once.
+          lspo::v1::AbortStepRequest areq;
+          areq.set_job_id(id);
+          areq.set_step(step);
+          lspo::v1::AbortStepReply ar;
+          (void)Call(worker_, &lspo::v1::Worker::StubInterface::AbortStep, areq, &ar, 60,
+                     "worker");
+        }
       });
       absl::Status tst = Call(worker_, &lspo::v1::Worker::StubInterface::TrainStep, treq, &trep,
                               dl, "worker");
@@ -454,8 +463,8 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
                    "optimizer");
       }
       updater.join();
+      RETURN_IF_ERROR(ust);  // The root cause when both failed (the worker was released).
       RETURN_IF_ERROR(tst);
-      RETURN_IF_ERROR(ust);
     } else {
       RETURN_IF_ERROR(Call(worker_, &lspo::v1::Worker::StubInterface::TrainStep, treq, &trep,
                            dl, "worker"));

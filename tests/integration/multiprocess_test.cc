@@ -131,5 +131,61 @@ TEST(MultiProcessTest, ThreeServicesOnLoopbackTrainAJobAndSurviveADeadPeer) {
   EXPECT_NE(dead.error().find("optimizer"), std::string::npos) << dead.error();
 }
 
+// kill -9 of the optimizer in the middle of an overlapped job: the worker, waiting for that
+// step's updates, is released at once (AbortStep) and the job fails with a clear reason within
+// seconds instead of a timeout; no shared-memory segment is left behind.
+TEST(MultiProcessTest, OptimizerKilledMidStepFailsTheJobPromptly) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  for (v1::TrainingMode mode : {v1::MODE_LSP, v1::MODE_ZERO}) {
+    const std::string w = "127.0.0.1:" + std::to_string(FreePort());
+    const std::string o = "127.0.0.1:" + std::to_string(FreePort());
+    const std::string s = "127.0.0.1:" + std::to_string(FreePort());
+    Process worker(LSPO_WORKER_BIN, {"--listen=" + w});
+    Process optimizer(LSPO_OPTIMIZER_BIN, {"--listen=" + o});
+    Process scheduler(LSPO_SCHEDULER_BIN, {"--listen=" + s, "--worker=" + w,
+                                           "--optimizer=" + o, "--rpc_deadline_seconds=300"});
+    ASSERT_TRUE(WaitReady(w) && WaitReady(o) && WaitReady(s));
+    auto stub =
+        v1::Scheduler::NewStub(grpc::CreateChannel(s, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() =
+        testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("mp-kill"), mode, 100000);
+    req.mutable_spec()->set_schedule("overlap");
+    v1::SubmitJobReply rep;
+    ASSERT_TRUE(stub->SubmitJob(&ctx, req, &rep).ok());
+    grpc::ClientContext wctx;
+    v1::WatchJobRequest wreq;
+    wreq.set_job_id(rep.job_id());
+    wctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+    auto reader = stub->WatchJob(&wctx, wreq);
+    v1::JobStatus st, last;
+    std::chrono::steady_clock::time_point killed_at;
+    bool killed = false;
+    while (reader->Read(&st)) {
+      last = st;
+      if (!killed && st.step() >= 5) {
+        optimizer.Kill(SIGKILL);
+        killed = true;
+        killed_at = std::chrono::steady_clock::now();
+      }
+    }
+    reader->Finish();
+    ASSERT_TRUE(killed);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    EXPECT_EQ(last.state(), v1::FAILED) << v1::TrainingMode_Name(mode);
+    EXPECT_NE(last.error().find("optimizer"), std::string::npos) << last.error();
+    EXPECT_LT(secs, 60.0) << "the job took " << secs << " s to fail after the optimizer died";
+    int leftovers = 0;
+    const std::string cmd = "ls /dev/shm | grep -c '^lspo-" + last.job_id() + "-' || true";
+    if (FILE* p = popen(cmd.c_str(), "r")) {
+      fscanf(p, "%d", &leftovers);
+      pclose(p);
+    }
+    EXPECT_EQ(leftovers, 0);
+  }
+}
+
 }  // namespace
 }  // namespace lspo
