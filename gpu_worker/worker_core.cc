@@ -429,9 +429,19 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> WorkerCore::FitProjectors(
     reply.mutable_initial_error()->Resize(model.num_linears(), NAN);
     reply.mutable_final_error()->Resize(model.num_linears(), NAN);
     const int64_t num_layers = model.config().num_layers;
-    const int64_t per_pass = spec.lsp().calibration_layers_per_pass() > 0
-                                 ? spec.lsp().calibration_layers_per_pass()
-                                 : num_layers;
+    int64_t per_pass = spec.lsp().calibration_layers_per_pass();
+    if (per_pass <= 0) {
+      int64_t layer_bytes = 1;
+      for (int64_t i = 0; i < std::min<int64_t>(model::kLinearsPerLayer, model.num_linears());
+           ++i) {
+        layer_bytes += model.LinearWeight(i).numel() * 4;
+      }
+      const int64_t budget = static_cast<int64_t>(spec.lsp().calibration_memory_mb() > 0
+                                                      ? spec.lsp().calibration_memory_mb()
+                                                      : 1024)
+                             << 20;
+      per_pass = std::max<int64_t>(1, budget / layer_bytes);
+    }
     // Layers are processed in groups of `per_pass`: one forward + backward per group forms
     // the dense G of the group's matrices only (the others frozen), so peak extra memory is
     // one group's weights in fp32; each G is fitted and freed before the next group.

@@ -238,6 +238,9 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return bad("lsp.calibration_layers_per_pass", lsp.calibration_layers_per_pass(),
                "must be >= 0 (0 = all layers in one pass)");
   }
+  if (lsp.calibration_memory_mb() < 0) {
+    return bad("lsp.calibration_memory_mb", lsp.calibration_memory_mb(), "must be >= 0");
+  }
   if (!(lsp.beta() >= 0)) return bad("lsp.beta", lsp.beta(), "must be >= 0");
   if (!(lsp.fit_stop() >= 0)) return bad("lsp.fit_stop", lsp.fit_stop(), "must be >= 0");
   if (lsp.master_refresh() != "refit" && lsp.master_refresh() != "never") {
