@@ -26,8 +26,8 @@
 // d subspace dimension, r non-zeros per projector row, B batch rows, T sequence length.
 //
 // Run from the repository root (paths are relative to it), e.g.
-//   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 nice -n 15 build/bench/projector_bias_study \
-//       --json_out=/tmp/bias.json --md_out=/tmp/bias.md
+//   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 nice -n 15 build/bench/projector_bias_study
+//       --json_out=/tmp/bias.json --md_out=/tmp/bias.md   (one command line)
 // Single-threaded by default (--threads): intra-op ATen threads and TBB (GGUF dequant) are
 // limited to --threads.
 #include <sys/stat.h>
