@@ -80,8 +80,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
   absl::MutexLock lock(&mu_);
   if (job_ != nullptr) {
     LOG(WARNING) << "optimizer: replacing stale job " << job_->id << " with " << job_id;
-    absl::MutexLock flags_lock(&flags_mu_);
-    abort_flags_ = runtime::CompletionFlags();
+    aborter_.Detach();
     job_.reset();
   }
   auto t0 = std::chrono::steady_clock::now();
@@ -127,11 +126,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
             << " parameters, "
             << (job->zero ? std::string("full Adam (zero mode)")
                           : absl::StrCat("subspace d = ", layout.d()));
-  {
-    absl::MutexLock flags_lock(&flags_mu_);
-    abort_flags_ = job->flags;
-    abort_job_id_ = job_id;
-  }
+  aborter_.Attach(job_id, job->flags);
   job_ = std::move(job);
   return reply;
 }
@@ -357,13 +352,7 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
 }
 
 absl::Status OptimizerCore::AbortStep(const std::string& job_id, int step) {
-  absl::MutexLock lock(&flags_mu_);
-  if (abort_job_id_ != job_id || abort_flags_.num_linears() == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job '", job_id, "' is not loaded on this optimizer"));
-  }
-  abort_flags_.Abort(static_cast<uint32_t>(step));
-  return absl::OkStatus();
+  return aborter_.Abort(job_id, step, "optimizer");
 }
 
 absl::StatusOr<lspo::v1::LayerWeightsReply> OptimizerCore::ExportLayerWeights(
@@ -434,8 +423,7 @@ absl::StatusOr<lspo::v1::SaveReply> OptimizerCore::SaveModel(const std::string& 
 absl::Status OptimizerCore::UnloadJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   if (job_ != nullptr && job_->id == job_id) {
-    absl::MutexLock flags_lock(&flags_mu_);
-    abort_flags_ = runtime::CompletionFlags();
+    aborter_.Detach();
     job_.reset();
   }
   return absl::OkStatus();

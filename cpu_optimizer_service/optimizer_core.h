@@ -85,10 +85,8 @@ class OptimizerCore {
 
   absl::Mutex mu_;
   std::unique_ptr<OptimizerJob> job_ ABSL_GUARDED_BY(mu_);
-  // A copy of the loaded job's flags for AbortStep (which must not wait for mu_).
-  absl::Mutex flags_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  runtime::CompletionFlags abort_flags_ ABSL_GUARDED_BY(flags_mu_);
-  std::string abort_job_id_ ABSL_GUARDED_BY(flags_mu_);
+  // The loaded job's flags for AbortStep (which must not wait for mu_).
+  runtime::StepAborter aborter_;
 };
 
 }  // namespace lspo::optimizer

@@ -30,11 +30,27 @@ int64_t Numel(const TensorRef& ref) {
   return n;
 }
 
-// Flags (uint32 words) and the one-layer fp32 staging region (7 matrices in linear order).
-void AddFlagsAndStaging(const std::vector<LinearShape>& linears, lspo::v1::ArenaLayout* layout,
-                        uint64_t* cursor) {
+// A new slot of `layout` naming linear `l` (index, HF name, m, n); regions are added by the
+// caller.
+lspo::v1::LinearSlot* AddSlot(const LinearShape& l, lspo::v1::ArenaLayout* layout) {
+  auto* slot = layout->add_linears();
+  slot->set_index(l.index);
+  slot->set_name(l.name);
+  slot->set_m(l.m);
+  slot->set_n(l.n);
+  return slot;
+}
+
+// The completion flags: 1 + 2 L uint32 words.
+void AddFlags(const std::vector<LinearShape>& linears, lspo::v1::ArenaLayout* layout,
+              uint64_t* cursor) {
   *layout->mutable_flags() =
       MakeRef(cursor, lspo::v1::I32, {1 + 2 * static_cast<int64_t>(linears.size())});
+}
+
+// The one-layer fp32 staging region (7 matrices in linear order).
+void AddStaging(const std::vector<LinearShape>& linears, lspo::v1::ArenaLayout* layout,
+                uint64_t* cursor) {
   int64_t largest_layer = 0;
   for (size_t s = 0; s < linears.size(); s += 7) {
     int64_t layer = 0;
@@ -61,11 +77,7 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(const std::vector<LinearS
   layout.set_r(r);
   uint64_t cursor = 0;
   for (const LinearShape& l : linears) {
-    auto* slot = layout.add_linears();
-    slot->set_index(l.index);
-    slot->set_name(l.name);
-    slot->set_m(l.m);
-    slot->set_n(l.n);
+    auto* slot = AddSlot(l, &layout);
     *slot->mutable_grad() = MakeRef(&cursor, lspo::v1::F32, {d, d});
     *slot->mutable_step() = MakeRef(&cursor, lspo::v1::F32, {d, d});
     *slot->mutable_p_index() = MakeRef(&cursor, lspo::v1::I32, {l.m, r});
@@ -73,7 +85,8 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(const std::vector<LinearS
     *slot->mutable_q_index() = MakeRef(&cursor, lspo::v1::I32, {l.n, r});
     *slot->mutable_q_value() = MakeRef(&cursor, lspo::v1::F32, {l.n, r});
   }
-  AddFlagsAndStaging(linears, &layout, &cursor);
+  AddFlags(linears, &layout, &cursor);
+  AddStaging(linears, &layout, &cursor);
   layout.set_mode("lsp");
   layout.set_bytes(std::max<uint64_t>(cursor, 64));
   return layout;
@@ -85,16 +98,11 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildZeroArenaLayout(
   layout.set_name(name);
   uint64_t cursor = 0;
   for (const LinearShape& l : linears) {
-    auto* slot = layout.add_linears();
-    slot->set_index(l.index);
-    slot->set_name(l.name);
-    slot->set_m(l.m);
-    slot->set_n(l.n);
+    auto* slot = AddSlot(l, &layout);
     *slot->mutable_full_grad() = MakeRef(&cursor, lspo::v1::BF16, {l.m, l.n});
     *slot->mutable_param() = MakeRef(&cursor, lspo::v1::BF16, {l.m, l.n});
   }
-  *layout.mutable_flags() =
-      MakeRef(&cursor, lspo::v1::I32, {1 + 2 * static_cast<int64_t>(linears.size())});
+  AddFlags(linears, &layout, &cursor);
   layout.set_mode("zero");
   layout.set_bytes(std::max<uint64_t>(cursor, 64));
   return layout;

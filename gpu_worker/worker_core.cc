@@ -243,8 +243,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
       return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' already loaded"));
     }
     LOG(WARNING) << "worker: replacing stale job " << job_->id << " with " << job_id;
-    absl::MutexLock flags_lock(&flags_mu_);
-    abort_flags_ = runtime::CompletionFlags();
+    aborter_.Detach();
     job_.reset();
   }
   auto t0 = std::chrono::steady_clock::now();
@@ -376,11 +375,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   LOG(INFO) << "worker: loaded job " << job_id << ": " << job->train.size() << " train / "
             << job->eval.size() << " eval examples, " << trainable
             << " trainable parameters in " << job->linears.size() << " matrices";
-  {
-    absl::MutexLock flags_lock(&flags_mu_);
-    abort_flags_ = job->flags;
-    abort_job_id_ = job_id;
-  }
+  aborter_.Attach(job_id, job->flags);
   job_ = std::move(job);
   return reply;
 }
@@ -915,21 +910,13 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
 }
 
 absl::Status WorkerCore::AbortStep(const std::string& job_id, int step) {
-  absl::MutexLock lock(&flags_mu_);
-  if (abort_job_id_ != job_id || abort_flags_.num_linears() == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job '", job_id, "' is not loaded on this worker"));
-  }
-  abort_flags_.Abort(static_cast<uint32_t>(step));
-  return absl::OkStatus();
+  return aborter_.Abort(job_id, step, "worker");
 }
 
 absl::Status WorkerCore::UnloadJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   if (job_ != nullptr && job_->id == job_id) {
-    absl::MutexLock flags_lock(&flags_mu_);
-    abort_flags_ = runtime::CompletionFlags();
-    abort_job_id_.clear();
+    aborter_.Detach();
     job_.reset();
   }
   return absl::OkStatus();

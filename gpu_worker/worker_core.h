@@ -111,10 +111,8 @@ class WorkerCore {
 
   absl::Mutex mu_;
   std::unique_ptr<WorkerJob> job_ ABSL_GUARDED_BY(mu_);
-  // A copy of the loaded job's flags for AbortStep (TrainStep holds mu_ while it waits).
-  absl::Mutex flags_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  runtime::CompletionFlags abort_flags_ ABSL_GUARDED_BY(flags_mu_);
-  std::string abort_job_id_ ABSL_GUARDED_BY(flags_mu_);
+  // The loaded job's flags for AbortStep (which must not wait for mu_).
+  runtime::StepAborter aborter_;
 };
 
 }  // namespace lspo::worker

@@ -75,4 +75,26 @@ absl::Status CompletionFlags::WaitStep(int64_t i, uint32_t step, absl::Duration 
   return Wait(Word(1 + n_ + i), step, timeout, "update", i);
 }
 
+void StepAborter::Attach(const std::string& job_id, CompletionFlags flags) {
+  absl::MutexLock lock(&mu_);
+  job_id_ = job_id;
+  flags_ = flags;
+}
+
+void StepAborter::Detach() {
+  absl::MutexLock lock(&mu_);
+  job_id_.clear();
+  flags_ = CompletionFlags();
+}
+
+absl::Status StepAborter::Abort(const std::string& job_id, int step, const char* service) {
+  absl::MutexLock lock(&mu_);
+  if (job_id_ != job_id || flags_.num_linears() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", job_id, "' is not loaded on this ", service));
+  }
+  flags_.Abort(static_cast<uint32_t>(step));
+  return absl::OkStatus();
+}
+
 }  // namespace lspo::runtime

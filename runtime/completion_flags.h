@@ -18,7 +18,10 @@
 #include <atomic>
 #include <cstdint>
 
+#include <string>
+
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace lspo::runtime {
@@ -61,6 +64,24 @@ class CompletionFlags {
 
   std::atomic<uint32_t>* words_ = nullptr;
   int64_t n_ = 0;
+};
+
+// The loaded job's flags, for abandoning a step from an RPC thread while another thread of the
+// same service holds the service's own lock and waits on those flags. Thread-safe.
+class StepAborter {
+ public:
+  // Remembers `flags` as the flags of job `job_id` (replacing any previous job).
+  void Attach(const std::string& job_id, CompletionFlags flags);
+  // Forgets the job (call before its arena is unmapped).
+  void Detach();
+  // flags.Abort(step) for job `job_id`. kFailedPrecondition if that job is not attached (or
+  // has no flags), naming `service`.
+  absl::Status Abort(const std::string& job_id, int step, const char* service);
+
+ private:
+  absl::Mutex mu_;
+  std::string job_id_ ABSL_GUARDED_BY(mu_);
+  CompletionFlags flags_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace lspo::runtime

@@ -438,29 +438,26 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
       // The optimizer waits on each layer's gradient flag while the worker's backward runs.
       ureq.set_wait_for_grads(true);
       ureq.set_wait_timeout_seconds(dl);
+      // When one side fails, the other may be waiting on this step's flags: release it.
+      lspo::v1::AbortStepRequest abort_req;
+      abort_req.set_job_id(id);
+      abort_req.set_step(step);
       absl::Status ust;
       std::thread updater([&] {
         ust = Call(optimizer_, &lspo::v1::Optimizer::StubInterface::Update, ureq, &urep, dl,
                    "optimizer");
+        lspo::v1::AbortStepReply ar;
         if (!ust.ok()) {
-          // The worker may be waiting for this step's updates: release it at once.
-          lspo::v1::AbortStepRequest areq;
-          areq.set_job_id(id);
-          areq.set_step(step);
-          lspo::v1::AbortStepReply ar;
-          (void)Call(worker_, &lspo::v1::Worker::StubInterface::AbortStep, areq, &ar, 60,
+          (void)Call(worker_, &lspo::v1::Worker::StubInterface::AbortStep, abort_req, &ar, 60,
                      "worker");
         }
       });
       absl::Status tst = Call(worker_, &lspo::v1::Worker::StubInterface::TrainStep, treq, &trep,
                               dl, "worker");
+      lspo::v1::AbortStepReply ar;
       if (!tst.ok()) {
-        lspo::v1::AbortStepRequest areq;
-        areq.set_job_id(id);
-        areq.set_step(step);
-        lspo::v1::AbortStepReply ar;
-        (void)Call(optimizer_, &lspo::v1::Optimizer::StubInterface::AbortStep, areq, &ar, 60,
-                   "optimizer");
+        (void)Call(optimizer_, &lspo::v1::Optimizer::StubInterface::AbortStep, abort_req, &ar,
+                   60, "optimizer");
       }
       updater.join();
       RETURN_IF_ERROR(ust);  // The root cause when both failed (the worker was released).
