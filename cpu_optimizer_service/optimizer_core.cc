@@ -2,8 +2,10 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 
 #include <torch/torch.h>
 
@@ -17,11 +19,9 @@
 #include "lsp/projector.h"
 #include "model/float16.h"
 #include "model/safetensors.h"
-#include "tbb/blocked_range.h"
-#include "tbb/parallel_for.h"
-#include "tbb/parallel_reduce.h"
 #include "runtime/status_macros.h"
 #include "runtime/util.h"
+#include "tbb/global_control.h"
 
 namespace lspo::optimizer {
 
@@ -45,6 +45,9 @@ struct LinearUndo {
 
 struct OptimizerJob {
   std::string id;
+  // Caps oneTBB (the CPU kernels: Adam, sparse projector loops) at JobSpec.num_threads for the
+  // job's lifetime, like at::set_num_threads does for ATen (known-failures.md #16).
+  std::unique_ptr<tbb::global_control> tbb_threads;
   lspo::v1::JobSpec spec;
   lspo::v1::ArenaLayout layout;
   runtime::ShmArena arena;
@@ -86,6 +89,8 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
   auto t0 = std::chrono::steady_clock::now();
   at::set_num_threads(spec.num_threads());
   auto job = std::make_unique<OptimizerJob>();
+  job->tbb_threads = std::make_unique<tbb::global_control>(
+      tbb::global_control::max_allowed_parallelism, std::max(1, spec.num_threads()));
   job->id = job_id;
   job->spec = spec;
   job->layout = layout;
@@ -213,35 +218,35 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
     }
     return absl::OkStatus();
   };
-  // The gradient of linear i as fp32: lsp S (d, d) in place in the arena; zero G (m, n)
-  // converted from bf16 into `scratch`.
-  std::vector<float> scratch;
-  auto grad_of = [&](int i) -> absl::StatusOr<const float*> {
-    const auto& slot = job->layout.linears(i);
-    if (!job->zero) return job->arena.At<float>(slot.grad().offset(), dd);
-    const int64_t n = slot.m() * slot.n();
-    ASSIGN_OR_RETURN(uint16_t* g, job->arena.At<uint16_t>(slot.full_grad().offset(), n));
-    scratch.resize(n);
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1 << 16),
-                      [&](const tbb::blocked_range<int64_t>& r) {
-                        for (int64_t k = r.begin(); k < r.end(); ++k) {
-                          scratch[k] = model::Bf16ToFp32(g[k]);
-                        }
-                      });
-    return static_cast<const float*>(scratch.data());
+  // The gradient of linear i in the arena: lsp S (d, d) fp32 or zero G (m, n) bf16 (exactly one
+  // of the two pointers is set).
+  struct GradRef {
+    const float* fp32 = nullptr;
+    const uint16_t* bf16 = nullptr;
+    int64_t n = 0;
   };
-  auto numel_of = [&](int i) -> int64_t {
+  auto grad_of = [&](int i) -> absl::StatusOr<GradRef> {
     const auto& slot = job->layout.linears(i);
-    return job->zero ? slot.m() * slot.n() : dd;
+    GradRef g;
+    if (!job->zero) {
+      g.n = dd;
+      ASSIGN_OR_RETURN(g.fp32, job->arena.At<float>(slot.grad().offset(), dd));
+      return g;
+    }
+    g.n = slot.m() * slot.n();
+    ASSIGN_OR_RETURN(g.bf16, job->arena.At<uint16_t>(slot.full_grad().offset(), g.n));
+    return g;
   };
-  auto sum_sq = [](const float* x, int64_t n) {
-    return tbb::parallel_reduce(
-        tbb::blocked_range<int64_t>(0, n, 1 << 14), 0.0,
-        [x](const tbb::blocked_range<int64_t>& r, double acc) {
-          for (int64_t k = r.begin(); k < r.end(); ++k) acc += static_cast<double>(x[k]) * x[k];
-          return acc;
-        },
-        std::plus<double>());
+  // One read-only pass: finiteness (kInvalidArgument naming the weight) and sum g^2.
+  auto stats_of = [&](int i, const GradRef& g) -> absl::StatusOr<double> {
+    const lsp::GradientStats gs = g.fp32 != nullptr ? lsp::ComputeGradientStats(g.fp32, g.n)
+                                                    : lsp::ComputeGradientStats(g.bf16, g.n);
+    if (gs.first_non_finite >= 0) {
+      const int64_t k = gs.first_non_finite;
+      return lsp::NonFiniteError(job->layout.linears(i).name(), k, g.n,
+                                 g.fp32 != nullptr ? g.fp32[k] : model::Bf16ToFp32(g.bf16[k]));
+    }
+    return gs.sum_sq;
   };
   // Clipping needs the global norm before any update: wait for every gradient first.
   float clip = 1.0f;
@@ -255,10 +260,9 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
         return reply;
       }
       RETURN_IF_ERROR(st);
-      ASSIGN_OR_RETURN(const float* g, grad_of(task.index()));
-      RETURN_IF_ERROR(lsp::CheckFinite(g, numel_of(task.index()),
-                                       job->layout.linears(task.index()).name()));
-      norm2 += sum_sq(g, numel_of(task.index()));
+      ASSIGN_OR_RETURN(const GradRef g, grad_of(task.index()));
+      ASSIGN_OR_RETURN(const double sq, stats_of(task.index(), g));
+      norm2 += sq;
     }
     const double norm = std::sqrt(norm2);
     if (norm > o.max_grad_norm()) clip = static_cast<float>(o.max_grad_norm() / (norm + 1e-6));
@@ -297,38 +301,41 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
       current_layer = layer;
       layer_start = now;
     }
-    ASSIGN_OR_RETURN(const float* g, grad_of(i));
-    const int64_t n = numel_of(i);
+    ASSIGN_OR_RETURN(const GradRef g, grad_of(i));
+    const int64_t n = g.n;
     if (!clipping) {
-      absl::Status fs = lsp::CheckFinite(g, n, slot.name());
-      if (!fs.ok()) {
+      absl::StatusOr<double> sq = stats_of(i, g);
+      if (!sq.ok()) {
         roll_back();
-        return fs;
+        return sq.status();
       }
-      norm2 += sum_sq(g, n);
-    }
-    if (clip != 1.0f) {
-      scaled.assign(g, g + n);
-      for (float& x : scaled) x *= clip;
-      g = scaled.data();
+      norm2 += *sq;
     }
     if (job->zero) {
-      // Full AdamW on the fp32 master weight (decay folded in by AdamStep), bf16 out.
+      // Full AdamW on the fp32 master weight, clip folded in, bf16 parameter out: one fused
+      // pass over memory (lsp/adam.h FusedAdamStep).
       ++st.step;
-      float* w = st.base.data_ptr<float>();
-      lsp::AdamStep(hyper, st.step, g, st.m.data(), st.v.data(), w, n,
-                    /*accumulate_into_out=*/true);
       ASSIGN_OR_RETURN(uint16_t* out, job->arena.At<uint16_t>(slot.param().offset(), n));
-      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1 << 16),
-                        [&](const tbb::blocked_range<int64_t>& r) {
-                          for (int64_t k = r.begin(); k < r.end(); ++k) {
-                            out[k] = model::Fp32ToBf16(w[k]);
-                          }
-                        });
+      lsp::AdamOperands ops;
+      ops.grad_bf16 = g.bf16;
+      ops.grad_scale = clip;
+      ops.m = st.m.data();
+      ops.v = st.v.data();
+      ops.out = st.base.data_ptr<float>();
+      ops.accumulate = true;
+      ops.out_bf16 = out;
+      ops.n = n;
+      lsp::FusedAdamStep(hyper, st.step, ops);
     } else {
       undo.push_back({i, st.adam->step(), st.adam->m(), st.adam->v(), st.base, st.sum_d.clone()});
       ASSIGN_OR_RETURN(float* d, job->arena.At<float>(slot.step().offset(), dd));
-      absl::Status as = st.adam->Step(hyper, g, d);
+      const float* s_in = g.fp32;  // S (d, d); clipped into a copy (d*d is small)
+      if (clip != 1.0f) {
+        scaled.assign(s_in, s_in + n);
+        for (float& x : scaled) x *= clip;
+        s_in = scaled.data();
+      }
+      absl::Status as = st.adam->Step(hyper, s_in, d);
       if (!as.ok()) {
         roll_back();
         return as;

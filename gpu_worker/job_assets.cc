@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/gguf.h"
 #include "model/llama_config.h"
+#include "runtime/status_macros.h"
 
 namespace lspo::worker {
 namespace {
@@ -24,6 +25,27 @@ absl::StatusOr<model::BpeTokenizer> LoadJobTokenizer(const lspo::v1::JobSpec& sp
   return tok;
 }
 
+absl::StatusOr<model::LlamaConfig> RandomLlamaConfig(const lspo::v1::LlamaShape& shape,
+                                                     int64_t vocab_size) {
+  model::LlamaConfig c = model::TinyLlamaConfig(vocab_size);
+  if (shape.hidden_size() == 0) return c;
+  c.hidden_size = shape.hidden_size();
+  c.intermediate_size = shape.intermediate_size();
+  c.num_layers = shape.num_hidden_layers();
+  c.num_heads = shape.num_attention_heads();
+  c.num_kv_heads = shape.num_key_value_heads();
+  c.head_dim = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
+  c.max_position_embeddings = 2048;
+  absl::Status st = c.Validate();
+  if (!st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job spec field model.random_shape is invalid: ", st.message(),
+        ". Fix: give positive sizes with num_attention_heads dividing hidden_size (even "
+        "head_dim) and num_key_value_heads dividing num_attention_heads"));
+  }
+  return c;
+}
+
 absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec) {
   const auto& m = spec.model();
   if (m.format() == "gguf") {
@@ -36,7 +58,8 @@ absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec) {
   if (m.format() == "tiny-random") {
     auto tok = LoadJobTokenizer(spec);
     if (!tok.ok()) return tok.status();
-    model::LlamaConfig config = model::TinyLlamaConfig(tok->vocab_size());
+    ASSIGN_OR_RETURN(model::LlamaConfig config,
+                     RandomLlamaConfig(m.random_shape(), tok->vocab_size()));
     return model::LlamaModel::RandomInit(config, m.init_seed());
   }
   return absl::InvalidArgumentError(absl::StrCat(

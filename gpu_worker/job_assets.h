@@ -15,8 +15,15 @@ namespace lspo::worker {
 // Errors: those of GgufFile::Open and BpeTokenizer::FromGguf, prefixed with the path.
 absl::StatusOr<model::BpeTokenizer> LoadJobTokenizer(const lspo::v1::JobSpec& spec);
 
+// The config of a "tiny-random" model: TinyLlamaConfig(vocab_size) when shape.hidden_size is 0,
+// else the given HF-named sizes (head_dim = hidden_size / num_attention_heads, 2048 positions).
+// Errors: kInvalidArgument naming model.random_shape when LlamaConfig::Validate rejects it.
+absl::StatusOr<model::LlamaConfig> RandomLlamaConfig(const lspo::v1::LlamaShape& shape,
+                                                     int64_t vocab_size);
+
 // The model: "gguf" -> dequantised fp32 weights of spec.model.path; "tiny-random" ->
-// TinyLlamaConfig(vocab of the tokenizer file) initialised from spec.model.init_seed.
+// RandomLlamaConfig(spec.model.random_shape, vocab of the tokenizer file) initialised from
+// spec.model.init_seed.
 // Errors: kInvalidArgument (unknown format), file errors prefixed with the path.
 absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec);
 

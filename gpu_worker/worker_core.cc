@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <numeric>
 
 #include <torch/torch.h>
@@ -24,6 +25,7 @@
 #include "model/safetensors.h"
 #include "runtime/status_macros.h"
 #include "runtime/util.h"
+#include "tbb/global_control.h"
 
 namespace lspo::worker {
 
@@ -32,6 +34,9 @@ using lspo::v1::JobSpec;
 // Everything the worker holds for its one job.
 struct WorkerJob {
   std::string id;
+  // Caps oneTBB (the CPU kernels: Adam, sparse projector loops) at JobSpec.num_threads for the
+  // job's lifetime, like at::set_num_threads does for ATen (known-failures.md #16).
+  std::unique_ptr<tbb::global_control> tbb_threads;
   JobSpec spec;
   bool lsp = true;    // MODE_LSP
   bool zero = false;  // MODE_ZERO
@@ -254,6 +259,8 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
         "device: cpu, or build against a CUDA LibTorch on a GPU host");
   }
   auto job = std::make_unique<WorkerJob>();
+  job->tbb_threads = std::make_unique<tbb::global_control>(
+      tbb::global_control::max_allowed_parallelism, std::max(1, spec.num_threads()));
   job->id = job_id;
   job->spec = spec;
   job->lsp = spec.mode() == lspo::v1::MODE_LSP;

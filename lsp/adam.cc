@@ -12,9 +12,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
+#include "model/float16.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
 #include "tbb/parallel_reduce.h"
+#include "tbb/partitioner.h"
 
 namespace lspo::lsp {
 namespace {
@@ -48,24 +50,102 @@ StepScalars MakeScalars(const AdamHyper& h, int64_t step) {
   return s;
 }
 
-// The element loop. `kAccumulate` is a template parameter so the branch is hoisted out of the
-// loop and both bodies vectorise (adam.cc is compiled with -fno-math-errno so sqrtf does).
-template <bool kAccumulate>
-void AdamChunk(const StepScalars& s, const float* __restrict grad, float* __restrict m,
-               float* __restrict v, float* __restrict out, int64_t begin, int64_t end) {
+// Gradient loaders: fp32 as is, bf16 by widening the bits (exact).
+struct Fp32Grad {
+  __attribute__((always_inline)) static float Load(const float* g, int64_t i) { return g[i]; }
+};
+struct Bf16Grad {
+  __attribute__((always_inline)) static float Load(const uint16_t* g, int64_t i) {
+    return model::Bf16ToFp32(g[i]);
+  }
+};
+
+// The element loop, inlined into one clone per ISA below. kAccumulate / kBf16Out are template
+// parameters so the branches are hoisted out of the loop and every body vectorises (adam.cc is
+// compiled with -fno-math-errno so sqrtf does; the bf16 rounding is branch-free bit math).
+template <typename Load, typename GradT, bool kAccumulate, bool kBf16Out>
+__attribute__((always_inline)) inline void AdamBody(const StepScalars& s, float grad_scale,
+                                                    const GradT* __restrict grad,
+                                                    float* __restrict m, float* __restrict v,
+                                                    float* __restrict out,
+                                                    uint16_t* __restrict out_bf16,
+                                                    int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
-    const float g = grad[i];
+    const float g = Load::Load(grad, i) * grad_scale;
     const float mi = s.beta1 * m[i] + s.one_minus_beta1 * g;
     const float vi = s.beta2 * v[i] + s.one_minus_beta2 * (g * g);
     m[i] = mi;
     v[i] = vi;
-    const float delta = -s.step_size * mi / (std::sqrt(vi) * s.inv_sqrt_bc2 + s.eps);
+    // __builtin_sqrtf, not std::sqrt: the std wrapper is not inlined into the ISA clones.
+    const float delta = -s.step_size * mi / (__builtin_sqrtf(vi) * s.inv_sqrt_bc2 + s.eps);
     if constexpr (kAccumulate) {
-      out[i] = out[i] * s.decay + delta;
+      const float w = out[i] * s.decay + delta;
+      out[i] = w;
+      if constexpr (kBf16Out) out_bf16[i] = model::Fp32ToBf16(w);
     } else {
       out[i] = delta;
     }
   }
+}
+
+// One function per (gradient dtype, mode) so that GCC can clone each for AVX-512, AVX2+FMA and
+// baseline x86-64 and pick one at load time (ifunc). Non-x86 builds get the plain loop.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define LSPO_ADAM_CLONES \
+  __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#else
+#define LSPO_ADAM_CLONES
+#endif
+
+#define LSPO_DEFINE_ADAM_CHUNK(NAME, LOAD, GRADT, ACC, BF16OUT)                              \
+  LSPO_ADAM_CLONES void NAME(const StepScalars& s, float grad_scale, const GRADT* grad,      \
+                             float* m, float* v, float* out, uint16_t* out_bf16,             \
+                             int64_t begin, int64_t end) {                                   \
+    AdamBody<LOAD, GRADT, ACC, BF16OUT>(s, grad_scale, grad, m, v, out, out_bf16, begin,     \
+                                        end);                                                \
+  }
+LSPO_DEFINE_ADAM_CHUNK(ChunkF32Delta, Fp32Grad, float, false, false)
+LSPO_DEFINE_ADAM_CHUNK(ChunkF32Acc, Fp32Grad, float, true, false)
+LSPO_DEFINE_ADAM_CHUNK(ChunkF32AccBf16, Fp32Grad, float, true, true)
+LSPO_DEFINE_ADAM_CHUNK(ChunkBf16Delta, Bf16Grad, uint16_t, false, false)
+LSPO_DEFINE_ADAM_CHUNK(ChunkBf16Acc, Bf16Grad, uint16_t, true, false)
+LSPO_DEFINE_ADAM_CHUNK(ChunkBf16AccBf16, Bf16Grad, uint16_t, true, true)
+#undef LSPO_DEFINE_ADAM_CHUNK
+
+// Sum of squares over [begin, end) with 8 float64 partial sums, and whether any element has
+// an all-ones exponent (NaN/Inf). Branch-free, so it vectorises.
+template <typename Load, typename GradT>
+__attribute__((always_inline)) inline void StatsBody(const GradT* __restrict x, int64_t begin,
+                                                     int64_t end, double* sum_sq,
+                                                     bool* any_bad) {
+  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  uint32_t bad = 0;
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    for (int u = 0; u < 8; ++u) {
+      const float f = Load::Load(x, i + u);
+      bad |= static_cast<uint32_t>((model::FloatBits(f) & 0x7f800000u) == 0x7f800000u);
+      part[u] += static_cast<double>(f) * f;
+    }
+  }
+  double total = 0;
+  for (; i < end; ++i) {
+    const float f = Load::Load(x, i);
+    bad |= static_cast<uint32_t>((model::FloatBits(f) & 0x7f800000u) == 0x7f800000u);
+    total += static_cast<double>(f) * f;
+  }
+  for (int u = 0; u < 8; ++u) total += part[u];
+  *sum_sq = total;
+  *any_bad = bad != 0;
+}
+LSPO_ADAM_CLONES void StatsF32(const float* x, int64_t begin, int64_t end, double* sum_sq,
+                               bool* any_bad) {
+  StatsBody<Fp32Grad, float>(x, begin, end, sum_sq, any_bad);
+}
+LSPO_ADAM_CLONES void StatsBf16(const uint16_t* x, int64_t begin, int64_t end, double* sum_sq,
+                                bool* any_bad) {
+  StatsBody<Bf16Grad, uint16_t>(x, begin, end, sum_sq, any_bad);
 }
 
 bool IsFiniteBits(float x) {
@@ -108,23 +188,118 @@ absl::Status ValidateAdamHyper(const AdamHyper& h) {
   return absl::OkStatus();
 }
 
-void AdamStep(const AdamHyper& h, int64_t step, const float* grad, float* m, float* v,
-              float* out, int64_t n, bool accumulate_into_out) {
-  CHECK_GE(step, 1) << "AdamStep: step is 1-based (after the increment)";
-  CHECK_GE(n, 0);
-  if (n == 0) return;
-  CHECK(grad != nullptr && m != nullptr && v != nullptr && out != nullptr);
-  CHECK(static_cast<const void*>(grad) != static_cast<const void*>(out))
-      << "AdamStep: grad and out must not alias";
+void FusedAdamStep(const AdamHyper& h, int64_t step, const AdamOperands& ops) {
+  CHECK_GE(step, 1) << "FusedAdamStep: step is 1-based (after the increment)";
+  CHECK_GE(ops.n, 0);
+  if (ops.n == 0) return;
+  CHECK((ops.grad_fp32 != nullptr) != (ops.grad_bf16 != nullptr))
+      << "FusedAdamStep: pass exactly one of grad_fp32 / grad_bf16";
+  CHECK(ops.m != nullptr && ops.v != nullptr && ops.out != nullptr);
+  CHECK(ops.out_bf16 == nullptr || ops.accumulate)
+      << "FusedAdamStep: out_bf16 needs accumulate (it is the rounded master weight)";
+  CHECK(static_cast<const void*>(ops.grad_fp32) != static_cast<const void*>(ops.out))
+      << "FusedAdamStep: grad and out must not alias";
   const StepScalars s = MakeScalars(h, step);
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kGrain),
-                    [&](const tbb::blocked_range<int64_t>& range) {
-                      if (accumulate_into_out) {
-                        AdamChunk<true>(s, grad, m, v, out, range.begin(), range.end());
+  const AdamOperands o = ops;
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, o.n, kGrain),
+                    [&](const tbb::blocked_range<int64_t>& r) {
+                      const int64_t b = r.begin(), e = r.end();
+                      if (o.grad_fp32 != nullptr) {
+                        if (!o.accumulate) {
+                          ChunkF32Delta(s, o.grad_scale, o.grad_fp32, o.m, o.v, o.out, nullptr,
+                                        b, e);
+                        } else if (o.out_bf16 == nullptr) {
+                          ChunkF32Acc(s, o.grad_scale, o.grad_fp32, o.m, o.v, o.out, nullptr, b,
+                                      e);
+                        } else {
+                          ChunkF32AccBf16(s, o.grad_scale, o.grad_fp32, o.m, o.v, o.out,
+                                          o.out_bf16, b, e);
+                        }
+                      } else if (!o.accumulate) {
+                        ChunkBf16Delta(s, o.grad_scale, o.grad_bf16, o.m, o.v, o.out, nullptr, b,
+                                       e);
+                      } else if (o.out_bf16 == nullptr) {
+                        ChunkBf16Acc(s, o.grad_scale, o.grad_bf16, o.m, o.v, o.out, nullptr, b,
+                                     e);
                       } else {
-                        AdamChunk<false>(s, grad, m, v, out, range.begin(), range.end());
+                        ChunkBf16AccBf16(s, o.grad_scale, o.grad_bf16, o.m, o.v, o.out,
+                                         o.out_bf16, b, e);
                       }
                     });
+}
+
+void AdamStep(const AdamHyper& h, int64_t step, const float* grad, float* m, float* v,
+              float* out, int64_t n, bool accumulate_into_out) {
+  AdamOperands ops;
+  ops.grad_fp32 = grad;
+  ops.m = m;
+  ops.v = v;
+  ops.out = out;
+  ops.accumulate = accumulate_into_out;
+  ops.n = n;
+  FusedAdamStep(h, step, ops);
+}
+
+namespace {
+template <typename T, typename Chunk>
+GradientStats Stats(const T* x, int64_t n, Chunk chunk) {
+  CHECK_GE(n, 0);
+  GradientStats out;
+  if (n == 0) return out;
+  CHECK(x != nullptr) << "ComputeGradientStats: null buffer for " << n << " elements";
+  struct Partial {
+    double sum_sq = 0;
+    bool any_bad = false;
+  };
+  // Deterministic: fixed chunk boundaries and a fixed join order, so the norm (and the clip
+  // coefficient derived from it) is bitwise reproducible run to run.
+  const Partial total = tbb::parallel_deterministic_reduce(
+      tbb::blocked_range<int64_t>(0, n, kGrain), Partial{},
+      [&](const tbb::blocked_range<int64_t>& r, Partial acc) {
+        double sq = 0;
+        bool bad = false;
+        chunk(x, r.begin(), r.end(), &sq, &bad);
+        acc.sum_sq += sq;
+        acc.any_bad = acc.any_bad || bad;
+        return acc;
+      },
+      [](Partial a, const Partial& b) {
+        a.sum_sq += b.sum_sq;
+        a.any_bad = a.any_bad || b.any_bad;
+        return a;
+      },
+      tbb::simple_partitioner());
+  out.sum_sq = total.sum_sq;
+  if (total.any_bad) {
+    for (int64_t i = 0; i < n; ++i) {
+      float f;
+      if constexpr (sizeof(T) == 2) {
+        f = model::BitsToFloat(static_cast<uint32_t>(x[i]) << 16);
+      } else {
+        f = x[i];
+      }
+      if (!std::isfinite(f)) {
+        out.first_non_finite = i;
+        break;
+      }
+    }
+  }
+  return out;
+}
+}  // namespace
+
+GradientStats ComputeGradientStats(const float* x, int64_t n) { return Stats(x, n, StatsF32); }
+
+GradientStats ComputeGradientStats(const uint16_t* x_bf16, int64_t n) {
+  return Stats(x_bf16, n, StatsBf16);
+}
+
+absl::Status NonFiniteError(absl::string_view what, int64_t index, int64_t n, double value) {
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s: element %d of %d is %g; expected only finite values. Fix: find the source of the "
+      "overflow/NaN (lower the learning rate, use loss scaling or gradient clipping) and skip "
+      "this step instead of applying it",
+      what, index, n, value));
 }
 
 absl::Status CheckFinite(const float* x, int64_t n, absl::string_view what) {
@@ -146,11 +321,7 @@ absl::Status CheckFinite(const float* x, int64_t n, absl::string_view what) {
       },
       [](int64_t a, int64_t b) { return std::min(a, b); });
   if (first == n) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "%s: element %d of %d is %g; expected only finite values. Fix: find the source of the "
-      "overflow/NaN (lower the learning rate, use loss scaling or gradient clipping) and skip "
-      "this step instead of applying it",
-      what, first, n, x[first]));
+  return NonFiniteError(what, first, n, x[first]);
 }
 
 SubspaceAdam::SubspaceAdam(int64_t d)

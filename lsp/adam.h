@@ -49,27 +49,70 @@ struct AdamHyper {
 // beta1, beta2 lie in [0, 1). The message names the field, the value seen and the valid range.
 absl::Status ValidateAdamHyper(const AdamHyper& h);
 
-// One Adam step over `n` contiguous fp32 elements (any tensor shape: the caller passes numel,
-// never size(0); known-failures.md #3).
-//   grad (n) fp32 in        : gradient g.
-//   m, v (n) fp32 in/out    : first/second moments, updated in place.
-//   out  (n) fp32 out       : accumulate_into_out == false: out = delta (weight_decay ignored);
-//                             accumulate_into_out == true : out += delta - lr*wd*out
-//                             (out is the fp32 parameter, updated in place).
-//   step                    : 1-based step count AFTER the increment for this update (int64;
-//                             never a 16-bit counter, known-failures.md #13).
-// Bias corrections are computed in float64 from `step`; the element math is fp32 in a scalar
-// loop the compiler vectorises (no SIMD tail special-cases: every n, including 1 and n not a
-// multiple of the vector width, takes the same path). Preconditions (programmer invariants,
-// CHECKed): step >= 1, n >= 0, non-null pointers when n > 0, buffers do not alias except that
-// callers may not pass grad == out. Non-finite grad is NOT filtered here (no silent
-// NaN-to-zero): call CheckFinite first.
+// Operands of one fused Adam/AdamW step over `n` contiguous elements (any tensor shape: the
+// caller passes numel, never size(0); known-failures.md #3). One pass over memory reads the
+// gradient, m, v (and the fp32 master) once and writes m, v, the master and the optional bf16
+// copy once: 28 bytes per element for a bf16 gradient with bf16 output (2 + 4*6 + 2), 24 for
+// the fp32 subspace step (4 + 4*4 + 4).
+struct AdamOperands {
+  // The gradient g, (n) fp32 OR (n) bf16 bits (exactly one non-null when n > 0). The kernel
+  // uses g * grad_scale (grad_scale: the global-norm clip coefficient, 1 = none; the product is
+  // one fp32 multiply, so clipping here equals scaling the gradient beforehand bit for bit).
+  const float* grad_fp32 = nullptr;
+  const uint16_t* grad_bf16 = nullptr;
+  float grad_scale = 1.0f;
+  float* m = nullptr;  // (n) fp32 first moment, updated in place
+  float* v = nullptr;  // (n) fp32 second moment, updated in place
+  // accumulate == false: out = delta (the subspace step D; weight_decay ignored).
+  // accumulate == true : out = out * (1 - lr*wd) + delta (out is the fp32 master weight).
+  float* out = nullptr;
+  bool accumulate = false;
+  // Optional (accumulate only): out_bf16[i] = bf16(out[i]) after the update, round to nearest
+  // even (model/float16.h Fp32ToBf16, NaN kept quiet). Null = no bf16 copy.
+  uint16_t* out_bf16 = nullptr;
+  int64_t n = 0;
+};
+
+// One fused Adam/AdamW step (formula at the top of this file), the single element kernel of
+// the project: the LSP subspace step (d*d elements, fp32 S in, D out) and the ZeRO-style full
+// update (bf16 G in, fp32 master + moments, bf16 parameter out) both run through it.
+//   step: 1-based step count AFTER the increment for this update (int64; never a 16-bit
+//         counter, known-failures.md #13). Bias corrections are computed in float64 from it.
+// Element math is fp32. The loop is compiled once per ISA (AVX-512, AVX2+FMA, baseline x86-64)
+// and the best one for the running CPU is picked at load time (GCC target_clones); every n,
+// including 1 and n not a multiple of the vector width, is handled (scalar tail inside the
+// vectorised loop). Work is split across cores with oneTBB in chunks of 16384 elements; each
+// element is computed by exactly one task, so results do not depend on the thread count.
+// Preconditions (programmer invariants, CHECKed): step >= 1, n >= 0, exactly one gradient
+// pointer and non-null m, v, out when n > 0, out_bf16 only with accumulate, the gradient does
+// not alias out. Non-finite gradients are NOT filtered (no silent NaN-to-zero): call
+// CheckFinite / GradientStats first.
+void FusedAdamStep(const AdamHyper& h, int64_t step, const AdamOperands& ops);
+
+// Convenience form for fp32 gradients: FusedAdamStep with grad_fp32 = grad, grad_scale = 1,
+// out_bf16 = null.
+//   grad (n) fp32 in; m, v (n) fp32 in/out; out (n) fp32 out (delta) or in/out (master).
 void AdamStep(const AdamHyper& h, int64_t step, const float* grad, float* m, float* v,
               float* out, int64_t n, bool accumulate_into_out);
+
+// Finiteness and squared L2 norm of a gradient in one read-only pass (the fused pre-pass of
+// the ZeRO-style update: the step must be rejected before any state is touched, and global-norm
+// clipping needs sum g^2 before the first update).
+struct GradientStats {
+  int64_t first_non_finite = -1;  // index of the first NaN/Inf, -1 if all finite
+  double sum_sq = 0;              // sum of g^2 in float64 (meaningless if non-finite)
+};
+// x: (n) fp32 or (n) bf16 bits. n >= 0; x may be null only when n == 0 (CHECKed).
+GradientStats ComputeGradientStats(const float* x, int64_t n);
+GradientStats ComputeGradientStats(const uint16_t* x_bf16, int64_t n);
 
 // Returns OK if all n values are finite, else kInvalidArgument naming `what`, the first bad
 // index, its value, and the fix. x may be null only when n == 0.
 absl::Status CheckFinite(const float* x, int64_t n, absl::string_view what);
+
+// The kInvalidArgument error CheckFinite returns, for callers that found the bad element with
+// ComputeGradientStats: names `what`, the index, the count n, the value, and the fix.
+absl::Status NonFiniteError(absl::string_view what, int64_t index, int64_t n, double value);
 
 // Adam in the d x d subspace of one weight (method.md: "The CPU runs Adam in the subspace with
 // fp32 moments M, V (d x d) and returns the step D"). Holds M, V (d*d fp32, row-major) and an

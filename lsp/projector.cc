@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
+#include "tbb/blocked_range.h"
+#include "tbb/parallel_for.h"
 
 namespace lspo::lsp {
 namespace {
@@ -67,8 +69,16 @@ void CheckProjector(const SparseProjector& P, const char* fn, const char* name,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Raw CPU loops (fp32/fp64, contiguous operands). Each parallel task owns disjoint outputs, so
-// results do not depend on the thread count.
+// Raw CPU loops (fp32/fp64, contiguous operands), parallelised with oneTBB. Each parallel task
+// owns disjoint outputs, so results do not depend on the thread count or the split.
+
+// fn(begin, end) over [0, n) in TBB tasks of at least `grain` items.
+template <typename Fn>
+void ParallelFor(int64_t n, int64_t grain, const Fn& fn) {
+  if (n <= 0) return;
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, std::max<int64_t>(1, grain)),
+                    [&](const tbb::blocked_range<int64_t>& r) { fn(r.begin(), r.end()); });
+}
 
 constexpr int64_t kColGrain = 256;  // columns per task in the scatter
 constexpr int64_t kRowGrain = 8;    // rows per task in the gathers / dots
@@ -79,7 +89,7 @@ std::atomic<bool> g_force_aten{false};
 template <typename T>
 void ScatterCpu(const T* x, int64_t rows, int64_t k, const int64_t* idx, const T* val, int64_t r,
                 T* out) {
-  at::parallel_for(0, k, kColGrain, [&](int64_t c0, int64_t c1) {
+  ParallelFor(k, kColGrain, [&](int64_t c0, int64_t c1) {
     for (int64_t i = 0; i < rows; ++i) {
       const T* __restrict xi = x + i * k;
       for (int64_t j = 0; j < r; ++j) {
@@ -91,22 +101,26 @@ void ScatterCpu(const T* x, int64_t rows, int64_t k, const int64_t* idx, const T
   });
 }
 
+// o (K) = sum_j val[j] * E[idx[j], :] for E (d, K): one row of P E, summed in j order.
+template <typename T>
+void CombineRows(const T* e, int64_t k, const int64_t* idx, const T* val, int64_t r,
+                 T* __restrict o) {
+  const T v0 = val[0];
+  const T* __restrict e0 = e + idx[0] * k;
+  for (int64_t c = 0; c < k; ++c) o[c] = v0 * e0[c];
+  for (int64_t j = 1; j < r; ++j) {
+    const T v = val[j];
+    const T* __restrict ej = e + idx[j] * k;
+    for (int64_t c = 0; c < k; ++c) o[c] += v * ej[c];
+  }
+}
+
 // out (rows, K) = P E for E (d, K). Parallel over rows.
 template <typename T>
 void GatherCpu(const T* e, int64_t k, const int64_t* idx, const T* val, int64_t rows, int64_t r,
                T* out) {
-  at::parallel_for(0, rows, kRowGrain, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      T* __restrict o = out + i * k;
-      const T v0 = val[i * r];
-      const T* __restrict e0 = e + idx[i * r] * k;
-      for (int64_t c = 0; c < k; ++c) o[c] = v0 * e0[c];
-      for (int64_t j = 1; j < r; ++j) {
-        const T v = val[i * r + j];
-        const T* __restrict ej = e + idx[i * r + j] * k;
-        for (int64_t c = 0; c < k; ++c) o[c] += v * ej[c];
-      }
-    }
+  ParallelFor(rows, kRowGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) CombineRows(e, k, idx + i * r, val + i * r, r, out + i * k);
   });
 }
 
@@ -128,7 +142,7 @@ T Dot(const T* __restrict a, const T* __restrict b, int64_t k) {
 template <typename T>
 void RowDotsCpu(const T* a, const int64_t* idx, const T* b, int64_t rows, int64_t r, int64_t k,
                 T* out) {
-  at::parallel_for(0, rows, kRowGrain, [&](int64_t i0, int64_t i1) {
+  ParallelFor(rows, kRowGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       for (int64_t j = 0; j < r; ++j) out[i * r + j] = Dot(a + idx[i * r + j] * k, b + i * k, k);
     }
@@ -139,7 +153,7 @@ void RowDotsCpu(const T* a, const int64_t* idx, const T* b, int64_t rows, int64_
 template <typename TIn, typename TAcc>
 void RowsTimesPCpu(const TIn* x, int64_t n_tok, int64_t rows, const int64_t* idx,
                    const TAcc* val, int64_t r, int64_t d, TAcc* out) {
-  at::parallel_for(0, n_tok, kRowGrain, [&](int64_t t0, int64_t t1) {
+  ParallelFor(n_tok, kRowGrain, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       TAcc* __restrict o = out + t * d;
       std::fill(o, o + d, TAcc(0));
@@ -150,6 +164,23 @@ void RowsTimesPCpu(const TIn* x, int64_t n_tok, int64_t rows, const int64_t* idx
         const TAcc* vv = val + i * r;
         for (int64_t j = 0; j < r; ++j) o[ii[j]] += xv * vv[j];
       }
+    }
+  });
+}
+
+// W (m, n) += P E row by row for E (d, n) fp32, without an (m, n) temporary: each task forms
+// one row of P E in a private fp32 buffer (same summation order as GatherCpu) and adds it to W
+// with one rounding into TW (fp32: exact same bits as W.add_(GatherCpu(...))).
+template <typename TW>
+void ApplyRowsCpu(TW* w, int64_t m, int64_t n, const float* e, const int64_t* idx,
+                  const float* val, int64_t r) {
+  ParallelFor(m, kRowGrain, [&](int64_t i0, int64_t i1) {
+    std::vector<float> acc(static_cast<size_t>(n));
+    for (int64_t i = i0; i < i1; ++i) {
+      float* __restrict a = acc.data();
+      CombineRows(e, n, idx + i * r, val + i * r, r, a);
+      TW* __restrict wi = w + i * n;
+      for (int64_t c = 0; c < n; ++c) wi[c] = static_cast<TW>(static_cast<float>(wi[c]) + a[c]);
     }
   });
 }
@@ -573,6 +604,23 @@ void ApplyStep(at::Tensor& W, const SparseProjector& P, const at::Tensor& D,
   CHECK(W.device() == D.device()) << "ApplyStep: W on " << W.device() << ", D on " << D.device();
   torch::NoGradGuard no_grad;
   const at::ScalarType ct = AccumType(W.scalar_type());
+  if (W.device().is_cpu() && W.is_contiguous() && !g_force_aten.load(std::memory_order_relaxed) &&
+      (W.scalar_type() == at::kFloat || W.scalar_type() == at::kBFloat16)) {
+    // Fused CPU path: E = D Q^T (dP, n) once, then W += P E row by row (no (m, n) temporary).
+    const at::Tensor dt = D.to(at::kFloat).t().contiguous();                    // (dQ, dP)
+    const at::Tensor e = GatherKernel(dt, Q.index, Q.value).t().contiguous();  // (dP, n)
+    const at::Tensor idx = P.index.contiguous();
+    const at::Tensor val = P.value.to(at::kFloat).contiguous();
+    if (W.scalar_type() == at::kFloat) {
+      ApplyRowsCpu<float>(W.data_ptr<float>(), W.size(0), W.size(1), e.data_ptr<float>(),
+                          idx.data_ptr<int64_t>(), val.data_ptr<float>(), P.r);
+    } else {
+      ApplyRowsCpu<at::BFloat16>(W.data_ptr<at::BFloat16>(), W.size(0), W.size(1),
+                                 e.data_ptr<float>(), idx.data_ptr<int64_t>(),
+                                 val.data_ptr<float>(), P.r);
+    }
+    return;
+  }
   const at::Tensor delta = ExpandStep(P, D.to(ct), Q);  // (m, n) fp32 (fp64 for fp64 W)
   if (W.scalar_type() == ct) {
     W.add_(delta);

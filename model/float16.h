@@ -13,13 +13,17 @@
 
 namespace lspo::model {
 
+// The bit helpers below are always_inline so that they also inline into the per-ISA clones of
+// vectorised kernels (lsp/adam.cc: GCC does not inline plain functions across target arches).
+#define LSPO_FLOAT16_INLINE __attribute__((always_inline)) inline
+
 // Reinterprets the bits of a float / uint32 (no conversion).
-inline uint32_t FloatBits(float f) {
+LSPO_FLOAT16_INLINE uint32_t FloatBits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
   return u;
 }
-inline float BitsToFloat(uint32_t u) {
+LSPO_FLOAT16_INLINE float BitsToFloat(uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof(f));
   return f;
@@ -66,10 +70,10 @@ inline uint16_t Fp32ToFp16(float f) {
 }
 
 // bf16 bits -> f32 (exact: f32 bits = b << 16).
-inline float Bf16ToFp32(uint16_t b) { return BitsToFloat(static_cast<uint32_t>(b) << 16); }
+LSPO_FLOAT16_INLINE float Bf16ToFp32(uint16_t b) { return BitsToFloat(static_cast<uint32_t>(b) << 16); }
 
 // f32 -> bf16 bits, round to nearest, ties to even; NaN -> quiet NaN with the same sign.
-inline uint16_t Fp32ToBf16(float f) {
+LSPO_FLOAT16_INLINE uint16_t Fp32ToBf16(float f) {
   const uint32_t x = FloatBits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
   const uint32_t rounded = x + 0x7fffu + ((x >> 16) & 1u);

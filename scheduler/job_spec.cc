@@ -169,6 +169,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (model.format() != "gguf" && model.format() != "tiny-random") {
     return bad("model.format", model.format(), "use \"gguf\" or \"tiny-random\"");
   }
+  if (model.format() != "tiny-random" && model.random_shape().hidden_size() != 0) {
+    return bad("model.random_shape.hidden_size", model.random_shape().hidden_size(),
+               "a random shape only applies to model.format \"tiny-random\"; remove it");
+  }
   if (model.format() == "gguf" && model.path().empty()) {
     return bad("model.path", "\"\"", "give the path of a GGUF file (scripts/setup fetches one)");
   }

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "client/embedded.h"
+#include "gpu_worker/job_assets.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "proto/grpc_status.h"
@@ -129,6 +130,41 @@ TEST(EmbeddedTest, MissingDataFileIsRejectedAtSubmit) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_NE(st.error_message().find("data.train_path"), std::string::npos) << st.error_message();
   EXPECT_NE(st.error_message().find("/nonexistent/train.txt"), std::string::npos);
+}
+
+// model.random_shape (scaling studies): the HF sizes give the published parameter counts
+// (SmolLM2-135M: 134,515,008, formats.md; SmolLM2-360M: 361,821,120, the HF model card's
+// 362M), and a bad shape is rejected naming the field.
+TEST(JobSpecTest, RandomShapeGivesTheRequestedLlamaConfig) {
+  v1::LlamaShape s135;
+  s135.set_hidden_size(576);
+  s135.set_intermediate_size(1536);
+  s135.set_num_hidden_layers(30);
+  s135.set_num_attention_heads(9);
+  s135.set_num_key_value_heads(3);
+  auto c135 = worker::RandomLlamaConfig(s135, 49152);
+  ASSERT_TRUE(c135.ok()) << c135.status();
+  EXPECT_EQ(c135->head_dim, 64);
+  EXPECT_EQ(c135->NumParameters(), 134515008);
+  v1::LlamaShape s360;
+  s360.set_hidden_size(960);
+  s360.set_intermediate_size(2560);
+  s360.set_num_hidden_layers(32);
+  s360.set_num_attention_heads(15);
+  s360.set_num_key_value_heads(5);
+  auto c360 = worker::RandomLlamaConfig(s360, 49152);
+  ASSERT_TRUE(c360.ok()) << c360.status();
+  EXPECT_EQ(c360->NumParameters(), 361821120);
+  // Unset = the tiny test config.
+  auto tiny = worker::RandomLlamaConfig(v1::LlamaShape(), 300);
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_EQ(tiny->hidden_size, 64);
+  s360.set_num_key_value_heads(4);  // does not divide 15 heads
+  auto bad = worker::RandomLlamaConfig(s360, 49152);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("model.random_shape"), std::string::npos)
+      << bad.status();
 }
 
 TEST(JobSpecTest, YamlAndJsonGiveTheSameSpecAndBadFieldsAreNamed) {

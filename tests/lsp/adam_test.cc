@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -99,6 +100,174 @@ TEST_P(AdamStepTest, AccumulateWithWeightDecayMatchesFloat64Reference) {
 // SIMD tails (1, 7, 8, 1023, 1024, 1025) and sizes spanning several TBB chunks.
 INSTANTIATE_TEST_SUITE_P(Lengths, AdamStepTest,
                          ::testing::Values<int64_t>(1, 7, 8, 1023, 1024, 1025, 16384 * 3 + 5));
+
+// bf16 bits of x (round to nearest even) and back; the test's own float64-free definitions
+// are the IEEE ones, checked against known values below.
+uint16_t ToBf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+float FromBf16(uint16_t b) {
+  const uint32_t x = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+TEST(Bf16Helpers, KnownValues) {
+  EXPECT_EQ(ToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(ToBf16(-2.0f), 0xc000);
+  EXPECT_EQ(ToBf16(1.0f + 0x1.0p-8f), 0x3f80);  // tie, rounds to even
+  EXPECT_EQ(ToBf16(1.0f + 0x1.8p-8f), 0x3f81);  // above the tie
+  EXPECT_EQ(FromBf16(0x4049), 3.140625f);
+}
+
+// The ZeRO-style fused path: bf16 gradient in, clip scale, AdamW on the fp32 master, bf16
+// parameter out, against a float64 reference over several steps, for SIMD tails and sizes
+// spanning several TBB chunks.
+TEST_P(AdamStepTest, FusedBf16GradientBf16OutMatchesFloat64Reference) {
+  const int64_t n = GetParam();
+  AdamHyper h;
+  h.lr = 3e-3f;
+  h.weight_decay = 0.05f;
+  std::mt19937 rng(4321 + static_cast<unsigned>(n));
+  std::vector<float> master = RandomVector(n, 0.5f, rng);
+  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  std::vector<uint16_t> out_bf16(n, 0xffff);
+  RefAdam ref(n, master);
+  for (int64_t t = 1; t <= 5; ++t) {
+    const std::vector<float> g32 = RandomVector(n, t % 2 ? 0.2f : 3e-5f, rng);
+    std::vector<uint16_t> g16(n);
+    for (int64_t i = 0; i < n; ++i) g16[i] = ToBf16(g32[i]);
+    const float scale = t == 3 ? 0.37f : 1.0f;  // one clipped step
+    // The reference sees the same clipped gradient (bf16 widened, times the scale in fp32).
+    std::vector<float> g_ref(n);
+    for (int64_t i = 0; i < n; ++i) g_ref[i] = FromBf16(g16[i]) * scale;
+    AdamOperands ops;
+    ops.grad_bf16 = g16.data();
+    ops.grad_scale = scale;
+    ops.m = m.data();
+    ops.v = v.data();
+    ops.out = master.data();
+    ops.accumulate = true;
+    ops.out_bf16 = out_bf16.data();
+    ops.n = n;
+    FusedAdamStep(h, t, ops);
+    ref.Step(h, t, g_ref, true);
+    ASSERT_LE(MaxRelErr(master, ref.param), 1e-6) << "n=" << n << " step " << t;
+    ASSERT_LE(MaxRelErr(m, ref.m), 1e-6) << "n=" << n << " step " << t;
+    ASSERT_LE(MaxRelErr(v, ref.v), 1e-6) << "n=" << n << " step " << t;
+    for (int64_t i = 0; i < n; ++i) {
+      // Every element written, and equal to the master rounded once to bf16 ...
+      ASSERT_EQ(out_bf16[i], ToBf16(master[i])) << "element " << i << " of " << n;
+      // ... which is within half a bf16 ulp (8 significant bits: 2^-8 relative) of the float64
+      // parameter.
+      ASSERT_LE(std::abs(FromBf16(out_bf16[i]) - ref.param[i]),
+                std::abs(ref.param[i]) * 0x1.0p-8 + 1e-7)
+          << "element " << i;
+    }
+  }
+}
+
+TEST_P(AdamStepTest, GradScaleEqualsScalingTheGradientFirst) {
+  const int64_t n = GetParam();
+  std::mt19937 rng(77 + static_cast<unsigned>(n));
+  const std::vector<float> g = RandomVector(n, 1.0f, rng);
+  std::vector<float> scaled(g);
+  for (float& x : scaled) x *= 0.25f + 1e-3f;
+  AdamHyper h;
+  std::vector<float> m1(n, 0.1f), v1(n, 0.2f), o1(n, 1.0f), m2(m1), v2(v1), o2(o1);
+  AdamOperands ops;
+  ops.grad_fp32 = g.data();
+  ops.grad_scale = 0.25f + 1e-3f;
+  ops.m = m1.data();
+  ops.v = v1.data();
+  ops.out = o1.data();
+  ops.accumulate = true;
+  ops.n = n;
+  FusedAdamStep(h, 4, ops);
+  AdamStep(h, 4, scaled.data(), m2.data(), v2.data(), o2.data(), n, true);
+  EXPECT_EQ(o1, o2);
+  EXPECT_EQ(m1, m2);
+  EXPECT_EQ(v1, v2);
+}
+
+TEST_P(AdamStepTest, GradientStatsMatchFloat64AndFindTheFirstNonFinite) {
+  const int64_t n = GetParam();
+  std::mt19937 rng(5 + static_cast<unsigned>(n));
+  std::vector<float> g = RandomVector(n, 2.0f, rng);
+  std::vector<uint16_t> g16(n);
+  double ref32 = 0, ref16 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    g16[i] = ToBf16(g[i]);
+    ref32 += static_cast<double>(g[i]) * g[i];
+    ref16 += static_cast<double>(FromBf16(g16[i])) * FromBf16(g16[i]);
+  }
+  GradientStats s32 = ComputeGradientStats(g.data(), n);
+  GradientStats s16 = ComputeGradientStats(g16.data(), n);
+  EXPECT_EQ(s32.first_non_finite, -1);
+  EXPECT_EQ(s16.first_non_finite, -1);
+  EXPECT_NEAR(s32.sum_sq, ref32, 1e-12 * ref32);
+  EXPECT_NEAR(s16.sum_sq, ref16, 1e-12 * ref16);
+  // Bitwise reproducible (deterministic reduction).
+  EXPECT_EQ(ComputeGradientStats(g.data(), n).sum_sq, s32.sum_sq);
+  // A NaN at the last element and an Inf in the middle: the first one is reported.
+  g[n - 1] = std::numeric_limits<float>::quiet_NaN();
+  g16[n - 1] = ToBf16(g[n - 1]);
+  EXPECT_EQ(ComputeGradientStats(g.data(), n).first_non_finite, n - 1);
+  EXPECT_EQ(ComputeGradientStats(g16.data(), n).first_non_finite, n - 1);
+  if (n > 2) {
+    g[n / 2] = -std::numeric_limits<float>::infinity();
+    g16[n / 2] = ToBf16(g[n / 2]);
+    EXPECT_EQ(ComputeGradientStats(g.data(), n).first_non_finite, n / 2);
+    EXPECT_EQ(ComputeGradientStats(g16.data(), n).first_non_finite, n / 2);
+  }
+}
+
+TEST(FusedAdamStep, Bf16GradientEqualsWidenedFp32GradientBitwise) {
+  const int64_t n = 70001;
+  std::mt19937 rng(11);
+  const std::vector<float> g = RandomVector(n, 1.0f, rng);
+  std::vector<uint16_t> g16(n);
+  std::vector<float> widened(n);
+  for (int64_t i = 0; i < n; ++i) {
+    g16[i] = ToBf16(g[i]);
+    widened[i] = FromBf16(g16[i]);
+  }
+  AdamHyper h;
+  h.weight_decay = 0.01f;
+  std::vector<float> m1(n, 0.0f), v1(n, 0.0f), w1 = RandomVector(n, 1.0f, rng);
+  std::vector<float> m2(m1), v2(v1), w2(w1);
+  std::vector<uint16_t> b1(n), b2(n);
+  AdamOperands a;
+  a.grad_bf16 = g16.data();
+  a.m = m1.data();
+  a.v = v1.data();
+  a.out = w1.data();
+  a.accumulate = true;
+  a.out_bf16 = b1.data();
+  a.n = n;
+  FusedAdamStep(h, 2, a);
+  AdamOperands b = a;
+  b.grad_bf16 = nullptr;
+  b.grad_fp32 = widened.data();
+  b.m = m2.data();
+  b.v = v2.data();
+  b.out = w2.data();
+  b.out_bf16 = b2.data();
+  FusedAdamStep(h, 2, b);
+  EXPECT_EQ(w1, w2);
+  EXPECT_EQ(b1, b2);
+}
+
+TEST(NonFiniteError, NamesInputIndexAndFix) {
+  const absl::Status st = NonFiniteError("model.layers.3.mlp.up_proj", 17, 100, NAN);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("model.layers.3.mlp.up_proj: element 17 of 100"));
+  EXPECT_THAT(st.message(), HasSubstr("Fix:"));
+}
 
 TEST(AdamStep, ZeroLengthIsANoOp) {
   AdamHyper h;
