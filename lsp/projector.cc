@@ -149,20 +149,37 @@ void RowDotsCpu(const T* a, const int64_t* idx, const T* b, int64_t rows, int64_
   });
 }
 
-// out (N, d) = X P for X (N, rows) in any float type, accumulated in TAcc. Parallel over N.
+// out (N, d) = X P for X (N, rows) in any float type, accumulated in TAcc. Parallel over
+// token tiles: each tile of kTokenTile tokens is transposed into a private (rows, tile) buffer
+// (cache-resident), then every non-zero of P adds v * X^T[i, tile] to row idx of a (d, tile)
+// accumulator, a unit-stride axpy the compiler vectorises; the tile is written back as (tile,
+// d). Per output element the sum runs over (i, j) in ascending order, as in a row-at-a-time
+// loop, so the result does not depend on the tiling or the thread count.
+constexpr int64_t kTokenTile = 64;
 template <typename TIn, typename TAcc>
 void RowsTimesPCpu(const TIn* x, int64_t n_tok, int64_t rows, const int64_t* idx,
                    const TAcc* val, int64_t r, int64_t d, TAcc* out) {
-  ParallelFor(n_tok, kRowGrain, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      TAcc* __restrict o = out + t * d;
-      std::fill(o, o + d, TAcc(0));
-      const TIn* xt = x + t * rows;
+  ParallelFor(n_tok, kTokenTile, [&](int64_t t0, int64_t t1) {
+    std::vector<TAcc> xt(static_cast<size_t>(rows * kTokenTile));
+    std::vector<TAcc> acc(static_cast<size_t>(d * kTokenTile));
+    for (int64_t ts = t0; ts < t1; ts += kTokenTile) {
+      const int64_t tb = std::min(kTokenTile, t1 - ts);
+      for (int64_t t = 0; t < tb; ++t) {
+        const TIn* xr = x + (ts + t) * rows;
+        for (int64_t i = 0; i < rows; ++i) xt[i * tb + t] = static_cast<TAcc>(xr[i]);
+      }
+      std::fill(acc.begin(), acc.begin() + d * tb, TAcc(0));
       for (int64_t i = 0; i < rows; ++i) {
-        const TAcc xv = static_cast<TAcc>(xt[i]);
-        const int64_t* ii = idx + i * r;
-        const TAcc* vv = val + i * r;
-        for (int64_t j = 0; j < r; ++j) o[ii[j]] += xv * vv[j];
+        const TAcc* __restrict xi = xt.data() + i * tb;
+        for (int64_t j = 0; j < r; ++j) {
+          const TAcc v = val[i * r + j];
+          TAcc* __restrict o = acc.data() + idx[i * r + j] * tb;
+          for (int64_t t = 0; t < tb; ++t) o[t] += v * xi[t];
+        }
+      }
+      for (int64_t t = 0; t < tb; ++t) {
+        TAcc* o = out + (ts + t) * d;
+        for (int64_t c = 0; c < d; ++c) o[c] = acc[c * tb + t];
       }
     }
   });

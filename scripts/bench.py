@@ -366,6 +366,9 @@ def main():
         row(rows, f"adam_fp32_vs_torch_adamw_foreach/n={n}", ours,
             "torch.optim.AdamW(foreach=True, fused=False) (PyPI)", pv, "params/s", lim,
             note=perr)
+        pv, perr = peer_rate("torch_adamw_fused", n)
+        row(rows, f"adam_fp32_vs_torch_adamw_fused/n={n}", ours,
+            "torch.optim.AdamW(fused=True) (PyPI; extra peer)", pv, "params/s", lim, note=perr)
         pv, perr = peer_rate("deepspeed_cpu_adam", n)
         row(rows, f"adam_fp32_vs_deepspeed_cpu_adam/n={n}", ours,
             "deepspeed.ops.adam.DeepSpeedCPUAdam (PyPI)", pv, "params/s", lim, target=1.0,
