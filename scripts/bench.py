@@ -303,7 +303,15 @@ def main():
     ap.add_argument("--skip-scaling", action="store_true")
     ap.add_argument("--results", default=os.path.join(ROOT, "bench", "results.json"))
     ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "bench.md"))
+    ap.add_argument("--doc-only", action="store_true",
+                    help="only regenerate --doc from an existing --results file")
     args = ap.parse_args()
+    if args.doc_only:
+        with open(args.results) as f:
+            result = json.load(f)
+        write_doc(args.doc, result, None)
+        print_table(result["rows"])
+        return 0
     t_start = time.time()
     work = tempfile.mkdtemp(prefix="lspo-bench-")
     rows = []
@@ -557,7 +565,8 @@ def write_doc(path, res, grpc_rt):
                      f"{fmt(e['rss_mib'].get('optimizer'), 4)} |")
     if res["scaling"]:
         L.append("\n## Scaling with width (random init, same batch; seconds per step)\n")
-        L.append("| model | params | mode | step | forward+backward | offload path | "
+        L.append("| model | trainable (linear) params | mode | step | forward+backward | "
+                 "offload path | "
                  "exposed | worker RSS MiB | optimizer RSS MiB |")
         L.append("|---|---|---|---|---|---|---|---|---|")
         for s in res["scaling"]:
