@@ -1,5 +1,7 @@
 // lsp_scheduler: the scheduler service (job queue, per-step plan, status RPCs).
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "runtime/process_env.h"
 #include "absl/flags/flag.h"
@@ -14,6 +16,10 @@ ABSL_FLAG(std::string, worker, "127.0.0.1:50061", "address of the lsp_gpu_worker
 ABSL_FLAG(std::string, optimizer, "127.0.0.1:50062", "address of the lsp_cpu_optimizer service");
 ABSL_FLAG(std::string, runs_root, "runs", "parent directory of default job output directories");
 ABSL_FLAG(double, rpc_deadline_seconds, 1800, "deadline of each worker/optimizer call");
+ABSL_FLAG(std::string, state_dir, "",
+          "directory where jobs are persisted and resumed from after a restart (empty = memory only)");
+ABSL_FLAG(std::vector<std::string>, allowed_roots, {},
+          "comma-separated directories job specs may read and write (empty = anywhere)");
 
 int main(int argc, char** argv) {
   lspo::runtime::UsePassiveOpenMpWaits(argc, argv);
@@ -32,6 +38,8 @@ int main(int argc, char** argv) {
   lspo::scheduler::SchedulerOptions opts;
   opts.runs_root = absl::GetFlag(FLAGS_runs_root);
   opts.rpc_deadline_seconds = absl::GetFlag(FLAGS_rpc_deadline_seconds);
+  opts.state_dir = absl::GetFlag(FLAGS_state_dir);
+  opts.allowed_roots = absl::GetFlag(FLAGS_allowed_roots);
   lspo::scheduler::SchedulerCore core(worker.get(), optimizer.get(), opts);
   lspo::scheduler::SchedulerService service(&core);
   grpc::ServerBuilder builder;

@@ -33,6 +33,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -48,6 +49,13 @@ struct SchedulerOptions {
   double rpc_deadline_seconds = 1800;
   // A job fails after this many non-finite steps in a row (each is skipped and counted).
   int max_nonfinite_steps_in_a_row = 5;
+  // Directory where jobs (spec, state, progress, checkpoints) are persisted; a restarted
+  // scheduler reloads them: queued jobs stay queued, running jobs resume from their last
+  // checkpoint. Empty = jobs live in memory only.
+  std::string state_dir;
+  // Directories job specs may read from and write to (model, data, output, resume paths are
+  // checked after resolving symlinks). Empty = no restriction (embedded single-user mode).
+  std::vector<std::string> allowed_roots;
 };
 
 class SchedulerCore {
