@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <cstring>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -422,6 +424,126 @@ absl::StatusOr<lspo::v1::SaveReply> OptimizerCore::SaveModel(const std::string& 
   const std::string path = dir + "/model.safetensors";
   RETURN_IF_ERROR(model::WriteSafetensors(path, entries, {{"format", "pt"}}));
   lspo::v1::SaveReply reply;
+  reply.add_files(path);
+  reply.set_seconds(runtime::SecondsSince(t0));
+  return reply;
+}
+
+absl::StatusOr<lspo::v1::StateReply> OptimizerCore::SaveState(const std::string& job_id,
+                                                              const std::string& dir, int step) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(OptimizerJob * job, Find(job_id));
+  auto t0 = std::chrono::steady_clock::now();
+  lspo::v1::StateReply reply;
+  const std::string path = dir + "/optimizer_state.safetensors";
+  RETURN_IF_ERROR(worker::TorchCall("save optimizer state", [&]() -> absl::Status {
+    worker::NamedTensors tensors;
+    for (int i = 0; i < job->layout.linears_size(); ++i) {
+      const std::string& name = job->layout.linears(i).name();
+      LinearState& st = job->linears[i];
+      tensors.emplace_back(name + ".master", st.base);
+      if (job->zero) {
+        tensors.emplace_back(name + ".adam_m", at::from_blob(st.m.data(), st.base.sizes(), at::kFloat));
+        tensors.emplace_back(name + ".adam_v", at::from_blob(st.v.data(), st.base.sizes(), at::kFloat));
+        tensors.emplace_back(name + ".adam_step", at::scalar_tensor(st.step, at::kLong));
+      } else {
+        const int64_t d = job->layout.d();
+        tensors.emplace_back(name + ".sum_d", st.sum_d);
+        tensors.emplace_back(name + ".adam_m", at::from_blob(st.adam->m().data(), {d, d}, at::kFloat));
+        tensors.emplace_back(name + ".adam_v", at::from_blob(st.adam->v().data(), {d, d}, at::kFloat));
+        tensors.emplace_back(name + ".adam_step", at::scalar_tensor(st.adam->step(), at::kLong));
+        if (st.p.rows > 0) {
+          worker::AppendProjector(name + ".p", st.p, &tensors);
+          worker::AppendProjector(name + ".q", st.q, &tensors);
+        }
+      }
+    }
+    return worker::WriteTensorFile(path, tensors,
+                                   {{"job_id", job->id},
+                                    {"mode", job->zero ? "zero" : "lsp"},
+                                    {"step", std::to_string(step)}});
+  }));
+  reply.add_files(path);
+  reply.set_seconds(runtime::SecondsSince(t0));
+  return reply;
+}
+
+absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string& job_id,
+                                                              const std::string& dir, int step) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(OptimizerJob * job, Find(job_id));
+  auto t0 = std::chrono::steady_clock::now();
+  const std::string path = dir + "/optimizer_state.safetensors";
+  ASSIGN_OR_RETURN(model::SafetensorsFile file, model::SafetensorsFile::Open(path));
+  const std::string what = absl::StrCat("optimizer state '", path, "'");
+  {
+    const auto& meta = file.metadata();
+    auto get = [&](const char* key) {
+      auto it = meta.find(key);
+      return it == meta.end() ? std::string() : it->second;
+    };
+    const std::string mode = job->zero ? "zero" : "lsp";
+    if (get("mode") != mode || get("step") != std::to_string(step)) {
+      return absl::DataLossError(absl::StrCat(what, " holds the ", get("mode"),
+                                              " state of step ", get("step"), ", expected ",
+                                              mode, " at step ", step));
+    }
+  }
+  RETURN_IF_ERROR(worker::TorchCall("load optimizer state", [&]() -> absl::Status {
+    struct Loaded {
+      at::Tensor master, sum_d, m, v;
+      int64_t step = 0;
+      lsp::SparseProjector p, q;
+    };
+    std::vector<Loaded> loaded(job->linears.size());
+    const int64_t d = job->layout.d(), r = job->layout.r();
+    for (int i = 0; i < job->layout.linears_size(); ++i) {
+      const auto& slot = job->layout.linears(i);
+      const std::string& name = slot.name();
+      Loaded& l = loaded[i];
+      ASSIGN_OR_RETURN(l.master, worker::ReadStateTensor(file, what, name + ".master", at::kFloat,
+                                                         {slot.m(), slot.n()}));
+      const std::vector<int64_t> mshape =
+          job->zero ? std::vector<int64_t>{slot.m(), slot.n()} : std::vector<int64_t>{d, d};
+      ASSIGN_OR_RETURN(l.m, worker::ReadStateTensor(file, what, name + ".adam_m", at::kFloat, mshape));
+      ASSIGN_OR_RETURN(l.v, worker::ReadStateTensor(file, what, name + ".adam_v", at::kFloat, mshape));
+      ASSIGN_OR_RETURN(at::Tensor step_t, worker::ReadStateTensor(file, what, name + ".adam_step",
+                                                                  at::kLong, {}));
+      l.step = step_t.item<int64_t>();
+      if (l.step < 0 || (l.v < 0).any().item<bool>()) {
+        return absl::DataLossError(absl::StrCat(what, ": ", name,
+                                                " has a negative Adam step or second moment"));
+      }
+      if (!job->zero) {
+        ASSIGN_OR_RETURN(l.sum_d, worker::ReadStateTensor(file, what, name + ".sum_d",
+                                                          at::kFloat, {d, d}));
+        if (file.Find(name + ".p_index") != nullptr) {
+          ASSIGN_OR_RETURN(l.p, worker::ReadStateProjector(file, what, name + ".p", slot.m(), d, r));
+          ASSIGN_OR_RETURN(l.q, worker::ReadStateProjector(file, what, name + ".q", slot.n(), d, r));
+        }
+      }
+    }
+    for (size_t i = 0; i < loaded.size(); ++i) {
+      LinearState& st = job->linears[i];
+      Loaded& l = loaded[i];
+      st.base = l.master;
+      if (job->zero) {
+        std::memcpy(st.m.data(), l.m.data_ptr<float>(), st.m.size() * sizeof(float));
+        std::memcpy(st.v.data(), l.v.data_ptr<float>(), st.v.size() * sizeof(float));
+        st.step = l.step;
+      } else {
+        st.sum_d = l.sum_d;
+        std::vector<float> m(l.m.data_ptr<float>(), l.m.data_ptr<float>() + l.m.numel());
+        std::vector<float> v(l.v.data_ptr<float>(), l.v.data_ptr<float>() + l.v.numel());
+        RETURN_IF_ERROR(st.adam->Restore(l.step, std::move(m), std::move(v)));
+        st.p = std::move(l.p);
+        st.q = std::move(l.q);
+      }
+    }
+    return absl::OkStatus();
+  }));
+  LOG(INFO) << "optimizer: restored the state of step " << step << " from " << dir;
+  lspo::v1::StateReply reply;
   reply.add_files(path);
   reply.set_seconds(runtime::SecondsSince(t0));
   return reply;

@@ -77,6 +77,21 @@ class OptimizerCore {
   absl::StatusOr<lspo::v1::SaveReply> SaveModel(const std::string& job_id,
                                                 const std::string& dir);
 
+  // Checkpoint (exact resume): writes `dir`/optimizer_state.safetensors with, per trained
+  // matrix (HF name prefix), `.master` (m, n) fp32 (zero: the master weight; lsp: the base
+  // W0 + folded old subspaces), lsp: `.sum_d` (d, d) fp32, `.adam_m`, `.adam_v` (d, d) fp32,
+  // `.adam_step` () int64 and the projectors (`.p_index` (m, r) int32, ...); zero: `.adam_m`,
+  // `.adam_v` (m, n) fp32 and `.adam_step`; metadata {job_id, mode, step}.
+  // Errors: kFailedPrecondition (no job), I/O errors naming the file.
+  absl::StatusOr<lspo::v1::StateReply> SaveState(const std::string& job_id,
+                                                 const std::string& dir, int step);
+
+  // Restores what SaveState wrote into the freshly loaded job. Every tensor is read and
+  // validated (shapes, dtypes, finite, v >= 0, step >= 0) before anything changes.
+  // Errors: kNotFound (missing file/tensor), kDataLoss naming the file and the tensor.
+  absl::StatusOr<lspo::v1::StateReply> LoadState(const std::string& job_id,
+                                                 const std::string& dir, int step);
+
   absl::Status UnloadJob(const std::string& job_id);
 
  private:

@@ -51,4 +51,13 @@ grpc::Status OptimizerService::UnloadJob(grpc::ServerContext*,
   return rpc::ToGrpc(core_->UnloadJob(req->job_id()));
 }
 
+grpc::Status OptimizerService::SaveState(grpc::ServerContext*, const lspo::v1::StateRequest* req,
+                                  lspo::v1::StateReply* out) {
+  return rpc::Reply(core_->SaveState(req->job_id(), req->dir(), req->step()), out);
+}
+grpc::Status OptimizerService::LoadState(grpc::ServerContext*, const lspo::v1::StateRequest* req,
+                                  lspo::v1::StateReply* out) {
+  return rpc::Reply(core_->LoadState(req->job_id(), req->dir(), req->step()), out);
+}
+
 }  // namespace lspo::optimizer

@@ -20,6 +20,10 @@ class OptimizerService final : public lspo::v1::Optimizer::Service {
                          lspo::v1::SaveReply*) override;
   grpc::Status UnloadJob(grpc::ServerContext*, const lspo::v1::UnloadJobRequest*,
                          lspo::v1::UnloadJobReply*) override;
+  grpc::Status SaveState(grpc::ServerContext*, const lspo::v1::StateRequest*,
+                         lspo::v1::StateReply*) override;
+  grpc::Status LoadState(grpc::ServerContext*, const lspo::v1::StateRequest*,
+                         lspo::v1::StateReply*) override;
   grpc::Status AbortStep(grpc::ServerContext*, const lspo::v1::AbortStepRequest*,
                          lspo::v1::AbortStepReply*) override;
   grpc::Status ExportLayerWeights(grpc::ServerContext*, const lspo::v1::LayerWeightsRequest*,

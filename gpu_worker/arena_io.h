@@ -14,6 +14,8 @@
 #ifndef LSPO_GPU_WORKER_ARENA_IO_H_
 #define LSPO_GPU_WORKER_ARENA_IO_H_
 
+#include <map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "lsp/projector.h"
+#include "model/safetensors.h"
 #include "proto/lsp_offload.pb.h"
 #include "runtime/completion_flags.h"
 #include "runtime/shm_arena.h"
@@ -66,6 +69,37 @@ absl::Status WriteProjector(const runtime::ShmArena& arena, const lspo::v1::Tens
 absl::StatusOr<lsp::SparseProjector> ReadProjector(const runtime::ShmArena& arena,
                                                    const lspo::v1::TensorRef& index,
                                                    const lspo::v1::TensorRef& value, int64_t d);
+
+// ---- Training-state files (checkpoints, exact resume) ----------------------------------------
+
+// Named CPU tensors of a state file, in write order.
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Writes `tensors` (CPU; fp32, bf16, int32 or int64; made contiguous) to the safetensors file
+// `path` with `metadata` through model::WriteSafetensors (temp file, fsync, rename).
+// Errors: kInvalidArgument (other dtype, or a CUDA tensor), I/O errors of WriteSafetensors
+// (kPermissionDenied / kInternal naming the path).
+absl::Status WriteTensorFile(const std::string& path, const NamedTensors& tensors,
+                             const std::map<std::string, std::string>& metadata);
+
+// Reads tensor `name` of the state file `file` (described as `what` in messages) into a new
+// CPU tensor, checking its dtype and shape. Floating tensors must be finite (a poisoned
+// checkpoint must not resume; known-failures.md #5). Errors: kNotFound (absent), kDataLoss
+// (other dtype or shape, non-finite values), each naming the file and the tensor.
+absl::StatusOr<at::Tensor> ReadStateTensor(const model::SafetensorsFile& file,
+                                           const std::string& what, const std::string& name,
+                                           at::ScalarType dtype, at::IntArrayRef shape);
+
+// A projector as two state tensors `<prefix>_index` (rows, r) int32 and `<prefix>_value`
+// (rows, r) fp32 (known-failures.md #11: plain tensors).
+void AppendProjector(const std::string& prefix, const lsp::SparseProjector& p,
+                     NamedTensors* out);
+// Reads back what AppendProjector wrote, validated (SparseProjector::FromTensors) against
+// `rows` and `d`. Errors: as ReadStateTensor, kDataLoss for an invalid projector.
+absl::StatusOr<lsp::SparseProjector> ReadStateProjector(const model::SafetensorsFile& file,
+                                                        const std::string& what,
+                                                        const std::string& prefix,
+                                                        int64_t rows, int64_t d, int64_t r);
 
 }  // namespace lspo::worker
 

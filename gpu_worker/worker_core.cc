@@ -1,6 +1,7 @@
 #include "gpu_worker/worker_core.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -912,6 +913,124 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
     RETURN_IF_ERROR(model::WriteSafetensors(path, entries, {{"format", "pt"}}));
     reply.add_files(path);
   }
+  reply.set_seconds(runtime::SecondsSince(t0));
+  return reply;
+}
+
+namespace {
+
+const char* ModeName(const WorkerJob& job) {
+  return job.lsp ? "lsp" : job.zero ? "zero" : "native";
+}
+
+absl::Status CheckStateMeta(const model::SafetensorsFile& file, const std::string& path,
+                            const char* mode, int step) {
+  const auto& meta = file.metadata();
+  auto get = [&](const char* key) {
+    auto it = meta.find(key);
+    return it == meta.end() ? std::string() : it->second;
+  };
+  if (get("mode") != mode || get("step") != std::to_string(step)) {
+    return absl::DataLossError(absl::StrCat(
+        "'", path, "' holds the ", get("mode"), " state of step ", get("step"), ", expected ",
+        mode, " at step ", step, ": the checkpoint directory is inconsistent"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<lspo::v1::StateReply> WorkerCore::SaveState(const std::string& job_id,
+                                                           const std::string& dir, int step) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
+  auto t0 = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(TorchCall("flush updates", [&] { return ApplyPending(job, -1); }));
+  lspo::v1::StateReply reply;
+  RETURN_IF_ERROR(TorchCall("save worker state", [&]() -> absl::Status {
+    at::NoGradGuard no_grad;
+    NamedTensors tensors;
+    for (size_t i = 0; i < job->linears.size(); ++i) {
+      const std::string& name = job->linears[i].name;
+      tensors.emplace_back(name, job->model->LinearWeight(static_cast<int64_t>(i)).detach());
+      if (job->lsp && job->p[i].rows > 0) {
+        AppendProjector(name + ".p", job->p[i], &tensors);
+        AppendProjector(name + ".q", job->q[i], &tensors);
+      }
+    }
+    const std::string path = dir + "/worker_state.safetensors";
+    RETURN_IF_ERROR(WriteTensorFile(
+        path, tensors,
+        {{"job_id", job->id}, {"mode", ModeName(*job)}, {"step", std::to_string(step)},
+         {"fitted", job->fitted ? "1" : "0"}}));
+    reply.add_files(path);
+    if (job->adamw != nullptr) {
+      const std::string opt_path = dir + "/worker_adamw.pt";
+      torch::save(*job->adamw, opt_path);
+      reply.add_files(opt_path);
+    }
+    return absl::OkStatus();
+  }));
+  reply.set_seconds(runtime::SecondsSince(t0));
+  return reply;
+}
+
+absl::StatusOr<lspo::v1::StateReply> WorkerCore::LoadState(const std::string& job_id,
+                                                           const std::string& dir, int step) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
+  auto t0 = std::chrono::steady_clock::now();
+  const std::string path = dir + "/worker_state.safetensors";
+  ASSIGN_OR_RETURN(model::SafetensorsFile file, model::SafetensorsFile::Open(path));
+  RETURN_IF_ERROR(CheckStateMeta(file, path, ModeName(*job), step));
+  const std::string what = absl::StrCat("worker state '", path, "'");
+  RETURN_IF_ERROR(TorchCall("load worker state", [&]() -> absl::Status {
+    at::NoGradGuard no_grad;
+    // Read and validate everything first, then commit.
+    std::vector<at::Tensor> weights;
+    std::vector<lsp::SparseProjector> p(job->linears.size()), q(job->linears.size());
+    const bool fitted = file.metadata().count("fitted") && file.metadata().at("fitted") == "1";
+    for (size_t i = 0; i < job->linears.size(); ++i) {
+      const LinearShape& ls = job->linears[i];
+      at::Tensor& w = job->model->LinearWeight(static_cast<int64_t>(i));
+      ASSIGN_OR_RETURN(at::Tensor t,
+                       ReadStateTensor(file, what, ls.name, w.scalar_type(), w.sizes()));
+      weights.push_back(std::move(t));
+      if (job->lsp && fitted) {
+        const int64_t d = job->layout.d(), r = job->layout.r();
+        ASSIGN_OR_RETURN(p[i], ReadStateProjector(file, what, ls.name + ".p", ls.m, d, r));
+        ASSIGN_OR_RETURN(q[i], ReadStateProjector(file, what, ls.name + ".q", ls.n, d, r));
+      }
+    }
+    for (size_t i = 0; i < job->linears.size(); ++i) {
+      job->model->LinearWeight(static_cast<int64_t>(i)).copy_(weights[i]);
+      job->pending_step[i] = 0;
+      if (job->lsp && fitted) {
+        const auto& slot = job->layout.linears(static_cast<int>(i));
+        RETURN_IF_ERROR(WriteProjector(job->arena, slot.p_index(), slot.p_value(), p[i]));
+        RETURN_IF_ERROR(WriteProjector(job->arena, slot.q_index(), slot.q_value(), q[i]));
+        RETURN_IF_ERROR(job->model->SetProjectors(static_cast<int64_t>(i), p[i], q[i]));
+        job->p[i] = std::move(p[i]);
+        job->q[i] = std::move(q[i]);
+      }
+    }
+    if (job->lsp && fitted) {
+      job->model->SetLinearMode(model::LinearMode::kLsp);
+      job->fitted = true;
+    }
+    if (job->adamw != nullptr) {
+      const std::string opt_path = dir + "/worker_adamw.pt";
+      if (access(opt_path.c_str(), R_OK) != 0) {
+        return absl::NotFoundError(absl::StrCat("'", opt_path, "' is missing: the checkpoint "
+                                                "has no AdamW state for this native job"));
+      }
+      torch::load(*job->adamw, opt_path);
+    }
+    return absl::OkStatus();
+  }));
+  LOG(INFO) << "worker: restored the state of step " << step << " from " << dir;
+  lspo::v1::StateReply reply;
+  reply.add_files(path);
   reply.set_seconds(runtime::SecondsSince(t0));
   return reply;
 }

@@ -96,6 +96,23 @@ class WorkerCore {
   absl::StatusOr<lspo::v1::LayerWeightsReply> ImportLayerWeights(const std::string& job_id,
                                                                  int layer, bool measure_only);
 
+  // Checkpoint (exact resume): flushes pending updates, then writes
+  // `dir`/worker_state.safetensors: every trained matrix as stored (fp32 or bf16, HF names),
+  // MODE_LSP the projectors (`<name>.p_index` (m, r) int32, `.p_value` (m, r) fp32, `.q_*`
+  // (n, r)), metadata {job_id, mode, step}; MODE_NATIVE also `dir`/worker_adamw.pt (the AdamW
+  // state, torch::save). The data order and every random draw derive from (seed, step), so
+  // nothing else is needed. Errors: kFailedPrecondition (no job), I/O errors naming the file.
+  absl::StatusOr<lspo::v1::StateReply> SaveState(const std::string& job_id,
+                                                 const std::string& dir, int step);
+
+  // Restores what SaveState wrote into the freshly loaded job (before any step): weights,
+  // projectors (also into the arena and the model; the fit is then skipped), AdamW state.
+  // Errors: kNotFound (missing file/tensor), kDataLoss (other shapes/dtypes, non-finite values,
+  // invalid projectors, a state of another mode or step), each naming the file; the job's
+  // weights are unchanged unless every tensor was read.
+  absl::StatusOr<lspo::v1::StateReply> LoadState(const std::string& job_id,
+                                                 const std::string& dir, int step);
+
   // Marks `step` abandoned in the arena so that a TrainStep waiting for the optimizer's
   // updates of that step fails at once (kAborted) instead of waiting for its timeout; the
   // scheduler calls it when the optimizer's Update failed. Does not wait for the core's mutex.

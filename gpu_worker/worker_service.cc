@@ -3,34 +3,24 @@
 #include "proto/grpc_status.h"
 
 namespace lspo::worker {
-namespace {
-
-template <typename T, typename Out>
-grpc::Status Reply(absl::StatusOr<T> r, Out* out) {
-  if (!r.ok()) return rpc::ToGrpc(r.status());
-  *out = std::move(*r);
-  return grpc::Status::OK;
-}
-
-}  // namespace
 
 grpc::Status WorkerService::LoadJob(grpc::ServerContext*, const lspo::v1::LoadJobRequest* req,
                                     lspo::v1::LoadJobReply* out) {
-  return Reply(core_->LoadJob(req->job_id(), req->spec()), out);
+  return rpc::Reply(core_->LoadJob(req->job_id(), req->spec()), out);
 }
 grpc::Status WorkerService::FitProjectors(grpc::ServerContext*,
                                           const lspo::v1::FitProjectorsRequest* req,
                                           lspo::v1::FitProjectorsReply* out) {
-  return Reply(core_->FitProjectors(req->job_id(), req->step()), out);
+  return rpc::Reply(core_->FitProjectors(req->job_id(), req->step()), out);
 }
 grpc::Status WorkerService::TrainStep(grpc::ServerContext*,
                                       const lspo::v1::TrainStepRequest* req,
                                       lspo::v1::TrainStepReply* out) {
-  return Reply(core_->TrainStep(req->job_id(), req->step(), req->lr(), req->plan()), out);
+  return rpc::Reply(core_->TrainStep(req->job_id(), req->step(), req->lr(), req->plan()), out);
 }
 grpc::Status WorkerService::ApplyUpdates(grpc::ServerContext*, const lspo::v1::ApplyRequest* req,
                                          lspo::v1::ApplyReply* out) {
-  return Reply(core_->ApplyUpdates(req->job_id(), req->step(), *req), out);
+  return rpc::Reply(core_->ApplyUpdates(req->job_id(), req->step(), *req), out);
 }
 grpc::Status WorkerService::Evaluate(grpc::ServerContext*, const lspo::v1::EvaluateRequest* req,
                                      lspo::v1::EvaluateReply* out) {
@@ -41,12 +31,12 @@ grpc::Status WorkerService::Evaluate(grpc::ServerContext*, const lspo::v1::Evalu
 }
 grpc::Status WorkerService::SaveArtifacts(grpc::ServerContext*, const lspo::v1::SaveRequest* req,
                                           lspo::v1::SaveReply* out) {
-  return Reply(core_->SaveArtifacts(req->job_id(), req->dir()), out);
+  return rpc::Reply(core_->SaveArtifacts(req->job_id(), req->dir()), out);
 }
 grpc::Status WorkerService::ImportLayerWeights(grpc::ServerContext*,
                                                const lspo::v1::LayerWeightsRequest* req,
                                                lspo::v1::LayerWeightsReply* out) {
-  return Reply(core_->ImportLayerWeights(req->job_id(), req->layer(), req->measure_only()), out);
+  return rpc::Reply(core_->ImportLayerWeights(req->job_id(), req->layer(), req->measure_only()), out);
 }
 grpc::Status WorkerService::AbortStep(grpc::ServerContext*,
                                       const lspo::v1::AbortStepRequest* req,
@@ -57,6 +47,15 @@ grpc::Status WorkerService::UnloadJob(grpc::ServerContext*,
                                       const lspo::v1::UnloadJobRequest* req,
                                       lspo::v1::UnloadJobReply*) {
   return rpc::ToGrpc(core_->UnloadJob(req->job_id()));
+}
+
+grpc::Status WorkerService::SaveState(grpc::ServerContext*, const lspo::v1::StateRequest* req,
+                                  lspo::v1::StateReply* out) {
+  return rpc::Reply(core_->SaveState(req->job_id(), req->dir(), req->step()), out);
+}
+grpc::Status WorkerService::LoadState(grpc::ServerContext*, const lspo::v1::StateRequest* req,
+                                  lspo::v1::StateReply* out) {
+  return rpc::Reply(core_->LoadState(req->job_id(), req->dir(), req->step()), out);
 }
 
 }  // namespace lspo::worker

@@ -26,6 +26,10 @@ class WorkerService final : public lspo::v1::Worker::Service {
                          lspo::v1::UnloadJobReply*) override;
   grpc::Status ImportLayerWeights(grpc::ServerContext*, const lspo::v1::LayerWeightsRequest*,
                                   lspo::v1::LayerWeightsReply*) override;
+  grpc::Status SaveState(grpc::ServerContext*, const lspo::v1::StateRequest*,
+                         lspo::v1::StateReply*) override;
+  grpc::Status LoadState(grpc::ServerContext*, const lspo::v1::StateRequest*,
+                         lspo::v1::StateReply*) override;
   grpc::Status AbortStep(grpc::ServerContext*, const lspo::v1::AbortStepRequest*,
                          lspo::v1::AbortStepReply*) override;
 

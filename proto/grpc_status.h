@@ -3,8 +3,10 @@
 #define LSPO_PROTO_GRPC_STATUS_H_
 
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 
@@ -23,6 +25,15 @@ inline absl::Status FromGrpc(const grpc::Status& s, absl::string_view peer = "")
     absl::StrAppend(&msg, " (is the service running? start it or check its address)");
   }
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);
+}
+
+// A handler's reply: moves the value of `r` into `*out` and returns OK, or returns the error
+// (ToGrpc). For service methods whose core returns StatusOr<Reply>.
+template <typename T, typename Out>
+grpc::Status Reply(absl::StatusOr<T> r, Out* out) {
+  if (!r.ok()) return ToGrpc(r.status());
+  *out = std::move(*r);
+  return grpc::Status::OK;
 }
 
 }  // namespace lspo::rpc

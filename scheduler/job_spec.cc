@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -9,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "yaml-cpp/yaml.h"
@@ -154,6 +156,7 @@ void ResolveDefaults(JobSpec* spec) {
   if (spec->micro_batch_size() == 0) spec->set_micro_batch_size(8);
   if (spec->grad_accum() == 0) spec->set_grad_accum(1);
   if (spec->seq_len() == 0) spec->set_seq_len(128);
+  if (spec->keep_checkpoints() == 0) spec->set_keep_checkpoints(2);
   if (spec->num_threads() == 0) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     spec->set_num_threads(n > 0 ? static_cast<int>(n) : 1);
@@ -165,6 +168,20 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("job spec field ", field, " = ", value, " is invalid: ", fix));
   };
+  if (spec.checkpoint_every() < 0) {
+    return bad("checkpoint_every", spec.checkpoint_every(),
+               "use 0 (no training checkpoints) or a positive number of steps");
+  }
+  if (spec.keep_checkpoints() < 1) {
+    return bad("keep_checkpoints", spec.keep_checkpoints(), "keep at least 1 checkpoint");
+  }
+  if (!spec.resume_from().empty() && spec.resume_from() != "latest" &&
+      access((spec.resume_from() + "/trainer_state.json").c_str(), R_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "job spec field resume_from: '", spec.resume_from(),
+        "' is not a checkpoint directory (no trainer_state.json); give "
+        "<output_dir>/checkpoints/step-NNNNNNNN or \"latest\""));
+  }
   const auto& model = spec.model();
   if (model.format() != "gguf" && model.format() != "tiny-random") {
     return bad("model.format", model.format(), "use \"gguf\" or \"tiny-random\"");
@@ -279,6 +296,84 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return bad("num_threads", spec.num_threads(), "use 1..1024");
   }
   return absl::OkStatus();
+}
+
+}  // namespace lspo::scheduler
+
+namespace lspo::scheduler {
+
+absl::Status CheckPathsUnderRoots(const lspo::v1::JobSpec& spec,
+                                  const std::vector<std::string>& roots) {
+  if (roots.empty()) return absl::OkStatus();
+  namespace fs = std::filesystem;
+  // The longest existing prefix is resolved (symlinks, ..), the rest appended lexically.
+  auto resolve = [](const std::string& path) {
+    std::error_code ec;
+    fs::path p = fs::absolute(path, ec).lexically_normal();
+    fs::path existing = p, rest;
+    while (!existing.empty() && !fs::exists(existing, ec)) {
+      rest = existing.filename() / rest;
+      existing = existing.parent_path();
+    }
+    fs::path canon = fs::canonical(existing, ec);
+    if (ec) canon = existing;
+    return (canon / rest).lexically_normal();
+  };
+  std::vector<fs::path> canon_roots;
+  for (const std::string& r : roots) canon_roots.push_back(resolve(r));
+  auto under = [&](const fs::path& p) {
+    for (const fs::path& r : canon_roots) {
+      auto rel = p.lexically_relative(r);
+      if (!rel.empty() && *rel.begin() != "..") return true;
+    }
+    return false;
+  };
+  const std::pair<const char*, std::string> fields[] = {
+      {"model.path", spec.model().path()},
+      {"model.tokenizer_path", spec.model().tokenizer_path()},
+      {"data.train_path", spec.data().train_path()},
+      {"data.eval_path", spec.data().eval_path()},
+      {"data.perplexity_path", spec.data().perplexity_path()},
+      {"output_dir", spec.output_dir()},
+      {"resume_from", spec.resume_from() == "latest" ? std::string() : spec.resume_from()},
+  };
+  for (const auto& [field, path] : fields) {
+    if (path.empty()) continue;
+    const fs::path p = resolve(path);
+    if (!under(p)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "job spec field ", field, ": '", path, "' (", p.string(),
+          ") is outside the scheduler's allowed roots (", absl::StrJoin(roots, ", "),
+          "): move the file under one of them or start lsp_scheduler with --allowed_roots"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string TrainingFingerprint(lspo::v1::JobSpec spec) {
+  // Fields that do not change the training trajectory (bookkeeping, evaluation, threads,
+  // schedule: serial and overlap give bitwise-identical weights).
+  spec.clear_name();
+  spec.clear_steps();
+  spec.clear_output_dir();
+  spec.clear_resume_from();
+  spec.clear_checkpoint_every();
+  spec.clear_keep_checkpoints();
+  spec.clear_eval_every();
+  spec.clear_skip_initial_eval();
+  spec.clear_skip_checkpoint();
+  spec.clear_num_threads();
+  spec.clear_schedule();
+  spec.clear_device();
+  spec.mutable_data()->clear_eval_path();
+  spec.mutable_data()->clear_max_eval_examples();
+  spec.mutable_data()->clear_perplexity_path();
+  spec.mutable_data()->clear_perplexity_blocks();
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(spec, &out, o);
+  return out;
 }
 
 }  // namespace lspo::scheduler

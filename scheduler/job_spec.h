@@ -5,6 +5,7 @@
 #define LSPO_SCHEDULER_JOB_SPEC_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -39,6 +40,20 @@ void ResolveDefaults(lspo::v1::JobSpec* spec);
 // Errors: kInvalidArgument naming the field, the value and the fix; kNotFound for a missing
 // file (naming the field and the path).
 absl::Status ValidateJobSpec(const lspo::v1::JobSpec& spec);
+
+// Path checks for a multi-user service: every path the spec reads or writes (model.path,
+// model.tokenizer_path, data.*_path, output_dir, resume_from) must lie under one of `roots`
+// after resolving "..", symlinks of the existing prefix and relative paths (against the
+// working directory). Empty `roots` = no restriction. Errors: kPermissionDenied naming the
+// field, the path and the fix (--allowed_roots).
+absl::Status CheckPathsUnderRoots(const lspo::v1::JobSpec& spec,
+                                  const std::vector<std::string>& roots);
+
+// The spec fields that determine the training trajectory, as canonical JSON: two specs with
+// the same fingerprint train bitwise identically step for step (name, steps, output and
+// checkpoint settings, evaluation, threads and the offload schedule are excluded). A resumed
+// job must match its checkpoint's fingerprint.
+std::string TrainingFingerprint(lspo::v1::JobSpec spec);
 
 }  // namespace lspo::scheduler
 

@@ -1,20 +1,26 @@
 #include "scheduler/scheduler_core.h"
 
+#include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "proto/grpc_status.h"
 #include "runtime/status_macros.h"
 #include "runtime/util.h"
+#include "scheduler/checkpoint.h"
 #include "scheduler/cost_model.h"
 #include "scheduler/job_spec.h"
 #include "scheduler/lr_schedule.h"
@@ -63,7 +69,67 @@ SchedulerCore::SchedulerCore(lspo::v1::Worker::StubInterface* worker,
                              lspo::v1::Optimizer::StubInterface* optimizer,
                              SchedulerOptions options)
     : worker_(worker), optimizer_(optimizer), options_(std::move(options)) {
+  if (!options_.state_dir.empty()) {
+    absl::StatusOr<JobStore> store = JobStore::Open(options_.state_dir);
+    if (store.ok()) {
+      store_ = std::move(*store);
+      RecoverJobs();
+    } else {
+      init_status_ = store.status();
+      LOG(ERROR) << "scheduler: " << init_status_;
+    }
+  }
   runner_ = std::thread([this] { RunLoop(); });
+}
+
+void SchedulerCore::PersistLocked(Job* job) {
+  if (!store_.has_value()) return;
+  absl::Status st = store_->Save(job->status);
+  if (!st.ok()) {
+    LOG(WARNING) << "scheduler: cannot persist " << job->status.job_id() << ": " << st;
+  }
+}
+
+void SchedulerCore::RecoverJobs() {
+  std::vector<std::string> skipped;
+  std::vector<JobStatus> stored = store_->LoadAll(&skipped);
+  for (const std::string& s : skipped) {
+    LOG(ERROR) << "scheduler: skipped an unreadable job file (renamed to .corrupt): " << s;
+  }
+  absl::MutexLock lock(&mu_);
+  // Ids are job-<unix seconds>-<sequence>: queue in submission order, the interrupted job first.
+  auto seq_of = [](const std::string& id) {
+    int64_t n = 0;
+    const size_t dash = id.rfind('-');
+    if (dash != std::string::npos) (void)absl::SimpleAtoi(id.substr(dash + 1), &n);
+    return n;
+  };
+  std::vector<std::pair<int64_t, std::string>> interrupted, queued;
+  for (JobStatus& st : stored) {
+    const std::string id = st.job_id();
+    next_id_ = std::max(next_id_, seq_of(id) + 1);
+    if (st.state() == lspo::v1::RUNNING || st.state() == lspo::v1::CHECKPOINTING) {
+      st.set_state(lspo::v1::QUEUED);
+      st.set_restarts(st.restarts() + 1);
+      st.set_phase("queued (resuming after a scheduler restart)");
+      if (!ListCheckpoints(st.spec().output_dir()).empty()) {
+        st.mutable_spec()->set_resume_from("latest");
+      }
+      interrupted.emplace_back(seq_of(id), id);
+    } else if (st.state() == lspo::v1::QUEUED) {
+      queued.emplace_back(seq_of(id), id);
+    }
+    Job job;
+    job.status = std::move(st);
+    jobs_[id] = std::move(job);
+    PersistLocked(&jobs_[id]);
+  }
+  std::sort(interrupted.begin(), interrupted.end());
+  std::sort(queued.begin(), queued.end());
+  for (const auto& [seq, id] : interrupted) queue_.push_back(id);
+  for (const auto& [seq, id] : queued) queue_.push_back(id);
+  LOG(INFO) << "scheduler: recovered " << stored.size() << " jobs from " << store_->dir() << " ("
+            << interrupted.size() << " to resume, " << queued.size() << " queued)";
 }
 
 SchedulerCore::~SchedulerCore() {
@@ -90,7 +156,9 @@ absl::StatusOr<std::string> SchedulerCore::Submit(JobSpec spec) {
   }
   job.status.set_output_dir(spec.output_dir());
   *job.status.mutable_spec() = spec;
+  RETURN_IF_ERROR(CheckPathsUnderRoots(spec, options_.allowed_roots));
   jobs_[id] = std::move(job);
+  PersistLocked(&jobs_[id]);
   queue_.push_back(id);
   LOG(INFO) << "scheduler: queued " << id << " (" << spec.name() << ")";
   return id;
@@ -122,6 +190,7 @@ absl::StatusOr<JobState> SchedulerCore::Cancel(const std::string& job_id) {
     job.status.set_state(lspo::v1::CANCELLED);
     job.status.set_phase("cancelled");
     ++job.version;
+    PersistLocked(&job);
   }
   return job.status.state();
 }
@@ -176,6 +245,7 @@ void SchedulerCore::Update(const std::string& job_id,
   Job& job = jobs_[job_id];
   fn(&job.status);
   ++job.version;
+  PersistLocked(&job);
 }
 
 bool SchedulerCore::CancelRequested(const std::string& job_id) const {
@@ -201,7 +271,9 @@ void SchedulerCore::RunLoop() {
       if (job.status.state() != lspo::v1::QUEUED) continue;  // Cancelled while queued.
       job.status.set_state(lspo::v1::RUNNING);
       job.status.set_phase("loading");
+      job.status.clear_error();
       ++job.version;
+      PersistLocked(&job);
       spec = job.status.spec();
     }
     absl::Status st = RunJob(id, spec);
@@ -230,7 +302,51 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
   const bool offload = lsp || zero;  // An optimizer service and an arena take part.
   const std::string& out_dir = spec.output_dir();
   RETURN_IF_ERROR(runtime::MakeDirs(out_dir));
-  std::ofstream metrics(out_dir + "/metrics.jsonl", std::ios::trunc);
+
+  // Resume: find and verify the checkpoint before loading anything.
+  int start_step = 0;
+  nlohmann::json resume_state;
+  std::string resume_dir;
+  if (!spec.resume_from().empty()) {
+    std::vector<CheckpointInfo> candidates;
+    if (spec.resume_from() == "latest") {
+      candidates = ListCheckpoints(out_dir);
+      std::reverse(candidates.begin(), candidates.end());
+    } else {
+      candidates.push_back({0, spec.resume_from()});
+    }
+    for (const CheckpointInfo& c : candidates) {
+      absl::StatusOr<nlohmann::json> state = VerifyCheckpoint(c.dir);
+      if (!state.ok()) {
+        if (spec.resume_from() != "latest") return state.status();
+        LOG(ERROR) << "scheduler: " << id << ": skipping checkpoint " << c.dir << ": "
+                   << state.status();
+        continue;
+      }
+      resume_state = std::move(*state);
+      resume_dir = c.dir;
+      break;
+    }
+    if (!resume_dir.empty()) {
+      if (resume_state.value("training_fingerprint", std::string()) !=
+          TrainingFingerprint(spec)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint '", resume_dir, "' was written by a job with a different training spec "
+            "(mode, model, data, lsp, optim, batch or seed differ): resume with the spec in its "
+            "trainer_state.json, changing only steps, output, evaluation or threads"));
+      }
+      start_step = resume_state["step"].get<int>();
+      if (start_step > spec.steps()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "checkpoint '", resume_dir, "' is at step ", start_step, " but the job has only ",
+            spec.steps(), " steps: raise steps"));
+      }
+      LOG(INFO) << "scheduler: " << id << ": resuming from " << resume_dir << " (step "
+                << start_step << ")";
+    }
+  }
+  const auto open_mode = start_step > 0 ? std::ios::app : std::ios::trunc;
+  std::ofstream metrics(out_dir + "/metrics.jsonl", open_mode);
   if (!metrics) {
     return absl::PermissionDeniedError(
         absl::StrCat("cannot write '", out_dir, "/metrics.jsonl'"));
@@ -258,6 +374,7 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
     SchedulerCore* self;
     std::string id;
     bool offload;
+    std::string arena_name;
     ~Unloader() {
       lspo::v1::UnloadJobRequest u;
       u.set_job_id(id);
@@ -266,16 +383,35 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
         (void)Call(self->optimizer_, &lspo::v1::Optimizer::StubInterface::UnloadJob, u, &r,
                    60, "optimizer");
       }
-      (void)Call(self->worker_, &lspo::v1::Worker::StubInterface::UnloadJob, u, &r, 60,
-                 "worker");
+      absl::Status st = Call(self->worker_, &lspo::v1::Worker::StubInterface::UnloadJob, u, &r,
+                             60, "worker");
+      // A dead worker cannot remove its arena: do it here (same host; harmless otherwise).
+      if (!st.ok() && !arena_name.empty() && shm_unlink(arena_name.c_str()) == 0) {
+        LOG(WARNING) << "scheduler: removed the arena " << arena_name << " of " << id
+                     << " left by an unreachable worker";
+      }
     }
-  } unloader{this, id, offload};
+  } unloader{this, id, offload, wload.arena().name()};
   const lspo::v1::ArenaLayout& layout = wload.arena();
   if (offload) {
     *load.mutable_arena() = layout;
     lspo::v1::LoadJobReply oload;
     RETURN_IF_ERROR(Call(optimizer_, &lspo::v1::Optimizer::StubInterface::LoadJob, load, &oload,
                          dl, "optimizer"));
+  }
+  if (start_step > 0) {
+    phase(absl::StrCat("restoring the training state of step ", start_step));
+    lspo::v1::StateRequest sreq;
+    sreq.set_job_id(id);
+    sreq.set_dir(resume_dir);
+    sreq.set_step(start_step);
+    lspo::v1::StateReply srep;
+    RETURN_IF_ERROR(Call(worker_, &lspo::v1::Worker::StubInterface::LoadState, sreq, &srep, dl,
+                         "worker"));
+    if (offload) {
+      RETURN_IF_ERROR(Call(optimizer_, &lspo::v1::Optimizer::StubInterface::LoadState, sreq,
+                           &srep, dl, "optimizer"));
+    }
   }
   nlohmann::json summary;
   summary["job_id"] = id;
@@ -295,6 +431,33 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
   summary["trainable_parameters"] = wload.trainable_parameters();
   summary["model"] = spec.model().format() == "gguf" ? spec.model().path() : "tiny-random";
   summary["train_path"] = spec.data().train_path();
+  int nonfinite_in_a_row = 0, skipped = 0;
+  if (start_step > 0) {
+    // Counters, evaluations and the summary so far, as at the checkpoint.
+    skipped = resume_state.value("skipped_steps", 0);
+    nonfinite_in_a_row = resume_state.value("nonfinite_in_a_row", 0);
+    if (resume_state.contains("summary") && resume_state["summary"].is_object()) {
+      for (const auto& [k, v] : resume_state["summary"].items()) {
+        if (!summary.contains(k)) summary[k] = v;
+      }
+    }
+    summary["resumed_from_step"] = start_step;
+    std::vector<lspo::v1::EvalMetrics> evals;
+    for (const auto& e : resume_state.value("evals", nlohmann::json::array())) {
+      lspo::v1::EvalMetrics m;
+      if (google::protobuf::util::JsonStringToMessage(e.dump(), &m).ok()) evals.push_back(m);
+    }
+    log_json({{"kind", "resume"}, {"step", start_step}, {"checkpoint", resume_dir}});
+    Update(id, [&](JobStatus* s) {
+      s->set_step(start_step);
+      s->set_resumed_from_step(start_step);
+      s->set_skipped_steps(skipped);
+      s->set_last_checkpoint_step(start_step);
+      s->set_last_checkpoint_dir(resume_dir);
+      s->clear_evals();
+      for (const auto& m : evals) *s->add_evals() = m;
+    });
+  }
 
   const bool has_eval = wload.eval_examples() > 0 || !spec.data().perplexity_path().empty();
   auto evaluate = [&](int step) -> absl::StatusOr<lspo::v1::EvalMetrics> {
@@ -315,7 +478,7 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
     return rep.metrics();
   };
 
-  if (has_eval && !spec.skip_initial_eval()) {
+  if (has_eval && !spec.skip_initial_eval() && start_step == 0) {
     ASSIGN_OR_RETURN(lspo::v1::EvalMetrics initial, evaluate(0));
     if (spec.data().format() == "classification") {
       summary["zero_shot_accuracy"] = initial.accuracy();
@@ -374,7 +537,7 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
     }
     return absl::OkStatus();
   };
-  if (lsp) RETURN_IF_ERROR(fit(0));
+  if (lsp && start_step == 0) RETURN_IF_ERROR(fit(0));
 
   // Master-weight refresh (lsp): the optimizer writes each layer's fp32 master weights into
   // the arena staging region and the worker copies them in (or, measure_only, reports
@@ -400,13 +563,117 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
     return max_diff;
   };
 
+  // Training checkpoint of `step` (scheduler/checkpoint.h). A failure (disk full, unwritable
+  // directory) is reported in last_error and training goes on; the previous checkpoint stays.
+  auto checkpoint = [&](int step) -> absl::Status {
+    Update(id, [&](JobStatus* s) {
+      s->set_state(lspo::v1::CHECKPOINTING);
+      s->set_phase(absl::StrCat("writing the checkpoint of step ", step));
+    });
+    auto write = [&]() -> absl::StatusOr<std::string> {
+      ASSIGN_OR_RETURN(std::string tmp, BeginCheckpoint(out_dir, step));
+      absl::Status st = [&]() -> absl::Status {
+        lspo::v1::SaveRequest save;
+        save.set_job_id(id);
+        save.set_dir(tmp);
+        lspo::v1::SaveReply srep;
+        RETURN_IF_ERROR(Call(worker_, &lspo::v1::Worker::StubInterface::SaveArtifacts, save,
+                             &srep, dl, "worker"));
+        lspo::v1::StateRequest sreq;
+        sreq.set_job_id(id);
+        sreq.set_dir(tmp);
+        sreq.set_step(step);
+        lspo::v1::StateReply strep;
+        RETURN_IF_ERROR(Call(worker_, &lspo::v1::Worker::StubInterface::SaveState, sreq, &strep,
+                             dl, "worker"));
+        if (offload) {
+          RETURN_IF_ERROR(Call(optimizer_, &lspo::v1::Optimizer::StubInterface::SaveModel, save,
+                               &srep, dl, "optimizer"));
+          RETURN_IF_ERROR(Call(optimizer_, &lspo::v1::Optimizer::StubInterface::SaveState, sreq,
+                               &strep, dl, "optimizer"));
+        }
+        return absl::OkStatus();
+      }();
+      if (!st.ok()) {
+        std::error_code ec;
+        std::filesystem::remove_all(tmp, ec);
+        return st;
+      }
+      nlohmann::json state;
+      state["step"] = step;
+      state["job_id"] = id;
+      state["written_unix_seconds"] = absl::ToUnixSeconds(absl::Now());
+      state["skipped_steps"] = skipped;
+      state["nonfinite_in_a_row"] = nonfinite_in_a_row;
+      state["lr_schedule"] = {{"schedule", spec.optim().schedule()},
+                              {"peak_lr", spec.optim().lr()},
+                              {"warmup_steps", spec.optim().warmup_steps()},
+                              {"total_steps", spec.steps()},
+                              {"lr_of_step", LearningRate(spec.optim(), step, spec.steps())},
+                              {"next_step", step + 1}};
+      const int64_t per_step = static_cast<int64_t>(spec.micro_batch_size()) * spec.grad_accum();
+      state["data_cursor"] = {{"next_step", step + 1},
+                              {"examples_per_step", per_step},
+                              {"examples_consumed", per_step * step},
+                              {"order", "data::ShuffledOrder(train size, seed, epoch) over the "
+                                        "global example index (step - 1) * examples_per_step"}};
+      state["rng"] = {{"seed", spec.seed()},
+                      {"model_init_seed", spec.model().init_seed()},
+                      {"derivation", "every random draw (data order, calibration subsets, "
+                                     "projector draws) is a pure function of (seed, step); no "
+                                     "generator state is carried between steps"}};
+      nlohmann::json evals = nlohmann::json::array();
+      {
+        absl::MutexLock lock(&mu_);
+        for (const auto& e : jobs_[id].status.evals()) evals.push_back(ToJson(e));
+      }
+      state["evals"] = std::move(evals);
+      state["summary"] = summary;
+      state["training_fingerprint"] = TrainingFingerprint(spec);
+      state["spec"] = ToJson(spec);
+      ASSIGN_OR_RETURN(std::string dir, CommitCheckpoint(tmp, state));
+      RETURN_IF_ERROR(PruneCheckpoints(out_dir, spec.keep_checkpoints()));
+      return dir;
+    };
+    absl::StatusOr<std::string> dir = write();
+    if (dir.ok()) {
+      log_json({{"kind", "checkpoint"}, {"step", step}, {"dir", *dir}});
+      LOG(INFO) << "scheduler: " << id << ": checkpoint of step " << step << " in " << *dir;
+    } else {
+      LOG(ERROR) << "scheduler: " << id << ": checkpoint of step " << step
+                 << " failed: " << dir.status();
+      log_json({{"kind", "checkpoint_failed"},
+                {"step", step},
+                {"error", std::string(dir.status().message())}});
+    }
+    Update(id, [&](JobStatus* s) {
+      s->set_state(lspo::v1::RUNNING);
+      s->set_phase("training");
+      if (dir.ok()) {
+        s->set_last_checkpoint_step(step);
+        s->set_last_checkpoint_dir(*dir);
+      } else {
+        s->set_last_error(absl::StrCat(
+            "checkpoint of step ", step, " failed: ", dir.status().message(),
+            s->last_checkpoint_step() > 0
+                ? absl::StrCat("; the checkpoint of step ", s->last_checkpoint_step(), " is kept")
+                : std::string("; no checkpoint yet")));
+      }
+    });
+    // A peer that died while saving fails the job like any other call.
+    if (!dir.ok() && (absl::IsUnavailable(dir.status()) ||
+                      absl::IsDeadlineExceeded(dir.status()))) {
+      return dir.status();
+    }
+    return absl::OkStatus();
+  };
+
   phase("training");
   const double t_train = Now();
-  int nonfinite_in_a_row = 0, skipped = 0;
   double step_time_sum = 0;
   std::ofstream timeline;
   if (offload) {
-    timeline.open(out_dir + "/timeline.jsonl", std::ios::trunc);
+    timeline.open(out_dir + "/timeline.jsonl", open_mode);
     if (!timeline) {
       return absl::PermissionDeniedError(
           absl::StrCat("cannot write '", out_dir, "/timeline.jsonl'"));
@@ -415,7 +682,7 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
   LayerCostModel cost_model(num_layers, spec.optim().max_grad_norm() > 0);
   const bool overlap_schedule = spec.schedule() == "overlap";
   double last_step_end = -1;  // Worker clock (CLOCK_MONOTONIC) at the end of the last step.
-  for (int step = 1; step <= spec.steps(); ++step) {
+  for (int step = start_step + 1; step <= spec.steps(); ++step) {
     RETURN_IF_ERROR(check_cancel());
     const double t0 = Now();
     const double lr = LearningRate(spec.optim(), step, spec.steps());
@@ -468,6 +735,11 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
     }
     if (trep.nonfinite()) {
       ++skipped;
+      Update(id, [&](JobStatus* s) {
+        s->set_skipped_steps(skipped);
+        s->set_last_error(absl::StrCat("step ", step, " had a non-finite loss or gradient and "
+                                       "was skipped (", nonfinite_in_a_row + 1, " in a row)"));
+      });
       LOG(WARNING) << "scheduler: " << id << ": step " << step
                    << " had a non-finite loss or gradient and was skipped";
       if (++nonfinite_in_a_row >= options_.max_nonfinite_steps_in_a_row) {
@@ -535,7 +807,7 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
     nlohmann::json j = ToJson(m);
     j["kind"] = "step";
     log_json(j);
-    const double eta = (Now() - t_train) / step * (spec.steps() - step);
+    const double eta = (Now() - t_train) / (step - start_step) * (spec.steps() - step);
     LOG(INFO) << "scheduler: " << id << ": step " << step << "/" << spec.steps() << " loss "
               << m.loss() << " lr " << lr << " " << secs << " s"
               << (plan.overlap() ? absl::StrCat(" (overlap, split ", plan.split_layer(), ")")
@@ -548,6 +820,7 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
       job.status.set_eta_seconds(eta);
       job.steps.push_back(m);
       ++job.version;
+      PersistLocked(&job);
     }
     if (lsp && spec.lsp().check_freq() > 0 && step % spec.lsp().check_freq() == 0 &&
         step < spec.steps()) {
@@ -570,6 +843,10 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
       (void)e;
       phase("training");
     }
+    if (spec.checkpoint_every() > 0 &&
+        (step % spec.checkpoint_every() == 0 || step == spec.steps())) {
+      RETURN_IF_ERROR(checkpoint(step));
+    }
   }
   if (lsp) {
     // How far the worker's weights drifted from the fp32 master since the last refresh.
@@ -581,7 +858,7 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
               {"max_abs_diff", drift},
               {"max_abs_drift_beyond_rounding", last_drift}});
   }
-  const int done_steps = spec.steps() - skipped;
+  const int done_steps = spec.steps() - start_step - skipped;
   summary["skipped_steps"] = skipped;
   summary["train_seconds"] = Now() - t_train;
   summary["mean_step_seconds"] = done_steps > 0 ? step_time_sum / done_steps : 0.0;

@@ -22,6 +22,13 @@
 // evaluation), timeline.jsonl (per step: the plan and every per-layer event, CLOCK_MONOTONIC
 // seconds; scripts/plot_timeline.py renders it), summary.json, and the HF-style checkpoint
 // (model.safetensors, config.json, tokenizer files).
+// Checkpoints and resume: every spec.checkpoint_every steps and after the last step a training
+// checkpoint (scheduler/checkpoint.h) goes to output_dir/checkpoints/step-N (the newest
+// spec.keep_checkpoints kept); a write error is reported in JobStatus.last_error and training
+// goes on with the previous checkpoint kept. spec.resume_from restores one (checksums and the
+// TrainingFingerprint verified) and continues at step N + 1, bitwise as if never stopped.
+// With options.state_dir every job is persisted (scheduler/job_store.h) and a restarted
+// scheduler resumes its running job from the newest checkpoint (JobStatus.restarts counts).
 //
 // Thread-safety: every public method is thread-safe.
 #ifndef LSPO_SCHEDULER_SCHEDULER_CORE_H_
@@ -31,6 +38,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +47,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/lsp_offload.grpc.pb.h"
+#include "scheduler/job_store.h"
 
 namespace lspo::scheduler {
 
@@ -64,6 +73,10 @@ class SchedulerCore {
   SchedulerCore(lspo::v1::Worker::StubInterface* worker,
                 lspo::v1::Optimizer::StubInterface* optimizer, SchedulerOptions options = {});
   ~SchedulerCore();  // Cancels running work and joins the runner thread.
+
+  // OK, or why options.state_dir could not be used (the scheduler then keeps jobs in memory
+  // only; lsp_scheduler refuses to start).
+  absl::Status init_status() const { return init_status_; }
 
   // Resolves defaults, validates and queues. Errors: kInvalidArgument/kNotFound from
   // ValidateJobSpec (the message names the field).
@@ -98,6 +111,11 @@ class SchedulerCore {
   absl::Status RunJob(const std::string& job_id, const lspo::v1::JobSpec& spec);
   void Update(const std::string& job_id, const std::function<void(lspo::v1::JobStatus*)>& fn);
   bool CancelRequested(const std::string& job_id) const;
+  // Writes the job's status to the job store (no-op without options.state_dir).
+  void PersistLocked(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reloads persisted jobs (constructor): queued ones are queued again, running ones queued to
+  // resume from their newest checkpoint.
+  void RecoverJobs();
 
   lspo::v1::Worker::StubInterface* worker_;
   lspo::v1::Optimizer::StubInterface* optimizer_;
@@ -109,6 +127,8 @@ class SchedulerCore {
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::thread runner_;
+  std::optional<JobStore> store_;
+  absl::Status init_status_;
 };
 
 // True for SUCCEEDED, FAILED and CANCELLED.

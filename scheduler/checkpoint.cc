@@ -1,0 +1,259 @@
+#include "scheduler/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <openssl/evp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <system_error>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/match.h"
+#include "runtime/status_macros.h"
+
+namespace lspo::scheduler {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kChecksums[] = "checksums.sha256";
+constexpr char kTrainerState[] = "trainer_state.json";
+
+absl::Status ErrnoError(absl::string_view what, const std::string& path, int err) {
+  const std::string msg = absl::StrCat(what, " '", path, "': ", std::strerror(err));
+  if (err == ENOSPC || err == EFBIG || err == EDQUOT) {
+    return absl::ResourceExhaustedError(absl::StrCat(msg, " (free disk space)"));
+  }
+  if (err == EACCES || err == EPERM || err == EROFS) return absl::PermissionDeniedError(msg);
+  if (err == ENOENT) return absl::NotFoundError(msg);
+  return absl::InternalError(msg);
+}
+
+absl::Status FsyncPath(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open for fsync", path, errno);
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoError("fsync", path, err);
+  return absl::OkStatus();
+}
+
+// Writes `text` to `path` and fsyncs it.
+absl::Status WriteFileSynced(const std::string& path, const std::string& text) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("create", path, errno);
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      return ErrnoError("write", path, err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoError("fsync", path, err);
+  }
+  if (::close(fd) != 0) return ErrnoError("close", path, errno);
+  return absl::OkStatus();
+}
+
+std::string StepName(int step) { return absl::StrFormat("step-%08d", step); }
+
+void RemoveQuietly(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+}
+
+}  // namespace
+
+std::string CheckpointRoot(const std::string& output_dir) { return output_dir + "/checkpoints"; }
+
+absl::StatusOr<std::string> BeginCheckpoint(const std::string& output_dir, int step) {
+  const std::string root = CheckpointRoot(output_dir);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec || !fs::is_directory(root)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "cannot create the checkpoint directory '", root, "'",
+        ec ? absl::StrCat(": ", ec.message()) : std::string(": it is not a directory"),
+        " (check output_dir and its permissions)"));
+  }
+  const std::string tmp = absl::StrCat(root, "/.tmp-", StepName(step));
+  fs::remove_all(tmp, ec);
+  if (ec) return ErrnoError("remove stale", tmp, ec.value());
+  if (::mkdir(tmp.c_str(), 0755) != 0) return ErrnoError("mkdir", tmp, errno);
+  return tmp;
+}
+
+absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
+                                             const nlohmann::json& trainer_state) {
+  auto fail = [&](absl::Status st) {
+    RemoveQuietly(tmp_dir);
+    return st;
+  };
+  if (!trainer_state.contains("step") || !trainer_state["step"].is_number_integer()) {
+    return fail(absl::InvalidArgumentError("trainer_state has no integer 'step'"));
+  }
+  const int step = trainer_state["step"].get<int>();
+  absl::Status st = WriteFileSynced(tmp_dir + "/" + kTrainerState, trainer_state.dump(2) + "\n");
+  if (!st.ok()) return fail(st);
+  // Checksums over every regular file (sorted for a stable manifest).
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(tmp_dir, ec)) {
+    if (e.is_regular_file()) names.push_back(e.path().filename().string());
+  }
+  if (ec) return fail(ErrnoError("list", tmp_dir, ec.value()));
+  std::sort(names.begin(), names.end());
+  std::string manifest;
+  for (const std::string& name : names) {
+    const std::string path = tmp_dir + "/" + name;
+    st = FsyncPath(path, /*directory=*/false);
+    if (!st.ok()) return fail(st);
+    absl::StatusOr<std::string> sum = Sha256File(path);
+    if (!sum.ok()) return fail(sum.status());
+    absl::StrAppend(&manifest, *sum, "  ", name, "\n");
+  }
+  st = WriteFileSynced(tmp_dir + "/" + kChecksums, manifest);
+  if (!st.ok()) return fail(st);
+  st = FsyncPath(tmp_dir, /*directory=*/true);
+  if (!st.ok()) return fail(st);
+  const std::string parent = fs::path(tmp_dir).parent_path().string();
+  const std::string final_dir = parent + "/" + StepName(step);
+  // A complete checkpoint of the same step (re-run after a resume) is replaced: move it aside
+  // first so that the rename below is atomic.
+  if (fs::exists(final_dir)) {
+    const std::string old = parent + "/.old-" + StepName(step);
+    RemoveQuietly(old);
+    if (std::rename(final_dir.c_str(), old.c_str()) != 0) {
+      return fail(ErrnoError("rename", final_dir, errno));
+    }
+    RemoveQuietly(old);
+  }
+  if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
+    return fail(ErrnoError("rename", tmp_dir, errno));
+  }
+  RETURN_IF_ERROR(FsyncPath(parent, /*directory=*/true));
+  return final_dir;
+}
+
+std::vector<CheckpointInfo> ListCheckpoints(const std::string& output_dir) {
+  std::vector<CheckpointInfo> out;
+  std::error_code ec;
+  const std::string root = CheckpointRoot(output_dir);
+  if (!fs::is_directory(root, ec)) return out;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    absl::string_view rest = name;
+    int step = 0;
+    if (!e.is_directory() || !absl::ConsumePrefix(&rest, "step-") ||
+        !absl::SimpleAtoi(rest, &step) || name != StepName(step)) {
+      continue;
+    }
+    if (!fs::exists(e.path() / kChecksums)) continue;
+    out.push_back({step, e.path().string()});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
+  return out;
+}
+
+absl::Status PruneCheckpoints(const std::string& output_dir, int keep) {
+  std::vector<CheckpointInfo> all = ListCheckpoints(output_dir);
+  keep = std::max(keep, 1);
+  for (size_t i = 0; i + keep < all.size(); ++i) {
+    std::error_code ec;
+    fs::remove_all(all[i].dir, ec);
+    if (ec) return ErrnoError("remove old checkpoint", all[i].dir, ec.value());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<nlohmann::json> VerifyCheckpoint(const std::string& dir) {
+  const std::string manifest_path = dir + "/" + kChecksums;
+  std::ifstream in(manifest_path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("'", manifest_path,
+                                            "' is missing: not a complete checkpoint"));
+  }
+  std::string line;
+  bool saw_state = false;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits("  ", 1));
+    if (parts.size() != 2 || parts[0].size() != 64 || parts[1].find('/') != std::string::npos) {
+      return absl::DataLossError(absl::StrCat("'", manifest_path, "': malformed line '", line,
+                                              "'"));
+    }
+    const std::string path = dir + "/" + parts[1];
+    absl::StatusOr<std::string> sum = Sha256File(path);
+    if (!sum.ok()) {
+      return absl::DataLossError(absl::StrCat("checkpoint '", dir, "': ", sum.status().message()));
+    }
+    if (*sum != parts[0]) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint file '", path, "' does not match its SHA-256 in checksums.sha256 (",
+          "corrupted or modified): resume from an earlier checkpoint"));
+    }
+    saw_state |= parts[1] == kTrainerState;
+  }
+  if (!saw_state) {
+    return absl::NotFoundError(absl::StrCat("checkpoint '", dir, "' lists no ", kTrainerState));
+  }
+  std::ifstream ts(dir + "/" + kTrainerState);
+  nlohmann::json j = nlohmann::json::parse(ts, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
+      !j["step"].is_number_integer()) {
+    return absl::DataLossError(absl::StrCat("'", dir, "/", kTrainerState,
+                                            "' is not a valid trainer state"));
+  }
+  return j;
+}
+
+absl::StatusOr<std::string> Sha256File(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open", path, errno);
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (ctx == nullptr || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
+    ::close(fd);
+    return absl::InternalError("OpenSSL SHA-256 initialisation failed");
+  }
+  std::vector<unsigned char> buf(1 << 20);
+  while (true) {
+    ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      return ErrnoError("read", path, err);
+    }
+    if (n == 0) break;
+    EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(n));
+  }
+  ::close(fd);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx.get(), md, &len);
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) absl::StrAppendFormat(&hex, "%02x", md[i]);
+  return hex;
+}
+
+}  // namespace lspo::scheduler

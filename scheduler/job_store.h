@@ -1,0 +1,45 @@
+// Persistence of the scheduler's jobs: one JSON file per job (the JobStatus with its spec,
+// state, progress and checkpoint position; protobuf JSON mapping) under
+// <state_dir>/jobs/<job id>.json, each replaced atomically (temp file, fsync, rename, fsync of
+// the directory), so a scheduler killed at any instant finds every job as of its last update.
+//
+// Thread-safety: Save/LoadAll may be called concurrently for distinct jobs; the scheduler
+// serialises them under its own mutex.
+#ifndef LSPO_SCHEDULER_JOB_STORE_H_
+#define LSPO_SCHEDULER_JOB_STORE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/lsp_offload.pb.h"
+
+namespace lspo::scheduler {
+
+class JobStore {
+ public:
+  // Creates <state_dir>/jobs (mode 0700) if missing. Errors: kPermissionDenied / kInternal
+  // naming the directory and the fix (--state_dir).
+  static absl::StatusOr<JobStore> Open(const std::string& state_dir);
+
+  // Replaces the job's file with `status` (job_id must be [A-Za-z0-9_-]+). Errors:
+  // kInvalidArgument (bad id), kResourceExhausted (disk full), kInternal naming the file; the
+  // previous file stays intact on error.
+  absl::Status Save(const lspo::v1::JobStatus& status) const;
+
+  // Every stored job, in file-name order. A file that does not parse is renamed to
+  // <name>.corrupt (kept for inspection) and reported in `*skipped` (may be null); it never
+  // stops the scheduler.
+  std::vector<lspo::v1::JobStatus> LoadAll(std::vector<std::string>* skipped) const;
+
+  const std::string& dir() const { return dir_; }
+
+ private:
+  explicit JobStore(std::string dir) : dir_(std::move(dir)) {}
+  std::string dir_;
+};
+
+}  // namespace lspo::scheduler
+
+#endif  // LSPO_SCHEDULER_JOB_STORE_H_

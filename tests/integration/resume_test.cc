@@ -1,0 +1,350 @@
+// Checkpoints and exact resume (issue 5): a job stopped at step k and resumed from its
+// checkpoint gives bitwise the same loss at every later step and the same final weights as an
+// uninterrupted run (lsp with a projector refit after the resume point, zero, native);
+// checkpoints are checksummed, pruned to keep_checkpoints, and a corrupted, mismatched or
+// unwritable checkpoint fails clearly without losing the previous one; a restarted scheduler
+// resumes the job it was running (job store under state_dir) and runs the queued ones.
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "client/embedded.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "model/safetensors.h"
+#include "nlohmann/json.hpp"
+#include "scheduler/checkpoint.h"
+#include "scheduler/job_spec.h"
+#include "scheduler/job_store.h"
+#include "tests/integration/test_jobs.h"
+
+namespace lspo {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  v1::JobStatus last;
+  std::map<int, double> loss;  // step -> loss, every step reported
+};
+
+RunResult RunToEnd(v1::Scheduler::Stub* stub, const v1::JobSpec& spec) {
+  RunResult out;
+  grpc::ClientContext ctx;
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = spec;
+  v1::SubmitJobReply rep;
+  grpc::Status st = stub->SubmitJob(&ctx, req, &rep);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  if (!st.ok()) return out;
+  grpc::ClientContext wctx;
+  v1::WatchJobRequest wreq;
+  wreq.set_job_id(rep.job_id());
+  auto reader = stub->WatchJob(&wctx, wreq);
+  v1::JobStatus s;
+  while (reader->Read(&s)) {
+    if (s.has_last_step()) out.loss[s.last_step().step()] = s.last_step().loss();
+    out.last = s;
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  return out;
+}
+
+v1::JobSpec Spec(const std::string& out, v1::TrainingMode mode, int steps) {
+  v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(out, mode, steps);
+  spec.mutable_lsp()->set_check_freq(4);  // A refit at step 4: after the resume point (3).
+  spec.set_skip_initial_eval(true);
+  spec.mutable_data()->set_max_eval_examples(2);
+  return spec;
+}
+
+std::vector<uint8_t> Bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+void ExpectExactResume(v1::TrainingMode mode) {
+  client::EmbeddedRuntime runtime;
+  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+  const std::string a_dir = testing_jobs::TempDir("resume-a");
+  v1::JobSpec a = Spec(a_dir, mode, 6);
+  a.set_checkpoint_every(3);
+  RunResult full = RunToEnd(stub.get(), a);
+  ASSERT_EQ(full.last.state(), v1::SUCCEEDED) << full.last.error();
+  ASSERT_EQ(full.loss.size(), 6u);
+  EXPECT_EQ(full.last.last_checkpoint_step(), 6);
+  const std::string ckpt = a_dir + "/checkpoints/step-00000003";
+  ASSERT_TRUE(fs::exists(ckpt + "/checksums.sha256"));
+
+  const std::string b_dir = testing_jobs::TempDir("resume-b");
+  v1::JobSpec b = Spec(b_dir, mode, 6);
+  b.set_resume_from(ckpt);
+  RunResult resumed = RunToEnd(stub.get(), b);
+  ASSERT_EQ(resumed.last.state(), v1::SUCCEEDED) << resumed.last.error();
+  EXPECT_EQ(resumed.last.resumed_from_step(), 3);
+  ASSERT_EQ(resumed.loss.size(), 3u);
+  for (int step = 4; step <= 6; ++step) {
+    ASSERT_TRUE(resumed.loss.count(step)) << step;
+    // Bitwise: the same doubles, not just close.
+    EXPECT_EQ(resumed.loss[step], full.loss[step]) << "step " << step;
+  }
+  // The final weights are bitwise identical too.
+  const std::vector<uint8_t> wa = Bytes(a_dir + "/model.safetensors");
+  EXPECT_GT(wa.size(), 1000u);
+  EXPECT_TRUE(wa == Bytes(b_dir + "/model.safetensors")) << "final model.safetensors differ";
+  // The evaluation is the same (both after the same 6 steps).
+  ASSERT_GT(full.last.evals_size(), 0);
+  ASSERT_GT(resumed.last.evals_size(), 0);
+  EXPECT_EQ(full.last.evals(full.last.evals_size() - 1).loss(),
+            resumed.last.evals(resumed.last.evals_size() - 1).loss());
+}
+
+TEST(ResumeTest, LspResumedAtStep3MatchesTheUninterruptedRunBitwise) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  ExpectExactResume(v1::MODE_LSP);
+}
+
+TEST(ResumeTest, ZeroResumedAtStep3MatchesTheUninterruptedRunBitwise) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  ExpectExactResume(v1::MODE_ZERO);
+}
+
+TEST(ResumeTest, NativeResumedAtStep3MatchesTheUninterruptedRunBitwise) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  ExpectExactResume(v1::MODE_NATIVE);
+}
+
+// Checkpoint contents, checksums, pruning; corrupted and mismatched checkpoints.
+TEST(ResumeTest, CheckpointsAreCompleteChecksummedPrunedAndVerified) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  client::EmbeddedRuntime runtime;
+  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+  const std::string dir = testing_jobs::TempDir("ckpt");
+  v1::JobSpec spec = Spec(dir, v1::MODE_LSP, 6);
+  spec.set_checkpoint_every(2);
+  spec.set_keep_checkpoints(2);
+  RunResult r = RunToEnd(stub.get(), spec);
+  ASSERT_EQ(r.last.state(), v1::SUCCEEDED) << r.last.error();
+  std::vector<scheduler::CheckpointInfo> all = scheduler::ListCheckpoints(dir);
+  ASSERT_EQ(all.size(), 2u);  // step 2 pruned
+  EXPECT_EQ(all[0].step, 4);
+  EXPECT_EQ(all[1].step, 6);
+  for (const auto& e : fs::directory_iterator(dir + "/checkpoints")) {
+    EXPECT_NE(e.path().filename().string().rfind(".tmp", 0), 0u) << e.path();
+  }
+  for (const char* f : {"model.safetensors", "config.json", "tokenizer.json",
+                        "worker_state.safetensors", "optimizer_state.safetensors",
+                        "trainer_state.json"}) {
+    EXPECT_TRUE(fs::exists(all[0].dir + "/" + f)) << f;
+  }
+  absl::StatusOr<nlohmann::json> state = scheduler::VerifyCheckpoint(all[0].dir);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ((*state)["step"], 4);
+  EXPECT_EQ((*state)["data_cursor"]["examples_consumed"], 4 * 4);
+  // The checkpoint's model holds the merged fp32 master weights of every HF tensor.
+  auto model = model::SafetensorsFile::Open(all[0].dir + "/model.safetensors");
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(*model->dtype("model.layers.0.self_attn.q_proj.weight"), "F32");
+  // Optimizer state: the subspace moments are (d, d) and the Adam step counter is exact.
+  auto opt = model::SafetensorsFile::Open(all[0].dir + "/optimizer_state.safetensors");
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  EXPECT_EQ(*opt->shape("model.layers.1.mlp.down_proj.weight.adam_m"),
+            (std::vector<int64_t>{16, 16}));
+  auto step_raw = opt->RawData("model.layers.1.mlp.down_proj.weight.adam_step");
+  ASSERT_TRUE(step_raw.ok());
+  int64_t adam_step = 0;
+  std::memcpy(&adam_step, step_raw->data(), 8);
+  EXPECT_GT(adam_step, 0);
+  EXPECT_LE(adam_step, 4);
+
+  // Flip one byte of the optimizer state: verification names the file; an explicit resume
+  // fails with it; "latest" (in a copy of the output dir) falls back to the older checkpoint.
+  const std::string copy = testing_jobs::TempDir("ckpt-copy");
+  fs::copy(dir + "/checkpoints", copy + "/checkpoints", fs::copy_options::recursive);
+  const std::string victim = copy + "/checkpoints/step-00000006/optimizer_state.safetensors";
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-5, std::ios::end);
+    f.put('\x7f');
+  }
+  absl::StatusOr<nlohmann::json> bad =
+      scheduler::VerifyCheckpoint(copy + "/checkpoints/step-00000006");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("optimizer_state.safetensors"), std::string::npos);
+  v1::JobSpec explicit_resume = Spec(copy, v1::MODE_LSP, 8);
+  explicit_resume.set_resume_from(copy + "/checkpoints/step-00000006");
+  RunResult failed = RunToEnd(stub.get(), explicit_resume);
+  EXPECT_EQ(failed.last.state(), v1::FAILED);
+  EXPECT_NE(failed.last.error().find("SHA-256"), std::string::npos) << failed.last.error();
+  v1::JobSpec latest = Spec(copy, v1::MODE_LSP, 6);
+  latest.set_resume_from("latest");
+  RunResult fallback = RunToEnd(stub.get(), latest);
+  ASSERT_EQ(fallback.last.state(), v1::SUCCEEDED) << fallback.last.error();
+  EXPECT_EQ(fallback.last.resumed_from_step(), 4);
+  EXPECT_EQ(fallback.loss[5], r.loss[5]);
+  EXPECT_EQ(fallback.loss[6], r.loss[6]);
+
+  // A different training spec (learning rate) must not resume from this checkpoint.
+  v1::JobSpec other = Spec(testing_jobs::TempDir("ckpt-other"), v1::MODE_LSP, 8);
+  other.mutable_optim()->set_lr(5e-3);
+  other.set_resume_from(all[1].dir);
+  RunResult mismatch = RunToEnd(stub.get(), other);
+  EXPECT_EQ(mismatch.last.state(), v1::FAILED);
+  EXPECT_NE(mismatch.last.error().find("different training spec"), std::string::npos)
+      << mismatch.last.error();
+}
+
+// Disk full while checkpointing (RLIMIT_FSIZE makes every write past 1 MiB fail with EFBIG,
+// as ENOSPC would): the job reports it, keeps training, and the previous checkpoint survives
+// intact with no temporary left behind.
+TEST(ResumeTest, AFailedCheckpointIsReportedAndThePreviousOneKept) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  client::EmbeddedRuntime runtime;
+  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+  const std::string dir = testing_jobs::TempDir("ckpt-full");
+  v1::JobSpec first = Spec(dir, v1::MODE_LSP, 2);
+  first.set_checkpoint_every(2);
+  first.set_skip_checkpoint(true);
+  ASSERT_EQ(RunToEnd(stub.get(), first).last.state(), v1::SUCCEEDED);
+  ASSERT_EQ(scheduler::ListCheckpoints(dir).size(), 1u);
+
+  v1::JobSpec second = Spec(dir, v1::MODE_LSP, 4);
+  second.set_checkpoint_every(2);
+  second.set_skip_checkpoint(true);
+  second.set_resume_from("latest");
+  struct rlimit old;
+  getrlimit(RLIMIT_FSIZE, &old);
+  signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 1 << 20;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  RunResult r = RunToEnd(stub.get(), second);
+  setrlimit(RLIMIT_FSIZE, &old);
+  ASSERT_EQ(r.last.state(), v1::SUCCEEDED) << r.last.error();
+  EXPECT_EQ(r.last.step(), 4);
+  EXPECT_EQ(r.last.last_checkpoint_step(), 2);
+  EXPECT_NE(r.last.last_error().find("checkpoint of step 4 failed"), std::string::npos)
+      << r.last.last_error();
+  EXPECT_NE(r.last.last_error().find("step 2 is kept"), std::string::npos) << r.last.last_error();
+  std::vector<scheduler::CheckpointInfo> all = scheduler::ListCheckpoints(dir);
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].step, 2);
+  EXPECT_TRUE(scheduler::VerifyCheckpoint(all[0].dir).ok());
+  EXPECT_FALSE(fs::exists(dir + "/checkpoints/.tmp-step-00000004"));
+}
+
+// A scheduler that died (kill -9) leaves its job store behind: the job it was running (state
+// RUNNING in the store) resumes from its newest checkpoint on restart, a queued one runs after.
+TEST(ResumeTest, RestartedSchedulerResumesTheRunningJobAndRunsQueuedOnes) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  const std::string state_dir = testing_jobs::TempDir("state");
+  const std::string dir = testing_jobs::TempDir("restart");
+  v1::JobSpec spec = Spec(dir, v1::MODE_LSP, 6);
+  spec.set_checkpoint_every(3);
+  std::map<int, double> reference;
+  {
+    // The "crashed" run: 6 steps with a checkpoint at 3 (its later output is what the
+    // resumed run must reproduce).
+    client::EmbeddedRuntime runtime;
+    auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+    RunResult r = RunToEnd(stub.get(), spec);
+    ASSERT_EQ(r.last.state(), v1::SUCCEEDED) << r.last.error();
+    reference = r.loss;
+  }
+  fs::remove_all(dir + "/checkpoints/step-00000006");
+  // What a scheduler killed during step 5 leaves in its store.
+  scheduler::ResolveDefaults(&spec);
+  v1::JobStatus running;
+  running.set_job_id("job-100-7");
+  running.set_state(v1::RUNNING);
+  running.set_step(4);
+  running.set_total_steps(6);
+  running.set_output_dir(dir);
+  running.set_last_checkpoint_step(3);
+  *running.mutable_spec() = spec;
+  v1::JobStatus queued;
+  queued.set_job_id("job-100-8");
+  queued.set_state(v1::QUEUED);
+  *queued.mutable_spec() = Spec(testing_jobs::TempDir("restart-q"), v1::MODE_LSP, 2);
+  scheduler::ResolveDefaults(queued.mutable_spec());
+  queued.set_output_dir(queued.spec().output_dir());
+  {
+    auto store = scheduler::JobStore::Open(state_dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE(store->Save(running).ok());
+    ASSERT_TRUE(store->Save(queued).ok());
+    std::ofstream(state_dir + "/jobs/garbage.json") << "{not json";
+  }
+  scheduler::SchedulerOptions opts;
+  opts.state_dir = state_dir;
+  client::EmbeddedRuntime runtime(opts);
+  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+  std::map<int, double> resumed;
+  v1::JobStatus last;
+  {
+    grpc::ClientContext ctx;
+    v1::WatchJobRequest req;
+    req.set_job_id("job-100-7");
+    auto reader = stub->WatchJob(&ctx, req);
+    v1::JobStatus s;
+    while (reader->Read(&s)) {
+      if (s.has_last_step()) resumed[s.last_step().step()] = s.last_step().loss();
+      last = s;
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+  }
+  ASSERT_EQ(last.state(), v1::SUCCEEDED) << last.error();
+  EXPECT_EQ(last.restarts(), 1);
+  EXPECT_EQ(last.resumed_from_step(), 3);
+  for (int step = 4; step <= 6; ++step) EXPECT_EQ(resumed[step], reference[step]) << step;
+  // The queued job ran too, and new ids continue after the recovered ones.
+  {
+    grpc::ClientContext ctx;
+    v1::WatchJobRequest req;
+    req.set_job_id("job-100-8");
+    auto reader = stub->WatchJob(&ctx, req);
+    v1::JobStatus s;
+    while (reader->Read(&s)) last = s;
+    ASSERT_TRUE(reader->Finish().ok());
+    EXPECT_EQ(last.state(), v1::SUCCEEDED) << last.error();
+  }
+  EXPECT_TRUE(fs::exists(state_dir + "/jobs/garbage.json.corrupt"));
+  // The store now holds the final states.
+  auto store = scheduler::JobStore::Open(state_dir);
+  ASSERT_TRUE(store.ok());
+  std::vector<v1::JobStatus> jobs = store->LoadAll(nullptr);
+  ASSERT_EQ(jobs.size(), 2u);
+  for (const auto& j : jobs) EXPECT_EQ(j.state(), v1::SUCCEEDED) << j.job_id();
+}
+
+// Path checks of a multi-user scheduler (--allowed_roots).
+TEST(ResumeTest, SpecsCannotReachOutsideTheAllowedRoots) {
+  const std::string root = testing_jobs::TempDir("roots");
+  fs::create_directories(root + "/data");
+  std::ofstream(root + "/data/train.txt") << "hello";
+  fs::create_symlink("/etc", root + "/data/escape");
+  v1::JobSpec spec;
+  spec.mutable_model()->set_path(root + "/data/train.txt");
+  spec.mutable_data()->set_train_path(root + "/data/train.txt");
+  spec.set_output_dir(root + "/runs/new/sub");
+  EXPECT_TRUE(scheduler::CheckPathsUnderRoots(spec, {root}).ok());
+  EXPECT_TRUE(scheduler::CheckPathsUnderRoots(spec, {}).ok());
+  v1::JobSpec dotdot = spec;
+  dotdot.set_output_dir(root + "/runs/../../elsewhere");
+  absl::Status st = scheduler::CheckPathsUnderRoots(dotdot, {root});
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(st.message().find("output_dir"), std::string::npos) << st;
+  v1::JobSpec link = spec;
+  link.mutable_data()->set_eval_path(root + "/data/escape/passwd");
+  st = scheduler::CheckPathsUnderRoots(link, {root});
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(st.message().find("data.eval_path"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("--allowed_roots"), std::string::npos) << st;
+}
+
+}  // namespace
+}  // namespace lspo
