@@ -12,6 +12,7 @@
 #include <map>
 
 #include "client/embedded.h"
+#include "gpu_worker/job_assets.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
@@ -319,6 +320,86 @@ TEST(ResumeTest, RestartedSchedulerResumesTheRunningJobAndRunsQueuedOnes) {
   std::vector<v1::JobStatus> jobs = store->LoadAll(nullptr);
   ASSERT_EQ(jobs.size(), 2u);
   for (const auto& j : jobs) EXPECT_EQ(j.state(), v1::SUCCEEDED) << j.job_id();
+}
+
+// The exported checkpoint is a Hugging Face checkpoint: transformers' LlamaForCausalLM loads
+// model.safetensors + config.json (tests/oracle/make_export_oracle.py, run on the directory
+// this test leaves when LSPO_KEEP_EXPORT=<dir> is set) and its logits, stored in
+// tests/oracle/data/export_oracle.json, equal the project's own model's logits on the same
+// weights. The job is deterministic (seeded tiny Llama, lsp mode, 3 steps), so the stored
+// oracle applies to the checkpoint this test writes.
+TEST(ResumeTest, ExportedSafetensorsGiveTheSameLogitsInTransformers) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  const char* keep = getenv("LSPO_KEEP_EXPORT");
+  const std::string dir = keep != nullptr ? std::string(keep) : testing_jobs::TempDir("export");
+  v1::JobSpec spec = Spec(dir, v1::MODE_LSP, 3);
+  spec.set_num_threads(1);
+  {
+    client::EmbeddedRuntime runtime;
+    auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+    RunResult r = RunToEnd(stub.get(), spec);
+    ASSERT_EQ(r.last.state(), v1::SUCCEEDED) << r.last.error();
+  }
+  if (keep != nullptr) {
+    // For the oracle script: the seeded initial weights, to measure how far training moved.
+    v1::JobSpec init = spec;
+    scheduler::ResolveDefaults(&init);
+    auto m0 = worker::LoadJobModel(init);
+    ASSERT_TRUE(m0.ok()) << m0.status();
+    std::vector<model::SafetensorsEntry> entries;
+    std::vector<at::Tensor> keep_alive;
+    for (auto& [name, t] : m0->NamedTensors()) {
+      keep_alive.push_back(t.detach().to(at::kFloat).contiguous());
+      entries.push_back({name, "F32", keep_alive.back().sizes().vec(),
+                         keep_alive.back().data_ptr(),
+                         static_cast<size_t>(keep_alive.back().numel() * 4)});
+    }
+    ASSERT_TRUE(model::WriteSafetensors(dir + "/init.safetensors", entries, {}).ok());
+  }
+  std::ifstream oracle_file("tests/oracle/data/export_oracle.json");
+  ASSERT_TRUE(oracle_file.good()) << "run tests/oracle/make_export_oracle.py";
+  const nlohmann::json oracle = nlohmann::json::parse(oracle_file);
+  // Our model on the exported weights: the seeded initial model, every tensor replaced by
+  // the file's (so a missing or misnamed tensor fails here).
+  scheduler::ResolveDefaults(&spec);
+  auto model = worker::LoadJobModel(spec);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto file = model::SafetensorsFile::Open(dir + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  int replaced = 0;
+  for (auto& [name, t] : model->NamedTensors()) {
+    auto values = file->ReadF32(name);
+    ASSERT_TRUE(values.ok()) << name << ": " << values.status();
+    ASSERT_EQ(static_cast<int64_t>(values->size()), t.numel()) << name;
+    at::NoGradGuard no_grad;
+    t.copy_(at::from_blob(values->data(), t.sizes(), at::kFloat));
+    ++replaced;
+  }
+  EXPECT_EQ(replaced, static_cast<int>(file->names().size()));
+  std::vector<int64_t> ids = oracle["input_ids"].get<std::vector<int64_t>>();
+  at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0);
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    logits = model->Logits(input)[0].contiguous();  // (T, V)
+  }
+  const int64_t T = logits.size(0);
+  ASSERT_EQ(T, static_cast<int64_t>(ids.size()));
+  double max_diff = 0;
+  for (const auto& pos : oracle["positions"]) {
+    const int64_t p = pos["position"].get<int64_t>();
+    const auto first = pos["first"].get<std::vector<double>>();
+    for (size_t k = 0; k < first.size(); ++k) {
+      max_diff = std::max(max_diff, std::abs(logits[p][k].item<double>() - first[k]));
+    }
+    EXPECT_EQ(logits[p].argmax().item<int64_t>(), pos["argmax"].get<int64_t>()) << p;
+  }
+  // fp32 on both sides; the weights moved by ~1e-2 from the seeded init, so a wrong or stale
+  // tensor shows up far above this.
+  std::printf("max |logit| difference, ours vs transformers on the export: %.3g\n", max_diff);
+  EXPECT_LT(max_diff, 2e-3) << "our logits vs transformers' on the exported checkpoint";
+  // The oracle was made on the initial + trained weights, not the initial ones alone.
+  EXPECT_GT(oracle["max_abs_change_vs_init"].get<double>(), 1e-4);
 }
 
 // Path checks of a multi-user scheduler (--allowed_roots).
