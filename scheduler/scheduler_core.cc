@@ -361,8 +361,20 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
     return absl::OkStatus();
   };
 
-  // Load on the worker (creates the arena in lsp mode), then the optimizer.
+  // Load on the worker (creates the arena in lsp mode), then the optimizer. A job resumed
+  // after a scheduler restart may still be loaded there (the actors outlived the scheduler):
+  // unload it first (unknown ids are ignored; a dead actor fails at LoadJob below).
   phase("loading model and data");
+  {
+    lspo::v1::UnloadJobRequest u;
+    u.set_job_id(id);
+    lspo::v1::UnloadJobReply r;
+    if (offload) {
+      (void)Call(optimizer_, &lspo::v1::Optimizer::StubInterface::UnloadJob, u, &r, 60,
+                 "optimizer");
+    }
+    (void)Call(worker_, &lspo::v1::Worker::StubInterface::UnloadJob, u, &r, 60, "worker");
+  }
   lspo::v1::LoadJobRequest load;
   load.set_job_id(id);
   *load.mutable_spec() = spec;

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <map>
+#include <memory>
 #include <thread>
 
 #include "grpcpp/grpcpp.h"
@@ -185,6 +186,129 @@ TEST(MultiProcessTest, OptimizerKilledMidStepFailsTheJobPromptly) {
     }
     EXPECT_EQ(leftovers, 0);
   }
+}
+
+int ShmLeftovers(const std::string& job_id) {
+  int leftovers = 0;
+  const std::string cmd = "ls /dev/shm | grep -c '^lspo-" + job_id + "-' || true";
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    if (fscanf(p, "%d", &leftovers) != 1) leftovers = -1;
+    pclose(p);
+  }
+  return leftovers;
+}
+
+// kill -9 of the worker mid-step: the job fails within seconds naming the worker, and its
+// arena (which only the worker could remove) is removed by the scheduler.
+TEST(MultiProcessTest, WorkerKilledMidStepFailsTheJobAndLeavesNoSegment) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  const std::string w = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string o = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string s = "127.0.0.1:" + std::to_string(FreePort());
+  Process worker(LSPO_WORKER_BIN, {"--listen=" + w});
+  Process optimizer(LSPO_OPTIMIZER_BIN, {"--listen=" + o});
+  Process scheduler(LSPO_SCHEDULER_BIN, {"--listen=" + s, "--worker=" + w, "--optimizer=" + o,
+                                         "--rpc_deadline_seconds=300"});
+  ASSERT_TRUE(WaitReady(w) && WaitReady(o) && WaitReady(s));
+  auto stub = v1::Scheduler::NewStub(grpc::CreateChannel(s, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() =
+      testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("mp-wkill"), v1::MODE_LSP, 100000);
+  v1::SubmitJobReply rep;
+  ASSERT_TRUE(stub->SubmitJob(&ctx, req, &rep).ok());
+  grpc::ClientContext wctx;
+  v1::WatchJobRequest wreq;
+  wreq.set_job_id(rep.job_id());
+  wctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+  auto reader = stub->WatchJob(&wctx, wreq);
+  v1::JobStatus st, last;
+  std::chrono::steady_clock::time_point killed_at;
+  bool killed = false;
+  while (reader->Read(&st)) {
+    last = st;
+    if (!killed && st.step() >= 3) {
+      worker.Kill(SIGKILL);
+      killed = true;
+      killed_at = std::chrono::steady_clock::now();
+    }
+  }
+  reader->Finish();
+  ASSERT_TRUE(killed);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_EQ(last.state(), v1::FAILED);
+  EXPECT_NE(last.error().find("worker"), std::string::npos) << last.error();
+  EXPECT_LT(secs, 60.0) << "the job took " << secs << " s to fail after the worker died";
+  EXPECT_EQ(ShmLeftovers(last.job_id()), 0);
+}
+
+// kill -9 of the scheduler mid-job: restarted with the same --state_dir it resumes the job
+// from its newest checkpoint (the worker and optimizer kept running) and completes it; no
+// completed checkpoint is lost and no segment is left behind.
+TEST(MultiProcessTest, SchedulerKilledMidJobResumesAfterRestart) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  const std::string w = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string o = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string s = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string state_dir = testing_jobs::TempDir("mp-state");
+  const std::vector<std::string> sched_args = {"--listen=" + s, "--worker=" + w,
+                                               "--optimizer=" + o, "--rpc_deadline_seconds=300",
+                                               "--state_dir=" + state_dir};
+  Process worker(LSPO_WORKER_BIN, {"--listen=" + w});
+  Process optimizer(LSPO_OPTIMIZER_BIN, {"--listen=" + o});
+  auto scheduler = std::make_unique<Process>(LSPO_SCHEDULER_BIN, sched_args);
+  ASSERT_TRUE(WaitReady(w) && WaitReady(o) && WaitReady(s));
+  v1::JobSpec spec =
+      testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("mp-skill"), v1::MODE_LSP, 12);
+  spec.set_checkpoint_every(3);
+  spec.set_skip_initial_eval(true);
+  std::string job_id;
+  int killed_at_step = 0;
+  {
+    auto stub =
+        v1::Scheduler::NewStub(grpc::CreateChannel(s, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() = spec;
+    v1::SubmitJobReply rep;
+    ASSERT_TRUE(stub->SubmitJob(&ctx, req, &rep).ok());
+    job_id = rep.job_id();
+    grpc::ClientContext wctx;
+    v1::WatchJobRequest wreq;
+    wreq.set_job_id(job_id);
+    wctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+    auto reader = stub->WatchJob(&wctx, wreq);
+    v1::JobStatus st;
+    while (reader->Read(&st)) {
+      if (st.last_checkpoint_step() >= 3 && st.step() >= 4) {
+        killed_at_step = st.step();
+        scheduler->Kill(SIGKILL);
+        break;
+      }
+    }
+    wctx.TryCancel();
+    reader->Finish();
+  }
+  ASSERT_GE(killed_at_step, 4);
+  scheduler = std::make_unique<Process>(LSPO_SCHEDULER_BIN, sched_args);
+  ASSERT_TRUE(WaitReady(s));
+  auto stub = v1::Scheduler::NewStub(grpc::CreateChannel(s, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext wctx;
+  v1::WatchJobRequest wreq;
+  wreq.set_job_id(job_id);
+  wctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+  auto reader = stub->WatchJob(&wctx, wreq);
+  v1::JobStatus st, last;
+  while (reader->Read(&st)) last = st;
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(last.state(), v1::SUCCEEDED) << last.error();
+  EXPECT_EQ(last.step(), 12);
+  EXPECT_EQ(last.restarts(), 1);
+  EXPECT_GE(last.resumed_from_step(), 3);
+  EXPECT_LE(last.resumed_from_step(), killed_at_step);
+  EXPECT_EQ(last.last_checkpoint_step(), 12);
+  EXPECT_EQ(ShmLeftovers(job_id), 0);
 }
 
 }  // namespace
