@@ -1,0 +1,73 @@
+// Replays the fuzz targets' committed inputs through the harnesses (fuzz/*_fuzzer.cc, linked
+// without libFuzzer): the seed corpora under fuzz/corpus/<target>/ and every crash found so far
+// under fuzz/regressions/<target>/ (each a bug that was fixed; see fuzz/README.md). Built in
+// the normal build and in the sanitizer builds (scripts/sanitize), where a regression that
+// comes back is an ASan/UBSan report instead of, at best, a crash. Runs from the repository
+// root (CTest's working directory).
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "fuzz/fuzz_harness.h"
+#include "gtest/gtest.h"
+#include "scheduler/job_spec.h"
+
+namespace lspo::fuzz {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Feeds every file of fuzz/corpus/<target> and fuzz/regressions/<target> to `fn`; returns how
+// many were fed.
+int ReplayDir(const std::string& target, int (*fn)(const uint8_t*, size_t)) {
+  int n = 0;
+  for (const char* root : {"fuzz/corpus/", "fuzz/regressions/"}) {
+    const fs::path dir = fs::path(root) / target;
+    if (!fs::is_directory(dir)) continue;
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      if (e.is_regular_file()) files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+    for (const fs::path& p : files) {
+      std::ifstream in(p, std::ios::binary);
+      const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                       std::istreambuf_iterator<char>());
+      SCOPED_TRACE(p.string());
+      EXPECT_EQ(fn(bytes.data(), bytes.size()), 0) << p;
+      ++n;
+    }
+  }
+  return n;
+}
+
+TEST(FuzzReplay, Gguf) { EXPECT_GE(ReplayDir("gguf", FuzzGguf), 3); }
+TEST(FuzzReplay, Safetensors) { EXPECT_GE(ReplayDir("safetensors", FuzzSafetensors), 2); }
+TEST(FuzzReplay, TokenizerGguf) { EXPECT_GE(ReplayDir("tokenizer_gguf", FuzzTokenizerGguf), 1); }
+TEST(FuzzReplay, Tokenizer) {
+  InitTokenizerFuzzer();
+  EXPECT_GE(ReplayDir("tokenizer", FuzzTokenizer), 5);
+}
+TEST(FuzzReplay, JobSpec) { EXPECT_GE(ReplayDir("job_spec", FuzzJobSpec), 2); }
+
+// Findings not fixed yet (fuzz/README.md, "Findings"): each test states the documented
+// behaviour and is disabled until the fix lands; run them with
+// --gtest_also_run_disabled_tests. Fixing one: enable the test and remove the harness's
+// tolerance for it.
+
+// Finding 1 (scheduler/job_spec.cc, ParseJobSpecYaml): a YAML scalar that is not valid UTF-8
+// makes json.dump() throw nlohmann type_error 316 out of the parser instead of returning
+// kInvalidArgument; lspctl terminates. Input found by job_spec_fuzzer:
+// fuzz/regressions/job_spec/yaml_invalid_utf8_scalar.
+TEST(JobSpecKnownBugs, DISABLED_NonUtf8YamlScalarIsAnInvalidArgument) {
+  absl::StatusOr<lspo::v1::JobSpec> spec;
+  EXPECT_NO_THROW(spec = scheduler::ParseJobSpecYaml("name: a\xdd b\n"));
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace lspo::fuzz
