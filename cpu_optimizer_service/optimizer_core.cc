@@ -355,6 +355,7 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
   }
   close_layer(MonotonicSeconds());
   reply.set_grad_norm(std::sqrt(norm2));
+  reply.set_peak_rss_bytes(runtime::PeakRssBytes());
   reply.set_clip_coefficient(clip);
   reply.set_seconds(MonotonicSeconds() - t_start - waited);
   return reply;
@@ -490,6 +491,7 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string&
     }
   }
   RETURN_IF_ERROR(worker::TorchCall("load optimizer state", [&]() -> absl::Status {
+    // Views into the mapped file: everything is validated before anything is copied.
     struct Loaded {
       at::Tensor master, sum_d, m, v;
       int64_t step = 0;
@@ -501,12 +503,12 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string&
       const auto& slot = job->layout.linears(i);
       const std::string& name = slot.name();
       Loaded& l = loaded[i];
-      ASSIGN_OR_RETURN(l.master, worker::ReadStateTensor(file, what, name + ".master", at::kFloat,
+      ASSIGN_OR_RETURN(l.master, worker::ViewStateTensor(file, what, name + ".master", at::kFloat,
                                                          {slot.m(), slot.n()}));
       const std::vector<int64_t> mshape =
           job->zero ? std::vector<int64_t>{slot.m(), slot.n()} : std::vector<int64_t>{d, d};
-      ASSIGN_OR_RETURN(l.m, worker::ReadStateTensor(file, what, name + ".adam_m", at::kFloat, mshape));
-      ASSIGN_OR_RETURN(l.v, worker::ReadStateTensor(file, what, name + ".adam_v", at::kFloat, mshape));
+      ASSIGN_OR_RETURN(l.m, worker::ViewStateTensor(file, what, name + ".adam_m", at::kFloat, mshape));
+      ASSIGN_OR_RETURN(l.v, worker::ViewStateTensor(file, what, name + ".adam_v", at::kFloat, mshape));
       ASSIGN_OR_RETURN(at::Tensor step_t, worker::ReadStateTensor(file, what, name + ".adam_step",
                                                                   at::kLong, {}));
       l.step = step_t.item<int64_t>();
@@ -515,7 +517,7 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string&
                                                 " has a negative Adam step or second moment"));
       }
       if (!job->zero) {
-        ASSIGN_OR_RETURN(l.sum_d, worker::ReadStateTensor(file, what, name + ".sum_d",
+        ASSIGN_OR_RETURN(l.sum_d, worker::ViewStateTensor(file, what, name + ".sum_d",
                                                           at::kFloat, {d, d}));
         if (file.Find(name + ".p_index") != nullptr) {
           ASSIGN_OR_RETURN(l.p, worker::ReadStateProjector(file, what, name + ".p", slot.m(), d, r));
@@ -526,13 +528,13 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string&
     for (size_t i = 0; i < loaded.size(); ++i) {
       LinearState& st = job->linears[i];
       Loaded& l = loaded[i];
-      st.base = l.master;
+      st.base.copy_(l.master);  // In place: no second copy of the state (known failure #15).
       if (job->zero) {
         std::memcpy(st.m.data(), l.m.data_ptr<float>(), st.m.size() * sizeof(float));
         std::memcpy(st.v.data(), l.v.data_ptr<float>(), st.v.size() * sizeof(float));
         st.step = l.step;
       } else {
-        st.sum_d = l.sum_d;
+        st.sum_d.copy_(l.sum_d);
         std::vector<float> m(l.m.data_ptr<float>(), l.m.data_ptr<float>() + l.m.numel());
         std::vector<float> v(l.v.data_ptr<float>(), l.v.data_ptr<float>() + l.v.numel());
         RETURN_IF_ERROR(st.adam->Restore(l.step, std::move(m), std::move(v)));

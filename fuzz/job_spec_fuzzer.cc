@@ -10,7 +10,6 @@
 
 #include "absl/strings/string_view.h"
 #include "fuzz/fuzz_harness.h"
-#include "nlohmann/json.hpp"
 #include "scheduler/job_spec.h"
 
 namespace lspo::fuzz {
@@ -37,17 +36,7 @@ int FuzzJobSpec(const uint8_t* data, size_t size) {
   const absl::string_view text(reinterpret_cast<const char*>(data), size);
   auto json = scheduler::ParseJobSpecJson(text, "<fuzz>");
   if (json.ok()) Check(*json);
-  absl::StatusOr<lspo::v1::JobSpec> yaml;
-  try {
-    yaml = scheduler::ParseJobSpecYaml(text, "<fuzz>");
-  } catch (const nlohmann::json::type_error& e) {
-    // KNOWN BUG (fuzz/README.md, "Findings" 1): a YAML scalar that is not valid UTF-8 makes
-    // ParseJobSpecYaml's json.dump() throw type_error 316 out of the parser (lspctl aborts).
-    // Tolerated only for that error until scheduler/job_spec.cc is fixed; then delete this
-    // try/catch and enable JobSpecKnownBugs in fuzz/replay_test.cc.
-    if (e.id != 316) throw;
-    return 0;
-  }
+  absl::StatusOr<lspo::v1::JobSpec> yaml = scheduler::ParseJobSpecYaml(text, "<fuzz>");
   if (yaml.ok()) Check(*yaml);
   return 0;
 }

@@ -54,16 +54,10 @@ TEST(FuzzReplay, Tokenizer) {
 }
 TEST(FuzzReplay, JobSpec) { EXPECT_GE(ReplayDir("job_spec", FuzzJobSpec), 2); }
 
-// Findings not fixed yet (fuzz/README.md, "Findings"): each test states the documented
-// behaviour and is disabled until the fix lands; run them with
-// --gtest_also_run_disabled_tests. Fixing one: enable the test and remove the harness's
-// tolerance for it.
-
-// Finding 1 (scheduler/job_spec.cc, ParseJobSpecYaml): a YAML scalar that is not valid UTF-8
-// makes json.dump() throw nlohmann type_error 316 out of the parser instead of returning
-// kInvalidArgument; lspctl terminates. Input found by job_spec_fuzzer:
-// fuzz/regressions/job_spec/yaml_invalid_utf8_scalar.
-TEST(JobSpecKnownBugs, DISABLED_NonUtf8YamlScalarIsAnInvalidArgument) {
+// Findings of the fuzzers (fuzz/README.md, "Findings"), fixed; each test states the behaviour.
+// 1. A YAML scalar that is not valid UTF-8 made json.dump() throw nlohmann type_error 316 out
+// of the parser; it is now a kInvalidArgument naming the encoding.
+TEST(JobSpecFuzzFindings, NonUtf8YamlScalarIsAnInvalidArgument) {
   absl::StatusOr<lspo::v1::JobSpec> spec;
   EXPECT_NO_THROW(spec = scheduler::ParseJobSpecYaml("name: a\xdd b\n"));
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);

@@ -215,7 +215,7 @@ absl::Status WriteTensorFile(const std::string& path, const NamedTensors& tensor
   return model::WriteSafetensors(path, entries, metadata);
 }
 
-absl::StatusOr<at::Tensor> ReadStateTensor(const model::SafetensorsFile& file,
+absl::StatusOr<at::Tensor> ViewStateTensor(const model::SafetensorsFile& file,
                                            const std::string& what, const std::string& name,
                                            at::ScalarType dtype, at::IntArrayRef shape) {
   const model::SafetensorsTensorInfo* info = file.Find(name);
@@ -231,16 +231,23 @@ absl::StatusOr<at::Tensor> ReadStateTensor(const model::SafetensorsFile& file,
         "]: the checkpoint belongs to a different model or spec"));
   }
   ASSIGN_OR_RETURN(absl::Span<const uint8_t> raw, file.RawData(name));
-  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
+  at::Tensor t = at::from_blob(const_cast<uint8_t*>(raw.data()), shape,
+                               at::TensorOptions().dtype(dtype));
   if (static_cast<size_t>(t.numel() * t.element_size()) != raw.size()) {
     return absl::DataLossError(absl::StrCat(what, ": tensor '", name, "' has a bad size"));
   }
-  std::memcpy(t.data_ptr(), raw.data(), raw.size());
   if (t.is_floating_point() && !at::isfinite(t).all().item<bool>()) {
     return absl::DataLossError(absl::StrCat(what, ": tensor '", name,
                                             "' holds NaN or Inf: refusing to resume from it"));
   }
   return t;
+}
+
+absl::StatusOr<at::Tensor> ReadStateTensor(const model::SafetensorsFile& file,
+                                           const std::string& what, const std::string& name,
+                                           at::ScalarType dtype, at::IntArrayRef shape) {
+  ASSIGN_OR_RETURN(at::Tensor view, ViewStateTensor(file, what, name, dtype, shape));
+  return view.clone();
 }
 
 void AppendProjector(const std::string& prefix, const lsp::SparseProjector& p,

@@ -82,10 +82,16 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 absl::Status WriteTensorFile(const std::string& path, const NamedTensors& tensors,
                              const std::map<std::string, std::string>& metadata);
 
-// Reads tensor `name` of the state file `file` (described as `what` in messages) into a new
-// CPU tensor, checking its dtype and shape. Floating tensors must be finite (a poisoned
+// A read-only CPU tensor viewing tensor `name` of the (memory-mapped) state file `file`
+// (described as `what` in messages; valid while `file` lives; never write to it), checking its
+// dtype and shape, so a resume validates every tensor before copying any and never holds two
+// copies of the state (known-failures.md #15). Floating tensors must be finite (a poisoned
 // checkpoint must not resume; known-failures.md #5). Errors: kNotFound (absent), kDataLoss
 // (other dtype or shape, non-finite values), each naming the file and the tensor.
+absl::StatusOr<at::Tensor> ViewStateTensor(const model::SafetensorsFile& file,
+                                           const std::string& what, const std::string& name,
+                                           at::ScalarType dtype, at::IntArrayRef shape);
+// As ViewStateTensor, but an owning copy.
 absl::StatusOr<at::Tensor> ReadStateTensor(const model::SafetensorsFile& file,
                                            const std::string& what, const std::string& name,
                                            at::ScalarType dtype, at::IntArrayRef shape);

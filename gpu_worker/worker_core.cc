@@ -10,11 +10,16 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <limits>
+#include <set>
+#include <cstdlib>
 
 #include <torch/torch.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "data/datasets.h"
 #include "glog/logging.h"
@@ -73,6 +78,10 @@ struct WorkerJob {
   bool fitted = false;
   // MODE_NATIVE.
   std::unique_ptr<torch::optim::AdamW> adamw;
+  // Fault injection for the fault tests (env LSPO_FAULT_NONFINITE_GRAD_STEPS="3,4"): at these
+  // steps the backward is seeded with NaN, so every gradient is non-finite and the real
+  // detection / skip / abort path runs. Empty in normal operation.
+  std::set<int> fault_nonfinite_grad_steps;
   // Data order cache.
   int64_t order_epoch = -1;
   std::vector<int64_t> order;
@@ -264,6 +273,13 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
       tbb::global_control::max_allowed_parallelism, std::max(1, spec.num_threads()));
   job->id = job_id;
   job->spec = spec;
+  if (const char* f = std::getenv("LSPO_FAULT_NONFINITE_GRAD_STEPS")) {
+    for (absl::string_view part : absl::StrSplit(f, ',', absl::SkipEmpty())) {
+      int k = 0;
+      if (absl::SimpleAtoi(part, &k)) job->fault_nonfinite_grad_steps.insert(k);
+    }
+    LOG(WARNING) << "worker: fault injection: non-finite gradients at steps " << f;
+  }
   job->lsp = spec.mode() == lspo::v1::MODE_LSP;
   job->zero = spec.mode() == lspo::v1::MODE_ZERO;
   job->classification = spec.data().format() == "classification";
@@ -546,6 +562,7 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
   const int split = std::clamp<int>(plan.split_layer(), 0, static_cast<int>(num_layers));
   lspo::v1::TrainStepReply reply;
   auto* metrics = reply.mutable_metrics();
+  metrics->set_worker_peak_rss_bytes(runtime::PeakRssBytes());
   metrics->set_step(step);
   metrics->set_lr(lr);
   metrics->set_split_layer(plan.overlap() ? split : 0);
@@ -615,7 +632,11 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
       if (offload && plan.overlap() && k == last) job->publish_step = static_cast<uint32_t>(step);
       t0 = std::chrono::steady_clock::now();
       job->layer_t0 = MonotonicSeconds();
-      (loss * (static_cast<double>(targets) / total)).backward();
+      double scale = static_cast<double>(targets) / total;
+      if (job->fault_nonfinite_grad_steps.count(step)) {
+        scale = std::numeric_limits<double>::quiet_NaN();  // Fault injection (tests).
+      }
+      (loss * scale).backward();
       bwd += runtime::SecondsSince(t0);
       if (job->publish_step > 0 && num_layers > 0) {
         // Layer 0's input needs no gradient, so no hook marked its end: the backward did.
@@ -994,7 +1015,7 @@ absl::StatusOr<lspo::v1::StateReply> WorkerCore::LoadState(const std::string& jo
       const LinearShape& ls = job->linears[i];
       at::Tensor& w = job->model->LinearWeight(static_cast<int64_t>(i));
       ASSIGN_OR_RETURN(at::Tensor t,
-                       ReadStateTensor(file, what, ls.name, w.scalar_type(), w.sizes()));
+                       ViewStateTensor(file, what, ls.name, w.scalar_type(), w.sizes()));
       weights.push_back(std::move(t));
       if (job->lsp && fitted) {
         const int64_t d = job->layout.d(), r = job->layout.r();

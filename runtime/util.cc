@@ -1,5 +1,9 @@
 #include "runtime/util.h"
 
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
+
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -21,6 +25,18 @@ absl::Status MakeDirs(const std::string& dir) {
     if (i < dir.size()) cur.push_back(dir[i]);
   }
   return absl::OkStatus();
+}
+
+int64_t PeakRssBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      int64_t kb = 0;
+      if (std::sscanf(line.c_str() + 6, "%" SCNd64, &kb) == 1) return kb * 1024;
+    }
+  }
+  return 0;
 }
 
 }  // namespace lspo::runtime

@@ -3,6 +3,7 @@
 #define LSPO_RUNTIME_UTIL_H_
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -17,6 +18,10 @@ inline double SecondsSince(std::chrono::steady_clock::time_point t0) {
 // mkdir -p with mode 0755. kPermissionDenied naming the first component that could not be
 // created (with strerror), e.g. an unwritable output_dir.
 absl::Status MakeDirs(const std::string& dir);
+
+// Peak resident set size of this process in bytes (VmHWM of /proc/self/status); 0 where it
+// cannot be read (not Linux).
+int64_t PeakRssBytes();
 
 }  // namespace lspo::runtime
 

@@ -97,7 +97,16 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, absl::string_vi
     return absl::InvalidArgumentError(
         absl::StrCat("job spec ", source, " is not valid YAML: ", e.what()));
   }
-  return ParseJobSpecJson(json.dump(), source);
+  std::string text;
+  try {
+    text = json.dump();
+  } catch (const nlohmann::json::exception& e) {
+    // nlohmann refuses strings that are not valid UTF-8 (type_error 316); found by
+    // fuzz/job_spec_fuzzer.cc (fuzz/regressions/job_spec).
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job spec ", source, " holds text that is not valid UTF-8: save the file as UTF-8"));
+  }
+  return ParseJobSpecJson(text, source);
 }
 
 absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
@@ -171,6 +180,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.checkpoint_every() < 0) {
     return bad("checkpoint_every", spec.checkpoint_every(),
                "use 0 (no training checkpoints) or a positive number of steps");
+  }
+  if (spec.max_nonfinite_steps() < 0) {
+    return bad("max_nonfinite_steps", spec.max_nonfinite_steps(),
+               "use 0 (the scheduler's default) or a positive count");
   }
   if (spec.keep_checkpoints() < 1) {
     return bad("keep_checkpoints", spec.keep_checkpoints(), "keep at least 1 checkpoint");

@@ -754,7 +754,10 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
       });
       LOG(WARNING) << "scheduler: " << id << ": step " << step
                    << " had a non-finite loss or gradient and was skipped";
-      if (++nonfinite_in_a_row >= options_.max_nonfinite_steps_in_a_row) {
+      const int max_in_a_row = spec.max_nonfinite_steps() > 0
+                                   ? spec.max_nonfinite_steps()
+                                   : options_.max_nonfinite_steps_in_a_row;
+      if (++nonfinite_in_a_row >= max_in_a_row) {
         return absl::DataLossError(absl::StrCat(
             nonfinite_in_a_row, " non-finite steps in a row at step ", step,
             ": lower optim.lr, set optim.max_grad_norm, or check the data"));
@@ -778,6 +781,7 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
       m.set_update_seconds(urep.seconds());
       m.set_grad_norm(urep.grad_norm());
       m.set_apply_seconds(arep.seconds());
+      m.set_optimizer_peak_rss_bytes(urep.peak_rss_bytes());
       // Timeline and cost model: every event of the step, worker and optimizer.
       std::vector<lspo::v1::LayerEvent> events(trep.events().begin(), trep.events().end());
       events.insert(events.end(), urep.events().begin(), urep.events().end());
