@@ -7,7 +7,7 @@
 #include "absl/flags/usage.h"
 #include "cpu_optimizer_service/optimizer_service.h"
 #include "glog/logging.h"
-#include "grpcpp/grpcpp.h"
+#include "runtime/grpc_flags.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50062",
           "host:port to serve lspo.v1.Optimizer on (loopback by default)");
@@ -20,19 +20,8 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   lspo::optimizer::OptimizerCore core;
   lspo::optimizer::OptimizerService service(&core);
-  grpc::ServerBuilder builder;
-  // A second instance on the same port must fail, not silently share it (SO_REUSEPORT).
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_listen)
-               << ": is the port in use? pass --listen=127.0.0.1:<free port>";
-    return 1;
-  }
-  LOG(INFO) << "lsp_cpu_optimizer listening on " << absl::GetFlag(FLAGS_listen);
-  server->Wait();
-  return 0;
+  lspo::runtime::ServerOptions server;
+  server.listen = absl::GetFlag(FLAGS_listen);
+  server.services = {{lspo::v1::Optimizer::service_full_name(), &service}};
+  return lspo::runtime::ServeMain(server, "lsp_cpu_optimizer");
 }

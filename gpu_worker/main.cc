@@ -8,7 +8,7 @@
 #include "absl/flags/usage.h"
 #include "glog/logging.h"
 #include "gpu_worker/worker_service.h"
-#include "grpcpp/grpcpp.h"
+#include "runtime/grpc_flags.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50061",
           "host:port to serve lspo.v1.Worker on (loopback by default)");
@@ -21,20 +21,9 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   lspo::worker::WorkerCore core;
   lspo::worker::WorkerService service(&core);
-  grpc::ServerBuilder builder;
-  // A second instance on the same port must fail, not silently share it (SO_REUSEPORT).
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_listen)
-               << ": is the port in use? pass --listen=127.0.0.1:<free port>";
-    return 1;
-  }
-  LOG(INFO) << "lsp_gpu_worker listening on " << absl::GetFlag(FLAGS_listen);
-  server->Wait();
-  return 0;
+  lspo::runtime::ServerOptions server;
+  server.listen = absl::GetFlag(FLAGS_listen);
+  server.services = {{lspo::v1::Worker::service_full_name(), &service}};
+  server.max_receive_message_bytes = 64 << 20;
+  return lspo::runtime::ServeMain(server, "lsp_gpu_worker");
 }

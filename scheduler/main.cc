@@ -7,8 +7,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "glog/logging.h"
-#include "grpcpp/grpcpp.h"
+#include "runtime/grpc_flags.h"
 #include "scheduler/scheduler_service.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50060", "host:port to serve lspo.v1.Scheduler on");
@@ -27,14 +28,26 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  auto wch = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_worker),
-                                       grpc::InsecureChannelCredentials(), args);
-  auto och = grpc::CreateCustomChannel(absl::GetFlag(FLAGS_optimizer),
-                                       grpc::InsecureChannelCredentials(), args);
-  auto worker = lspo::v1::Worker::NewStub(wch);
-  auto optimizer = lspo::v1::Optimizer::NewStub(och);
+  lspo::runtime::ServerOptions server;
+  server.listen = absl::GetFlag(FLAGS_listen);
+  server.security = lspo::runtime::ServerSecurityFromFlags();
+  // Refuse an unsafe listen address before any persisted job is resumed.
+  if (const absl::Status st = lspo::runtime::CheckServerSecurity(server); !st.ok()) {
+    LOG(ERROR) << "lsp_scheduler: " << st.message();
+    return 1;
+  }
+  // Worker and optimizer calls carry --auth_token_file and verify TLS with --tls_ca.
+  const lspo::runtime::ChannelSecurity peers = lspo::runtime::ChannelSecurityFromFlags();
+  auto wch = lspo::runtime::MakeChannel(absl::GetFlag(FLAGS_worker), peers, 64 << 20);
+  auto och = lspo::runtime::MakeChannel(absl::GetFlag(FLAGS_optimizer), peers, 64 << 20);
+  for (const auto* ch : {&wch, &och}) {
+    if (!ch->ok()) {
+      LOG(ERROR) << "lsp_scheduler: " << ch->status().message();
+      return 1;
+    }
+  }
+  auto worker = lspo::v1::Worker::NewStub(*wch);
+  auto optimizer = lspo::v1::Optimizer::NewStub(*och);
   lspo::scheduler::SchedulerOptions opts;
   opts.runs_root = absl::GetFlag(FLAGS_runs_root);
   opts.rpc_deadline_seconds = absl::GetFlag(FLAGS_rpc_deadline_seconds);
@@ -42,21 +55,9 @@ int main(int argc, char** argv) {
   opts.allowed_roots = absl::GetFlag(FLAGS_allowed_roots);
   lspo::scheduler::SchedulerCore core(worker.get(), optimizer.get(), opts);
   lspo::scheduler::SchedulerService service(&core);
-  grpc::ServerBuilder builder;
-  // A second instance on the same port must fail, not silently share it (SO_REUSEPORT).
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_listen)
-               << ": is the port in use? pass --listen=127.0.0.1:<free port>";
-    return 1;
-  }
-  LOG(INFO) << "lsp_scheduler listening on " << absl::GetFlag(FLAGS_listen) << " (worker "
-            << absl::GetFlag(FLAGS_worker) << ", optimizer " << absl::GetFlag(FLAGS_optimizer)
-            << ")";
-  server->Wait();
-  return 0;
+  server.services = {{lspo::v1::Scheduler::service_full_name(), &service}};
+  return lspo::runtime::ServeMain(
+      server, "lsp_scheduler",
+      absl::StrCat("(worker ", absl::GetFlag(FLAGS_worker), ", optimizer ",
+                   absl::GetFlag(FLAGS_optimizer), ")"));
 }
