@@ -4,9 +4,13 @@
 //                                                        this process), progress bar, summary
 //   lspctl submit --spec=FILE [--watch]                  to a running scheduler
 //   lspctl status JOB_ID | watch JOB_ID | cancel JOB_ID | list
-// Common flags: --scheduler=127.0.0.1:50060, spec overrides --steps, --mode, --output_dir.
-// Exit codes: 0 success (job SUCCEEDED for run/watch), 1 job failed/cancelled or RPC error,
-// 2 usage error.
+//   lspctl health [SERVICE]                              grpc.health.v1 check of any of the
+//                                                        three services (--scheduler=ADDRESS)
+//   lspctl metrics                                       jobs in Prometheus text format
+// Common flags: --scheduler=127.0.0.1:50060, spec overrides --steps, --mode, --output_dir;
+// security: --auth_token_file, --tls_ca (runtime/grpc_flags.h).
+// Exit codes: 0 success (job SUCCEEDED for run/watch, SERVING for health), 1 job
+// failed/cancelled, not SERVING, nothing to cancel, or RPC error; 2 usage error.
 #include <unistd.h>
 
 #include <cmath>
@@ -23,11 +27,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/embedded.h"
+#include "client/prometheus.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
 #include "proto/lsp_offload.grpc.pb.h"
+#include "runtime/grpc_flags.h"
+#include "runtime/status_macros.h"
 #include "scheduler/job_spec.h"
 
 ABSL_FLAG(std::string, spec, "", "job spec file (.yaml, .yml or .json) for run/submit");
@@ -39,10 +46,32 @@ ABSL_FLAG(std::string, output_dir, "", "override the spec's output directory");
 ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends");
 ABSL_FLAG(bool, json, false, "status/list: print JSON instead of a table");
 ABSL_FLAG(bool, verbose, false, "run: also print the services' INFO logs to stderr");
+ABSL_FLAG(double, timeout_seconds, 5, "health: deadline of the check, seconds");
 
 namespace {
 
 using lspo::v1::JobStatus;
+
+constexpr char kUsage[] =
+    "LSP-Offload client.\n"
+    "  lspctl run --spec=FILE              fine-tune in embedded mode (one process)\n"
+    "  lspctl submit --spec=FILE [--watch] submit to a running lsp_scheduler\n"
+    "  lspctl status JOB | watch JOB | cancel JOB | list\n"
+    "  lspctl health [SERVICE]             grpc.health.v1 check of the server at --scheduler\n"
+    "                                      (also a worker or optimizer address); exit 0 when\n"
+    "                                      SERVING, 1 otherwise\n"
+    "  lspctl metrics                      the scheduler's jobs in Prometheus text format\n"
+    "Flags: --scheduler=HOST:PORT (127.0.0.1:50060), --json, --watch, --verbose,\n"
+    "  spec overrides --steps --mode --schedule --output_dir, --timeout_seconds (health),\n"
+    "  --auth_token_file=FILE (bearer token, mode 0600), --tls_ca=CA.pem (TLS).\n"
+    "  lspctl --helpfull lists every flag.\n"
+    "Exit codes: 0 success, 1 job failed/cancelled, not SERVING or RPC error, 2 usage error.";
+
+// Prints "lspctl: <message>" to stderr; returns exit code 1.
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "lspctl: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
 
 std::string Duration(double s) {
   if (!(s >= 0) || !std::isfinite(s)) return "?";
@@ -191,10 +220,7 @@ int Submit(lspo::v1::Scheduler::Stub* stub, bool watch) {
   std::printf("submitted %s\n", rep.job_id().c_str());
   if (!watch) return 0;
   auto fin = WatchWithProgress(stub, rep.job_id());
-  if (!fin.ok()) {
-    std::fprintf(stderr, "lspctl: %s\n", std::string(fin.status().message()).c_str());
-    return 1;
-  }
+  if (!fin.ok()) return Fail(fin.status());
   return Finish(*fin);
 }
 
@@ -214,20 +240,94 @@ void PrintRow(const JobStatus& s) {
               s.error().empty() ? s.phase().c_str() : s.error().c_str());
 }
 
+absl::StatusOr<lspo::v1::ListJobsReply> ListJobs(lspo::v1::Scheduler::Stub* stub) {
+  grpc::ClientContext ctx;
+  lspo::v1::ListJobsReply rep;
+  RETURN_IF_ERROR(
+      lspo::rpc::FromGrpc(stub->ListJobs(&ctx, lspo::v1::ListJobsRequest(), &rep), "scheduler"));
+  return rep;
+}
+
+absl::StatusOr<JobStatus> GetJob(lspo::v1::Scheduler::Stub* stub, const std::string& job_id) {
+  grpc::ClientContext ctx;
+  lspo::v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  JobStatus s;
+  RETURN_IF_ERROR(lspo::rpc::FromGrpc(stub->GetJob(&ctx, req, &s), "scheduler"));
+  return s;
+}
+
+bool IsFinished(lspo::v1::JobState s) {
+  return s == lspo::v1::SUCCEEDED || s == lspo::v1::FAILED || s == lspo::v1::CANCELLED;
+}
+
+// A job that already ended cannot be cancelled: say so and exit 1.
+int Cancel(lspo::v1::Scheduler::Stub* stub, const std::string& job_id) {
+  auto before = GetJob(stub, job_id);
+  if (!before.ok()) return Fail(before.status());
+  if (IsFinished(before->state())) {
+    std::fprintf(stderr, "lspctl: job %s already finished (%s): nothing to cancel\n",
+                 job_id.c_str(), StateName(before->state()).c_str());
+    return 1;
+  }
+  grpc::ClientContext ctx;
+  lspo::v1::CancelJobRequest req;
+  req.set_job_id(job_id);
+  lspo::v1::CancelJobReply rep;
+  auto st = lspo::rpc::FromGrpc(stub->CancelJob(&ctx, req, &rep), "scheduler");
+  if (!st.ok()) return Fail(st);
+  if (rep.state() == lspo::v1::CANCELLED) {
+    std::printf("%s: CANCELLED\n", job_id.c_str());
+  } else if (IsFinished(rep.state())) {  // Ended between the two calls.
+    std::fprintf(stderr, "lspctl: job %s already finished (%s): nothing to cancel\n",
+                 job_id.c_str(), StateName(rep.state()).c_str());
+    return 1;
+  } else {
+    std::printf("%s: %s, cancel requested (it stops after its current step)\n", job_id.c_str(),
+                StateName(rep.state()).c_str());
+  }
+  return 0;
+}
+
+// grpc.health.v1 Check of the server at `address`; 0 when SERVING.
+int Health(const std::shared_ptr<grpc::Channel>& channel, const std::string& address,
+           const std::string& service) {
+  auto st = lspo::runtime::CheckHealth(channel, service,
+                                       absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds)));
+  const std::string what = service.empty() ? address : absl::StrCat(address, " ", service);
+  if (!st.ok()) {
+    std::printf("%s: %s\n", what.c_str(), std::string(st.status().message()).c_str());
+    return 1;
+  }
+  std::printf("%s: %s\n", what.c_str(), lspo::runtime::HealthStatusName(*st));
+  return *st == lspo::runtime::HealthStatus::kServing ? 0 : 1;
+}
+
+bool WantsHelp(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    if (a == "--help" || a == "-help" || a == "-h" || (i == 1 && a == "help")) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   lspo::runtime::UsePassiveOpenMpWaits(argc, argv);
-  absl::SetProgramUsageMessage(
-      "LSP-Offload client.\n"
-      "  lspctl run --spec=FILE              fine-tune in embedded mode (one process)\n"
-      "  lspctl submit --spec=FILE [--watch] submit to a running lsp_scheduler\n"
-      "  lspctl status JOB | watch JOB | cancel JOB | list");
+  absl::SetProgramUsageMessage(kUsage);
+  // Abseil's own --help exits 1; asking for help is not an error.
+  if (WantsHelp(argc, argv)) {
+    std::printf("%s\n", kUsage);
+    return 0;
+  }
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   if (args.size() < 2) {
-    std::fprintf(stderr, "usage: lspctl run|submit|status|watch|cancel|list ... (--help)\n");
+    std::fprintf(stderr,
+                 "usage: lspctl run|submit|status|watch|cancel|list|health|metrics ... (--help)\n");
     return 2;
   }
   const std::string cmd = args[1];
@@ -242,9 +342,11 @@ int main(int argc, char** argv) {
     return Submit(stub.get(), /*watch=*/true);
   }
 
-  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_scheduler),
-                                     grpc::InsecureChannelCredentials());
-  auto stub = lspo::v1::Scheduler::NewStub(channel);
+  const std::string address = absl::GetFlag(FLAGS_scheduler);
+  auto channel = lspo::runtime::MakeChannel(address, lspo::runtime::ChannelSecurityFromFlags());
+  if (!channel.ok()) return Fail(channel.status());
+  if (cmd == "health") return Health(*channel, address, arg);
+  auto stub = lspo::v1::Scheduler::NewStub(*channel);
   auto need_id = [&]() {
     if (arg.empty()) {
       std::fprintf(stderr, "lspctl %s: give a job id (lspctl list shows them)\n", cmd.c_str());
@@ -256,63 +358,41 @@ int main(int argc, char** argv) {
   if (cmd == "watch") {
     if (!need_id()) return 2;
     auto fin = WatchWithProgress(stub.get(), arg);
-    if (!fin.ok()) {
-      std::fprintf(stderr, "lspctl: %s\n", std::string(fin.status().message()).c_str());
-      return 1;
-    }
+    if (!fin.ok()) return Fail(fin.status());
     return Finish(*fin);
   }
   if (cmd == "status") {
     if (!need_id()) return 2;
-    grpc::ClientContext ctx;
-    lspo::v1::GetJobRequest req;
-    req.set_job_id(arg);
-    JobStatus s;
-    auto st = lspo::rpc::FromGrpc(stub->GetJob(&ctx, req, &s), "scheduler");
-    if (!st.ok()) {
-      std::fprintf(stderr, "lspctl: %s\n", std::string(st.message()).c_str());
-      return 1;
-    }
+    auto s = GetJob(stub.get(), arg);
+    if (!s.ok()) return Fail(s.status());
     if (absl::GetFlag(FLAGS_json)) {
-      std::printf("%s\n", ToJsonString(s).c_str());
+      std::printf("%s\n", ToJsonString(*s).c_str());
     } else {
-      PrintRow(s);
-      std::printf("%s\n", ProgressLine(s).c_str());
+      PrintRow(*s);
+      std::printf("%s\n", ProgressLine(*s).c_str());
     }
     return 0;
   }
   if (cmd == "cancel") {
     if (!need_id()) return 2;
-    grpc::ClientContext ctx;
-    lspo::v1::CancelJobRequest req;
-    req.set_job_id(arg);
-    lspo::v1::CancelJobReply rep;
-    auto st = lspo::rpc::FromGrpc(stub->CancelJob(&ctx, req, &rep), "scheduler");
-    if (!st.ok()) {
-      std::fprintf(stderr, "lspctl: %s\n", std::string(st.message()).c_str());
-      return 1;
+    return Cancel(stub.get(), arg);
+  }
+  if (cmd == "list" || cmd == "metrics") {
+    auto rep = ListJobs(stub.get());
+    if (!rep.ok()) return Fail(rep.status());
+    if (cmd == "metrics") {
+      std::fputs(lspo::client::JobsToPrometheus(*rep).c_str(), stdout);
+    } else if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s\n", ToJsonString(*rep).c_str());
+    } else {
+      std::printf("%-24s %-13s %11s %-10s %s\n", "JOB", "STATE", "STEP", "LOSS", "PHASE");
+      for (const auto& s : rep->jobs()) PrintRow(s);
     }
-    std::printf("%s: %s\n", arg.c_str(), StateName(rep.state()).c_str());
     return 0;
   }
-  if (cmd == "list") {
-    grpc::ClientContext ctx;
-    lspo::v1::ListJobsReply rep;
-    auto st =
-        lspo::rpc::FromGrpc(stub->ListJobs(&ctx, lspo::v1::ListJobsRequest(), &rep), "scheduler");
-    if (!st.ok()) {
-      std::fprintf(stderr, "lspctl: %s\n", std::string(st.message()).c_str());
-      return 1;
-    }
-    if (absl::GetFlag(FLAGS_json)) {
-      std::printf("%s\n", ToJsonString(rep).c_str());
-      return 0;
-    }
-    std::printf("%-24s %-13s %11s %-10s %s\n", "JOB", "STATE", "STEP", "LOSS", "PHASE");
-    for (const auto& s : rep.jobs()) PrintRow(s);
-    return 0;
-  }
-  std::fprintf(stderr, "lspctl: unknown command '%s' (run, submit, status, watch, cancel, list)\n",
+  std::fprintf(stderr,
+               "lspctl: unknown command '%s' (run, submit, status, watch, cancel, list, health, "
+               "metrics; --help)\n",
                cmd.c_str());
   return 2;
 }

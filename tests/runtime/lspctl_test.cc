@@ -1,0 +1,180 @@
+// The lspctl binary against an in-process fake Scheduler served by runtime/grpc_server:
+// --help, health (open without the token), metrics, token flags, cancel of a finished job.
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/prometheus.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/lsp_offload.grpc.pb.h"
+#include "runtime/grpc_server.h"
+
+namespace lspo {
+namespace {
+
+using ::testing::HasSubstr;
+
+// ListJobs/GetJob answer from `jobs`; CancelJob counts its calls and answers RUNNING.
+class FakeScheduler : public v1::Scheduler::Service {
+ public:
+  v1::ListJobsReply jobs;
+
+  int cancels() {
+    absl::MutexLock lock(&mu_);
+    return cancels_;
+  }
+
+ private:
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+                        v1::ListJobsReply* reply) override {
+    *reply = jobs;
+    return grpc::Status::OK;
+  }
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* req,
+                      v1::JobStatus* out) override {
+    for (const v1::JobStatus& s : jobs.jobs()) {
+      if (s.job_id() == req->job_id()) {
+        *out = s;
+        return grpc::Status::OK;
+      }
+    }
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "no job");
+  }
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*,
+                         v1::CancelJobReply* out) override {
+    absl::MutexLock lock(&mu_);
+    ++cancels_;
+    out->set_state(v1::RUNNING);
+    return grpc::Status::OK;
+  }
+
+  absl::Mutex mu_;
+  int cancels_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr.
+};
+
+Result Lspctl(const std::string& args) {
+  Result r;
+  const std::string cmd = absl::StrCat(LSPO_LSPCTL_BIN, " ", args, " 2>&1");
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class LspctlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    v1::JobStatus* done = fake_.jobs.add_jobs();
+    done->set_job_id("done-1");
+    done->mutable_spec()->set_name("finished \"job\"");
+    done->set_state(v1::SUCCEEDED);
+    done->set_step(3);
+    done->set_total_steps(3);
+    v1::JobStatus* running = fake_.jobs.add_jobs();
+    running->set_job_id("run-2");
+    running->set_state(v1::RUNNING);
+  }
+
+  // Serves the fake on 127.0.0.1:0 (with `token_file` unless empty); returns "--scheduler=...".
+  std::string Serve(const std::string& token_file = "") {
+    runtime::ServerOptions options;
+    options.services = {{v1::Scheduler::service_full_name(), &fake_}};
+    options.security.auth_token_file = token_file;
+    auto server = runtime::StartGrpcServer(options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return "--scheduler=127.0.0.1:1";
+    server_ = std::move(*server);
+    return absl::StrCat("--scheduler=127.0.0.1:", server_->port());
+  }
+
+  FakeScheduler fake_;
+  std::unique_ptr<runtime::GrpcServer> server_;
+};
+
+TEST_F(LspctlTest, HelpExitsZeroWithUsage) {
+  for (const char* help : {"--help", "-h", "help", "list --help"}) {
+    const Result r = Lspctl(help);
+    EXPECT_EQ(r.exit_code, 0) << help << ": " << r.output;
+    EXPECT_THAT(r.output, HasSubstr("lspctl health")) << help;
+    EXPECT_THAT(r.output, HasSubstr("lspctl metrics")) << help;
+  }
+  EXPECT_EQ(Lspctl("").exit_code, 2);
+  EXPECT_EQ(Lspctl("frobnicate").exit_code, 2);
+}
+
+TEST_F(LspctlTest, HealthIsZeroWhenServingAndOneOtherwise) {
+  const std::string flag = Serve();
+  Result r = Lspctl("health " + flag);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(": SERVING"));
+  r = Lspctl("health lspo.v1.Scheduler " + flag);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = Lspctl("health lspo.v1.Worker " + flag);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const std::string port = flag.substr(flag.rfind(':') + 1);
+  server_.reset();  // Nothing listens there any more.
+  r = Lspctl("health --timeout_seconds=2 --scheduler=127.0.0.1:" + port);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+}
+
+TEST_F(LspctlTest, MetricsPrintsThePrometheusText) {
+  const Result r = Lspctl("metrics " + Serve());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, client::JobsToPrometheus(fake_.jobs));
+}
+
+TEST_F(LspctlTest, TokenFlagAndOpenHealth) {
+  std::string dir = testing::TempDir() + "/lspctl_test.XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const std::string token = dir + "/token";
+  std::ofstream(token) << "lspctl-test-token-0123456789\n";
+  chmod(token.c_str(), 0600);
+  const std::string flag = Serve(token);
+  Result r = Lspctl("health " + flag);  // No token needed.
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = Lspctl("list " + flag);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("auth_token_file"));
+  r = Lspctl("list --auth_token_file=" + token + " " + flag);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("done-1"));
+  chmod(token.c_str(), 0644);
+  r = Lspctl("list --auth_token_file=" + token + " " + flag);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("chmod 600"));
+  std::remove(token.c_str());
+  rmdir(dir.c_str());
+}
+
+TEST_F(LspctlTest, CancelOfAFinishedJobSaysSoAndFails) {
+  const std::string flag = Serve();
+  Result r = Lspctl("cancel done-1 " + flag);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("already finished (SUCCEEDED)"));
+  EXPECT_EQ(fake_.cancels(), 0);
+  r = Lspctl("cancel run-2 " + flag);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("cancel requested"));
+  EXPECT_EQ(fake_.cancels(), 1);
+  r = Lspctl("cancel nope " + flag);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+}
+
+}  // namespace
+}  // namespace lspo
