@@ -143,6 +143,16 @@ int Finish(const JobStatus& s) {
     if (in) std::cout << "summary.json: " << in.rdbuf() << std::flush;
   }
   if (!s.error().empty()) std::printf("error: %s\n", s.error().c_str());
+  if (s.skipped_steps() > 0) std::printf("skipped non-finite steps: %d\n", s.skipped_steps());
+  if (s.resumed_from_step() > 0) {
+    std::printf("resumed from step %d (scheduler restarts: %d)\n", s.resumed_from_step(),
+                s.restarts());
+  }
+  if (s.last_checkpoint_step() > 0) {
+    std::printf("last checkpoint: step %d in %s\n", s.last_checkpoint_step(),
+                s.last_checkpoint_dir().c_str());
+  }
+  if (!s.last_error().empty()) std::printf("last error: %s\n", s.last_error().c_str());
   if (s.state() == lspo::v1::SUCCEEDED && !s.output_dir().empty()) {
     std::printf("output: %s (summary.json, metrics.jsonl, model.safetensors, config.json, "
                 "tokenizer.json)\n",

@@ -54,6 +54,10 @@ int main(int argc, char** argv) {
   opts.state_dir = absl::GetFlag(FLAGS_state_dir);
   opts.allowed_roots = absl::GetFlag(FLAGS_allowed_roots);
   lspo::scheduler::SchedulerCore core(worker.get(), optimizer.get(), opts);
+  if (!core.init_status().ok()) {
+    LOG(ERROR) << "lsp_scheduler: --state_dir: " << core.init_status();
+    return 1;
+  }
   lspo::scheduler::SchedulerService service(&core);
   server.services = {{lspo::v1::Scheduler::service_full_name(), &service}};
   return lspo::runtime::ServeMain(

@@ -148,7 +148,7 @@ TEST(ResumeTest, CheckpointsAreCompleteChecksummedPrunedAndVerified) {
   absl::StatusOr<nlohmann::json> state = scheduler::VerifyCheckpoint(all[0].dir);
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_EQ((*state)["step"], 4);
-  EXPECT_EQ((*state)["data_cursor"]["examples_consumed"], 4 * 4);
+  EXPECT_EQ((*state)["data_cursor"]["examples_consumed"], 4 * 4 * 2);  // steps x batch x accum
   // The checkpoint's model holds the merged fp32 master weights of every HF tensor.
   auto model = model::SafetensorsFile::Open(all[0].dir + "/model.safetensors");
   ASSERT_TRUE(model.ok()) << model.status();
