@@ -189,6 +189,11 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(const ServerOptions&
   grpc::ServerBuilder builder;
   // A second instance on the same port must fail, not silently share it (SO_REUSEPORT).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Heartbeats: accept the clients' HTTP/2 keepalive pings (MakeChannel) every 5 s or more,
+  // also between calls, without counting them as abuse.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   int port = 0;
   builder.AddListeningPort(options.listen, creds, &port);
   for (const NamedService& s : options.services) builder.RegisterService(s.service);
@@ -247,6 +252,13 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
   }
   grpc::ChannelArguments args;
   if (max_receive_message_bytes > 0) args.SetMaxReceiveMessageSize(max_receive_message_bytes);
+  // Heartbeats: an HTTP/2 ping every kKeepaliveSeconds; a peer that does not answer within
+  // kKeepaliveSeconds (frozen process, vanished host: no TCP reset) closes the connection and
+  // fails the calls in flight with UNAVAILABLE long before their deadlines.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveSeconds * 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveSeconds * 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   return grpc::CreateCustomChannel(target, creds, args);
 }
 

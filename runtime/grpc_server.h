@@ -100,6 +100,9 @@ absl::Status CheckServerSecurity(const ServerOptions& options);
 absl::Status ServeUntilShutdown(const ServerOptions& options, absl::string_view program,
                                 absl::string_view detail = "");
 
+// Heartbeat period and timeout of MakeChannel's channels, seconds (HTTP/2 keepalive pings).
+inline constexpr int kKeepaliveSeconds = 10;
+
 // Opens a channel to `target` (host:port) with `security`:
 //   --tls_ca set: TLS verifying the server against that CA (the target host must match the
 //   certificate's subjectAltName); --auth_token_file set: `authorization: Bearer <token>` on
@@ -108,6 +111,8 @@ absl::Status ServeUntilShutdown(const ServerOptions& options, absl::string_view 
 // Errors: FailedPrecondition when a token would travel in clear text to a non-loopback target
 // (names --tls_ca); NotFound / FailedPrecondition for unreadable or group/world-accessible
 // files, as for servers. Connecting is lazy: an unreachable server shows up on the first call.
+// The channel pings the server every kKeepaliveSeconds (heartbeat) and drops a connection whose
+// peer does not answer within kKeepaliveSeconds, failing calls in flight with UNAVAILABLE.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
                                                            const ChannelSecurity& security,
                                                            int max_receive_message_bytes = 0);

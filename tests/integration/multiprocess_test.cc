@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -48,6 +49,9 @@ class Process {
         << binary;
   }
   ~Process() { Kill(SIGTERM); }
+  void Signal(int sig) {
+    if (pid_ > 0) kill(pid_, sig);
+  }
   void Kill(int sig) {
     if (pid_ > 0) {
       kill(pid_, sig);
@@ -132,62 +136,6 @@ TEST(MultiProcessTest, ThreeServicesOnLoopbackTrainAJobAndSurviveADeadPeer) {
   EXPECT_NE(dead.error().find("optimizer"), std::string::npos) << dead.error();
 }
 
-// kill -9 of the optimizer in the middle of an overlapped job: the worker, waiting for that
-// step's updates, is released at once (AbortStep) and the job fails with a clear reason within
-// seconds instead of a timeout; no shared-memory segment is left behind.
-TEST(MultiProcessTest, OptimizerKilledMidStepFailsTheJobPromptly) {
-  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
-  for (v1::TrainingMode mode : {v1::MODE_LSP, v1::MODE_ZERO}) {
-    const std::string w = "127.0.0.1:" + std::to_string(FreePort());
-    const std::string o = "127.0.0.1:" + std::to_string(FreePort());
-    const std::string s = "127.0.0.1:" + std::to_string(FreePort());
-    Process worker(LSPO_WORKER_BIN, {"--listen=" + w});
-    Process optimizer(LSPO_OPTIMIZER_BIN, {"--listen=" + o});
-    Process scheduler(LSPO_SCHEDULER_BIN, {"--listen=" + s, "--worker=" + w,
-                                           "--optimizer=" + o, "--rpc_deadline_seconds=300"});
-    ASSERT_TRUE(WaitReady(w) && WaitReady(o) && WaitReady(s));
-    auto stub =
-        v1::Scheduler::NewStub(grpc::CreateChannel(s, grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    v1::SubmitJobRequest req;
-    *req.mutable_spec() =
-        testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("mp-kill"), mode, 100000);
-    req.mutable_spec()->set_schedule("overlap");
-    v1::SubmitJobReply rep;
-    ASSERT_TRUE(stub->SubmitJob(&ctx, req, &rep).ok());
-    grpc::ClientContext wctx;
-    v1::WatchJobRequest wreq;
-    wreq.set_job_id(rep.job_id());
-    wctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
-    auto reader = stub->WatchJob(&wctx, wreq);
-    v1::JobStatus st, last;
-    std::chrono::steady_clock::time_point killed_at;
-    bool killed = false;
-    while (reader->Read(&st)) {
-      last = st;
-      if (!killed && st.step() >= 5) {
-        optimizer.Kill(SIGKILL);
-        killed = true;
-        killed_at = std::chrono::steady_clock::now();
-      }
-    }
-    reader->Finish();
-    ASSERT_TRUE(killed);
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-    EXPECT_EQ(last.state(), v1::FAILED) << v1::TrainingMode_Name(mode);
-    EXPECT_NE(last.error().find("optimizer"), std::string::npos) << last.error();
-    EXPECT_LT(secs, 60.0) << "the job took " << secs << " s to fail after the optimizer died";
-    int leftovers = 0;
-    const std::string cmd = "ls /dev/shm | grep -c '^lspo-" + last.job_id() + "-' || true";
-    if (FILE* p = popen(cmd.c_str(), "r")) {
-      fscanf(p, "%d", &leftovers);
-      pclose(p);
-    }
-    EXPECT_EQ(leftovers, 0);
-  }
-}
-
 int ShmLeftovers(const std::string& job_id) {
   int leftovers = 0;
   const std::string cmd = "ls /dev/shm | grep -c '^lspo-" + job_id + "-' || true";
@@ -198,49 +146,98 @@ int ShmLeftovers(const std::string& job_id) {
   return leftovers;
 }
 
+// The three services on free loopback ports, as the systemd units start them.
+struct Services {
+  std::string w = "127.0.0.1:" + std::to_string(FreePort());
+  std::string o = "127.0.0.1:" + std::to_string(FreePort());
+  std::string s = "127.0.0.1:" + std::to_string(FreePort());
+  Process worker{LSPO_WORKER_BIN, {"--listen=" + w}};
+  Process optimizer{LSPO_OPTIMIZER_BIN, {"--listen=" + o}};
+  Process scheduler;
+  explicit Services(double deadline_seconds)
+      : scheduler(LSPO_SCHEDULER_BIN,
+                  {"--listen=" + s, "--worker=" + w, "--optimizer=" + o,
+                   "--rpc_deadline_seconds=" + std::to_string(deadline_seconds)}) {}
+  bool Ready() { return WaitReady(w) && WaitReady(o) && WaitReady(s); }
+};
+
+struct ActResult {
+  v1::JobStatus last;
+  bool acted = false;
+  double seconds_after = 0;  // From `act` to the end of the watch (the job's final state).
+};
+
+// Submits `spec` to `scheduler_addr`, watches it, calls `act` once when the job has completed
+// `at_step` steps, and returns the final status.
+ActResult SubmitAndActAt(const std::string& scheduler_addr, const v1::JobSpec& spec,
+                         int at_step, const std::function<void()>& act) {
+  ActResult out;
+  auto stub = v1::Scheduler::NewStub(
+      grpc::CreateChannel(scheduler_addr, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = spec;
+  v1::SubmitJobReply rep;
+  EXPECT_TRUE(stub->SubmitJob(&ctx, req, &rep).ok());
+  grpc::ClientContext wctx;
+  v1::WatchJobRequest wreq;
+  wreq.set_job_id(rep.job_id());
+  wctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(8));
+  auto reader = stub->WatchJob(&wctx, wreq);
+  v1::JobStatus st;
+  std::chrono::steady_clock::time_point acted_at;
+  while (reader->Read(&st)) {
+    out.last = st;
+    if (!out.acted && st.step() >= at_step) {
+      act();
+      out.acted = true;
+      acted_at = std::chrono::steady_clock::now();
+    }
+  }
+  reader->Finish();
+  if (out.acted) {
+    out.seconds_after =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - acted_at).count();
+  }
+  return out;
+}
+
+// kill -9 of the optimizer in the middle of an overlapped job: the worker, waiting for that
+// step's updates, is released at once (AbortStep) and the job fails with a clear reason within
+// seconds instead of a timeout; no shared-memory segment is left behind.
+TEST(MultiProcessTest, OptimizerKilledMidStepFailsTheJobPromptly) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  for (v1::TrainingMode mode : {v1::MODE_LSP, v1::MODE_ZERO}) {
+    Services svc(300);
+    ASSERT_TRUE(svc.Ready());
+    v1::JobSpec spec =
+        testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("mp-kill"), mode, 100000);
+    spec.set_schedule("overlap");
+    ActResult r = SubmitAndActAt(svc.s, spec, 5, [&] { svc.optimizer.Kill(SIGKILL); });
+    ASSERT_TRUE(r.acted);
+    EXPECT_EQ(r.last.state(), v1::FAILED) << v1::TrainingMode_Name(mode);
+    EXPECT_NE(r.last.error().find("optimizer"), std::string::npos) << r.last.error();
+    EXPECT_LT(r.seconds_after, 60.0)
+        << "the job took " << r.seconds_after << " s to fail after the optimizer died";
+    EXPECT_EQ(ShmLeftovers(r.last.job_id()), 0);
+  }
+}
+
 // kill -9 of the worker mid-step: the job fails within seconds naming the worker, and its
 // arena (which only the worker could remove) is removed by the scheduler.
 TEST(MultiProcessTest, WorkerKilledMidStepFailsTheJobAndLeavesNoSegment) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
-  const std::string w = "127.0.0.1:" + std::to_string(FreePort());
-  const std::string o = "127.0.0.1:" + std::to_string(FreePort());
-  const std::string s = "127.0.0.1:" + std::to_string(FreePort());
-  Process worker(LSPO_WORKER_BIN, {"--listen=" + w});
-  Process optimizer(LSPO_OPTIMIZER_BIN, {"--listen=" + o});
-  Process scheduler(LSPO_SCHEDULER_BIN, {"--listen=" + s, "--worker=" + w, "--optimizer=" + o,
-                                         "--rpc_deadline_seconds=300"});
-  ASSERT_TRUE(WaitReady(w) && WaitReady(o) && WaitReady(s));
-  auto stub = v1::Scheduler::NewStub(grpc::CreateChannel(s, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  v1::SubmitJobRequest req;
-  *req.mutable_spec() =
-      testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("mp-wkill"), v1::MODE_LSP, 100000);
-  v1::SubmitJobReply rep;
-  ASSERT_TRUE(stub->SubmitJob(&ctx, req, &rep).ok());
-  grpc::ClientContext wctx;
-  v1::WatchJobRequest wreq;
-  wreq.set_job_id(rep.job_id());
-  wctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
-  auto reader = stub->WatchJob(&wctx, wreq);
-  v1::JobStatus st, last;
-  std::chrono::steady_clock::time_point killed_at;
-  bool killed = false;
-  while (reader->Read(&st)) {
-    last = st;
-    if (!killed && st.step() >= 3) {
-      worker.Kill(SIGKILL);
-      killed = true;
-      killed_at = std::chrono::steady_clock::now();
-    }
-  }
-  reader->Finish();
-  ASSERT_TRUE(killed);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-  EXPECT_EQ(last.state(), v1::FAILED);
-  EXPECT_NE(last.error().find("worker"), std::string::npos) << last.error();
-  EXPECT_LT(secs, 60.0) << "the job took " << secs << " s to fail after the worker died";
-  EXPECT_EQ(ShmLeftovers(last.job_id()), 0);
+  Services svc(300);
+  ASSERT_TRUE(svc.Ready());
+  ActResult r = SubmitAndActAt(
+      svc.s, testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("mp-wkill"), v1::MODE_LSP, 100000),
+      3, [&] { svc.worker.Kill(SIGKILL); });
+  ASSERT_TRUE(r.acted);
+  EXPECT_EQ(r.last.state(), v1::FAILED);
+  EXPECT_NE(r.last.error().find("worker"), std::string::npos) << r.last.error();
+  EXPECT_LT(r.seconds_after, 60.0)
+      << "the job took " << r.seconds_after << " s to fail after the worker died";
+  EXPECT_EQ(ShmLeftovers(r.last.job_id()), 0);
 }
 
 // kill -9 of the scheduler mid-job: restarted with the same --state_dir it resumes the job
@@ -309,6 +306,101 @@ TEST(MultiProcessTest, SchedulerKilledMidJobResumesAfterRestart) {
   EXPECT_LE(last.resumed_from_step(), killed_at_step);
   EXPECT_EQ(last.last_checkpoint_step(), 12);
   EXPECT_EQ(ShmLeftovers(job_id), 0);
+}
+
+// Heartbeats: a worker frozen mid-step (SIGSTOP: its sockets stay open, so no connection
+// reset tells the scheduler) is detected by the channel's keepalive pings and the job fails
+// naming the worker well before the 600 s RPC deadline.
+TEST(MultiProcessTest, FrozenWorkerIsDetectedByHeartbeatsNotTheDeadline) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  Services svc(600);
+  ASSERT_TRUE(svc.Ready());
+  ActResult r = SubmitAndActAt(
+      svc.s, testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("mp-freeze"), v1::MODE_LSP, 100000),
+      3, [&] { svc.worker.Signal(SIGSTOP); });
+  svc.worker.Signal(SIGCONT);
+  ASSERT_TRUE(r.acted);
+  EXPECT_EQ(r.last.state(), v1::FAILED);
+  EXPECT_NE(r.last.error().find("worker"), std::string::npos) << r.last.error();
+  // Two keepalive periods (10 s + 10 s) to notice, plus the 60 s unload attempt on the frozen
+  // worker: far below the 600 s deadline a call would otherwise wait.
+  EXPECT_LT(r.seconds_after, 150.0)
+      << "the job took " << r.seconds_after << " s to fail after the worker froze";
+  std::printf("frozen worker detected, job FAILED after %.1f s\n", r.seconds_after);
+}
+
+// "As deployed": the three binaries started with the flags of deploy/systemd (loopback,
+// --state_dir, --allowed_roots, --runs_root), a job spec file submitted with `lspctl submit
+// --watch`, which exits 0 when the job succeeds; a spec reaching outside the allowed roots is
+// refused by lspctl with the field named.
+TEST(MultiProcessTest, AsDeployedLspctlSubmitWatchesAJobToCompletion) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  char cwd[4096];
+  ASSERT_NE(getcwd(cwd, sizeof(cwd)), nullptr);
+  const std::string repo(cwd);
+  const std::string var = testing_jobs::TempDir("var-lib-lsp-offload");
+  const std::string w = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string o = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string s = "127.0.0.1:" + std::to_string(FreePort());
+  char shared[4096];
+  ASSERT_NE(realpath((repo + "/../shared/data").c_str(), shared), nullptr);
+  const std::string roots = var + "," + repo + "/models," + shared;
+  Process worker(LSPO_WORKER_BIN, {"--listen=" + w});
+  Process optimizer(LSPO_OPTIMIZER_BIN, {"--listen=" + o});
+  Process scheduler(LSPO_SCHEDULER_BIN,
+                    {"--listen=" + s, "--worker=" + w, "--optimizer=" + o,
+                     "--runs_root=" + var + "/runs", "--state_dir=" + var + "/state",
+                     "--allowed_roots=" + roots});
+  ASSERT_TRUE(WaitReady(w) && WaitReady(o) && WaitReady(s));
+  const std::string spec_path = var + "/job.yaml";
+  {
+    std::FILE* f = std::fopen(spec_path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f,
+                 "name: as-deployed\nmode: MODE_LSP\nsteps: 3\nmicro_batch_size: 4\n"
+                 "seq_len: 32\nseed: 7\nnum_threads: 2\ncheckpoint_every: 2\n"
+                 "model: {format: tiny-random, tokenizer_path: %s/%s, init_seed: 1234}\n"
+                 "data: {format: text, train_path: %s/moby-dick/moby-dick.txt, max_blocks: 64}\n"
+                 "lsp: {d: 16, r: 4, fit_iters: 5, calibration_examples: 8}\n"
+                 "optim: {lr: 0.01}\n",
+                 repo.c_str(), testing_jobs::kModel, shared);
+    std::fclose(f);
+  }
+  auto run = [&](const std::string& args, std::string* out) {
+    const std::string cmd = std::string(LSPO_LSPCTL_BIN) + " " + args + " 2>&1";
+    out->clear();
+    FILE* p = popen(cmd.c_str(), "r");
+    if (p == nullptr) return -1;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
+    const int rc = pclose(p);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  };
+  std::string out;
+  EXPECT_EQ(run("submit --spec=" + spec_path + " --watch --scheduler=" + s, &out), 0) << out;
+  EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
+  EXPECT_NE(out.find("last checkpoint: step 3"), std::string::npos) << out;
+  // The scheduler lists it (persisted in --state_dir).
+  std::string ls;
+  EXPECT_EQ(run("list --scheduler=" + s, &ls), 0) << ls;
+  EXPECT_NE(ls.find("SUCCEEDED"), std::string::npos) << ls;
+  EXPECT_NE(ls.find("3/3"), std::string::npos) << ls;
+  // Outside the allowed roots: refused at submit, naming the field.
+  const std::string bad_path = var + "/bad.yaml";
+  {
+    std::FILE* f = std::fopen(bad_path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f,
+                 "name: escape\nsteps: 1\noutput_dir: /tmp/lspo-not-allowed\n"
+                 "model: {format: tiny-random, tokenizer_path: %s/%s}\n"
+                 "data: {format: text, train_path: %s/moby-dick/moby-dick.txt}\n",
+                 repo.c_str(), testing_jobs::kModel, shared);
+    std::fclose(f);
+  }
+  EXPECT_NE(run("submit --spec=" + bad_path + " --scheduler=" + s, &out), 0) << out;
+  EXPECT_NE(out.find("output_dir"), std::string::npos) << out;
+  EXPECT_NE(out.find("allowed roots"), std::string::npos) << out;
 }
 
 }  // namespace
