@@ -152,8 +152,8 @@ absl::Status WriteProjector(const runtime::ShmArena& arena, const TensorRef& ind
   }
   ASSIGN_OR_RETURN(int32_t* idx, arena.At<int32_t>(index.offset(), n));
   ASSIGN_OR_RETURN(float* val, arena.At<float>(value.offset(), n));
-  at::Tensor src_idx = p.index.to(at::kInt).contiguous();
-  at::Tensor src_val = p.value.to(at::kFloat).contiguous();
+  at::Tensor src_idx = p.index.to(at::kInt).cpu().contiguous();
+  at::Tensor src_val = p.value.to(at::kFloat).cpu().contiguous();
   std::memcpy(idx, src_idx.data_ptr<int32_t>(), n * sizeof(int32_t));
   std::memcpy(val, src_val.data_ptr<float>(), n * sizeof(float));
   return absl::OkStatus();
@@ -207,7 +207,7 @@ absl::Status WriteTensorFile(const std::string& path, const NamedTensors& tensor
       return absl::InvalidArgumentError(absl::StrCat("state tensor ", name, " in '", path,
                                                      "': need a CPU f32/bf16/i32/i64 tensor"));
     }
-    keep.push_back(t.detach().contiguous());
+    keep.push_back(t.detach().cpu().contiguous());  // Device tensors are copied to the host.
     const at::Tensor& c = keep.back();
     entries.push_back({name, dtype, c.sizes().vec(), c.data_ptr(),
                        static_cast<size_t>(c.numel() * c.element_size())});

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <chrono>
 #include <cmath>
@@ -24,6 +25,7 @@
 #include "data/datasets.h"
 #include "glog/logging.h"
 #include "gpu_worker/arena_io.h"
+#include "gpu_worker/device_offload.h"
 #include "gpu_worker/job_assets.h"
 #include "gpu_worker/torch_call.h"
 #include "lsp/fit.h"
@@ -39,6 +41,10 @@ using lspo::v1::JobSpec;
 
 // Everything the worker holds for its one job.
 struct WorkerJob {
+  // The CUDA engine first: it drains its watcher thread, whose callbacks use the fields below,
+  // and unpins the arena before the arena is unmapped.
+  ~WorkerJob() { offload.reset(); }
+
   std::string id;
   // Caps oneTBB (the CPU kernels: Adam, sparse projector loops) at JobSpec.num_threads for the
   // job's lifetime, like at::set_num_threads does for ATen (known-failures.md #16).
@@ -58,6 +64,11 @@ struct WorkerJob {
   runtime::ShmArena arena;
   lspo::v1::ArenaLayout layout;
   runtime::CompletionFlags flags;
+  // Where the model lives; on CUDA the transfer engine (streams, pinned arena, watcher) moves
+  // gradients and steps asynchronously. Declared after `arena`: destroyed (unpinned) first.
+  at::Device device{at::kCPU};
+  bool cuda = false;
+  std::unique_ptr<DeviceOffload> offload;
   // Per linear: the step whose update must still be applied before the linear's next
   // forward (0 = none), and the weight-decay factor 1 - lr * wd of that step.
   std::vector<uint32_t> pending_step;
@@ -65,7 +76,8 @@ struct WorkerJob {
   // While > 0: the step whose gradients the backward publishes as they are formed (overlap
   // schedule, last micro-batch only).
   uint32_t publish_step = 0;
-  bool publish_failed = false;       // A published gradient was non-finite (step abandoned).
+  // A published gradient was non-finite (step abandoned). Set by the CUDA watcher thread too.
+  std::atomic<bool> publish_failed{false};
   double offload_seconds = 0;        // Time spent writing gradients into the arena.
   std::vector<double> offload_done;  // Per layer: time its last gradient was published.
   std::vector<double> offload_secs;  // Per layer: seconds spent publishing its gradients.
@@ -113,6 +125,40 @@ constexpr absl::Duration kPeerTimeout = absl::Minutes(10);
 // gradient is not finite.
 bool PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& grad, uint32_t step) {
   const double t0 = MonotonicSeconds();
+  if (job->cuda) {
+    // Asynchronous: a copy of the gradient (so later in-place accumulation cannot race the
+    // copy) goes to the pinned arena on the d2h stream; its finiteness is checked on the host
+    // copy once it has landed (watcher thread), then the flag is published. No host wait here.
+    const auto& slot = job->layout.linears(i);
+    absl::StatusOr<at::Tensor> dst = job->lsp ? ArenaF32(job->arena, slot.grad())
+                                              : ArenaBf16(job->arena, slot.full_grad());
+    CHECK(dst.ok()) << dst.status();
+    at::Tensor src = job->lsp ? grad.to(at::kFloat).clone(at::MemoryFormat::Contiguous)
+                              : grad.to(at::kBFloat16).contiguous();
+    const int64_t layer = i / model::kLinearsPerLayer;
+    at::Tensor host = *dst;
+    absl::Status st = job->offload->OffloadAsync(layer, std::move(src), host.data_ptr(), [job, i, step, host, layer, t0]() {
+      if (!at::isfinite(host).all().item<bool>()) {
+        LOG(WARNING) << "worker: non-finite gradient for " << job->linears[i].name
+                     << " at step " << step << "; step skipped";
+        job->flags.Abort(step);
+        job->publish_failed = true;
+        return;
+      }
+      job->flags.PublishGrad(i, step);
+      const double t1 = MonotonicSeconds();
+      job->offload_done[layer] = t1;
+      job->offload_secs[layer] = std::max(job->offload_secs[layer], t1 - t0);
+    });
+    if (!st.ok()) {
+      LOG(ERROR) << "worker: offloading " << job->linears[i].name << ": " << st;
+      job->flags.Abort(step);
+      job->publish_failed = true;
+      return false;
+    }
+    job->offload_seconds += MonotonicSeconds() - t0;
+    return true;
+  }
   if (!at::isfinite(grad).all().item<bool>()) {
     LOG(WARNING) << "worker: non-finite gradient for " << job->linears[i].name << " at step "
                  << step << "; step skipped";
@@ -150,12 +196,26 @@ absl::Status ApplyLinear(WorkerJob* job, int64_t i, uint32_t step, double decay)
   at::Tensor& w = job->model->LinearWeight(i);
   if (job->lsp) {
     ASSIGN_OR_RETURN(at::Tensor d, ArenaF32(job->arena, slot.step()));
+    // D is in host memory (the arena): this check never waits for the device.
     if (!at::isfinite(d).all().item<bool>()) {
       return absl::DataLossError(absl::StrCat("step D for ", job->linears[i].name, " at step ",
                                               step, " is not finite; weights left untouched"));
     }
+    if (job->cuda) {
+      // H2D on the upload stream; the compute stream waits for this copy only.
+      ASSIGN_OR_RETURN(d, job->offload->UploadAsync(i / model::kLinearsPerLayer, d.data_ptr(),
+                                                    d.nbytes(), at::kFloat, d.sizes()));
+    }
     if (decay != 1.0) w.mul_(decay);
     lsp::ApplyStep(w, job->p[i], d, job->q[i]);
+    if (job->cuda) RETURN_IF_ERROR(job->offload->ReleaseStaging());
+  } else if (job->cuda) {
+    ASSIGN_OR_RETURN(at::Tensor param, ArenaBf16(job->arena, slot.param()));
+    ASSIGN_OR_RETURN(at::Tensor dev,
+                     job->offload->UploadAsync(i / model::kLinearsPerLayer, param.data_ptr(),
+                                               param.nbytes(), at::kBFloat16, param.sizes()));
+    w.copy_(dev);
+    RETURN_IF_ERROR(job->offload->ReleaseStaging());
   } else {
     ASSIGN_OR_RETURN(at::Tensor param, ArenaBf16(job->arena, slot.param()));
     w.copy_(param);
@@ -191,10 +251,12 @@ std::string NormalizedToken(const model::BpeTokenizer& tok, int64_t id) {
   return absl::AsciiStrToLower(absl::StripAsciiWhitespace(tok.Decode(absl::MakeConstSpan(&one, 1))));
 }
 
-at::Tensor ToTensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols) {
-  return at::from_blob(const_cast<int64_t*>(v.data()), {rows, cols},
-                       at::TensorOptions().dtype(at::kLong))
-      .clone();
+// (rows, cols) int64 on `device`.
+at::Tensor ToTensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols,
+                    const at::Device& device) {
+  at::Tensor t = at::from_blob(const_cast<int64_t*>(v.data()), {rows, cols},
+                               at::TensorOptions().dtype(at::kLong));
+  return device.is_cpu() ? t.clone() : t.to(device);
 }
 
 // Tokenised examples of `path`; for classification data also each example's label id
@@ -266,8 +328,14 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   if (spec.device() == "cuda" && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError(
         "job spec field device = cuda, but this worker's LibTorch sees no CUDA device: use "
-        "device: cpu, or build against a CUDA LibTorch on a GPU host");
+        "device: cpu, or build against a CUDA LibTorch on a GPU host (docs/gpu.md)");
   }
+  if (spec.device() != "" && spec.device() != "cpu" && spec.device() != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat("job spec field device = '", spec.device(),
+                                                   "': use cpu, cuda or leave it empty"));
+  }
+  const bool use_cuda =
+      spec.device() == "cuda" || (spec.device().empty() && torch::cuda::is_available());
   auto job = std::make_unique<WorkerJob>();
   job->tbb_threads = std::make_unique<tbb::global_control>(
       tbb::global_control::max_allowed_parallelism, std::max(1, spec.num_threads()));
@@ -303,7 +371,15 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
                                               : 32));
   }
   auto& model = *job->model;
-  if (spec.weight_dtype() == "bf16") RETURN_IF_ERROR(model.SetLinearStorageDtype(at::kBFloat16));
+  // bf16 weights by default on the GPU (issue 6), fp32 on the CPU (known-failures.md).
+  if (spec.weight_dtype() == "bf16" || (use_cuda && spec.weight_dtype().empty())) {
+    RETURN_IF_ERROR(model.SetLinearStorageDtype(at::kBFloat16));
+  }
+  if (use_cuda) {
+    job->device = at::Device(at::kCUDA, 0);
+    job->cuda = true;
+    RETURN_IF_ERROR(model.To(job->device));
+  }
   model.SetActivationCheckpointing(spec.activation_checkpointing());
   int64_t trainable = 0;
   for (int64_t i = 0; i < model.num_linears(); ++i) {
@@ -328,10 +404,15 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     ASSIGN_OR_RETURN(job->arena,
                      runtime::ShmArena::Create(job->layout.name(), job->layout.bytes()));
     ASSIGN_OR_RETURN(job->flags, ArenaFlags(job->arena, job->layout));
+    if (job->cuda) {
+      ASSIGN_OR_RETURN(job->offload,
+                       DeviceOffload::Create(job->arena.data(), job->arena.size(),
+                                             static_cast<size_t>(d) * d * 4, job->device));
+    }
     job->p.resize(job->linears.size());
     job->q.resize(job->linears.size());
     job->s_accum.resize(job->linears.size());
-    for (auto& s : job->s_accum) s = at::zeros({d, d}, at::kFloat);
+    for (auto& s : job->s_accum) s = at::zeros({d, d}, at::TensorOptions().dtype(at::kFloat).device(job->device));
     model.SetLinearMode(model::LinearMode::kLsp);
     WorkerJob* raw = job.get();
     model.SetCompressedGradSink([raw](int64_t i, const at::Tensor& s) {
@@ -347,6 +428,12 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     ASSIGN_OR_RETURN(job->arena,
                      runtime::ShmArena::Create(job->layout.name(), job->layout.bytes()));
     ASSIGN_OR_RETURN(job->flags, ArenaFlags(job->arena, job->layout));
+    if (job->cuda) {
+      size_t max_bytes = 0;
+      for (const auto& l : job->linears) max_bytes = std::max<size_t>(max_bytes, l.m * l.n * 2);
+      ASSIGN_OR_RETURN(job->offload, DeviceOffload::Create(job->arena.data(), job->arena.size(),
+                                                           max_bytes, job->device));
+    }
     model.SetLinearMode(model::LinearMode::kDense);
     WorkerJob* raw = job.get();
     for (int64_t i = 0; i < model.num_linears(); ++i) {
@@ -383,18 +470,27 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
           absl::Status st = ApplyPending(raw, l);
           if (!st.ok()) throw std::runtime_error(std::string(st.message()));
           raw->layer_t0 = MonotonicSeconds();
+          if (raw->offload) raw->offload->MarkComputeBegin(l, "forward");
         },
-        [raw](int64_t l) { AddEvent(raw, l, "forward", raw->layer_t0, MonotonicSeconds()); },
+        [raw](int64_t l) {
+          AddEvent(raw, l, "forward", raw->layer_t0, MonotonicSeconds());
+          if (raw->offload) raw->offload->MarkComputeEnd(l, "forward");
+        },
         [raw](int64_t l) {
           const double now = MonotonicSeconds();
           AddEvent(raw, l, "backward", raw->layer_t0, now);
           raw->layer_t0 = now;
+          if (raw->offload) {
+            // Layer l's backward ends here and layer l - 1's begins (device stream order).
+            raw->offload->MarkComputeEnd(l, "backward");
+            if (l > 0) raw->offload->MarkComputeBegin(l - 1, "backward");
+          }
         });
   }
   reply.set_train_examples(job->train.size());
   reply.set_eval_examples(job->eval.size());
   reply.set_trainable_parameters(trainable);
-  reply.set_device("cpu");
+  reply.set_device(job->device.str());
   reply.set_seconds(runtime::SecondsSince(t0));
   LOG(INFO) << "worker: loaded job " << job_id << ": " << job->train.size() << " train / "
             << job->eval.size() << " eval examples, " << trainable
@@ -473,14 +569,14 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> WorkerCore::FitProjectors(
       for (const auto& b : batches) {
         const int64_t targets = b.num_loss_tokens;
         if (targets == 0) continue;
-        at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len),
-                                             ToTensor(b.labels, b.batch_size, b.seq_len));
+        at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device),
+                                             ToTensor(b.labels, b.batch_size, b.seq_len, job->device));
         (loss * (static_cast<double>(targets) / total)).backward();
       }
       for (int64_t i = i0; i < i1; ++i) {
         at::Tensor& w = model.LinearWeight(i);
         at::Tensor g = w.grad().defined() ? w.grad().detach().to(at::kFloat)
-                                          : at::zeros(w.sizes(), at::kFloat);  // (m, n)
+                                          : at::zeros(w.sizes(), at::TensorOptions().dtype(at::kFloat).device(job->device));  // (m, n)
         w.mutable_grad() = at::Tensor();
         const bool finite = at::isfinite(g).all().item<bool>();
         const bool have = job->p[i].rows > 0;
@@ -506,6 +602,10 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> WorkerCore::FitProjectors(
                          lsp::SparseProjector::Random(job->linears[i].m, d, r, seed));
         ASSIGN_OR_RETURN(lsp::SparseProjector q,
                          lsp::SparseProjector::Random(job->linears[i].n, d, r, seed + 1));
+        if (job->cuda) {  // Fit and apply next to G and W (the draw itself is on the CPU).
+          p = p.To(job->device);
+          q = q.To(job->device);
+        }
         double init_err = NAN, final_err = NAN;
         const bool nonzero = finite && g.abs().max().item<float>() > 0;
         if (nonzero && opts.max_iters > 0) {
@@ -573,6 +673,7 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
   job->publish_failed = false;
   std::fill(job->offload_done.begin(), job->offload_done.end(), 0.0);
   std::fill(job->offload_secs.begin(), job->offload_secs.end(), 0.0);
+  if (job->offload) job->offload->BeginStep();
   const double decay = 1.0 - lr * spec.optim().weight_decay();
   // The optimizer attached the arena before any step: drop its name so that a crash from
   // here on leaves nothing in /dev/shm (lsp mode already did so at the first fit).
@@ -615,20 +716,29 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
       if (batches[k].num_loss_tokens > 0) last = static_cast<int64_t>(k);
     }
     double loss_sum = 0, fwd = 0, bwd = 0;
+    // CUDA: the losses are summed on the device and read once after the last backward (a
+    // per-micro-batch .item() would stall the host until each forward finished). A non-finite
+    // loss then shows up as non-finite gradients, caught on their host copies.
+    at::Tensor device_loss_sum;
     for (int64_t k = 0; k < static_cast<int64_t>(batches.size()); ++k) {
       const auto& b = batches[k];
       const int64_t targets = b.num_loss_tokens;
       if (targets == 0) continue;
       auto t0 = std::chrono::steady_clock::now();
-      at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len),
-                                           ToTensor(b.labels, b.batch_size, b.seq_len));
+      at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device),
+                                           ToTensor(b.labels, b.batch_size, b.seq_len, job->device));
       fwd += runtime::SecondsSince(t0);
-      const double lv = loss.item<double>();
-      if (!std::isfinite(lv)) {
-        reply.set_nonfinite(true);
-        return absl::OkStatus();
+      if (job->cuda) {
+        at::Tensor weighted = loss.detach().to(at::kDouble) * static_cast<double>(targets);
+        device_loss_sum = device_loss_sum.defined() ? device_loss_sum + weighted : weighted;
+      } else {
+        const double lv = loss.item<double>();
+        if (!std::isfinite(lv)) {
+          reply.set_nonfinite(true);
+          return absl::OkStatus();
+        }
+        loss_sum += lv * targets;
       }
-      loss_sum += lv * targets;
       if (offload && plan.overlap() && k == last) job->publish_step = static_cast<uint32_t>(step);
       t0 = std::chrono::steady_clock::now();
       job->layer_t0 = MonotonicSeconds();
@@ -636,7 +746,14 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
       if (job->fault_nonfinite_grad_steps.count(step)) {
         scale = std::numeric_limits<double>::quiet_NaN();  // Fault injection (tests).
       }
+      if (job->offload) job->offload->MarkComputeBegin(num_layers - 1, "backward");
       (loss * scale).backward();
+      if (job->offload) {
+        job->offload->MarkComputeEnd(0, "backward");
+        // The step's gradients have been enqueued for offload: wait until every one has
+        // landed and been checked (the host needs the verdict before applying anything).
+        if (job->publish_step > 0) job->offload->Drain();
+      }
       bwd += runtime::SecondsSince(t0);
       if (job->publish_step > 0 && num_layers > 0) {
         // Layer 0's input needs no gradient, so no hook marked its end: the backward did.
@@ -650,11 +767,36 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
         return absl::OkStatus();
       }
     }
+    if (device_loss_sum.defined()) {
+      loss_sum = device_loss_sum.item<double>();  // One host synchronisation per step.
+      if (!std::isfinite(loss_sum)) {
+        reply.set_nonfinite(true);
+        return absl::OkStatus();
+      }
+    }
     metrics->set_loss(total > 0 ? loss_sum / total : 0.0);
     metrics->set_tokens(total);
     metrics->set_forward_seconds(fwd);
     metrics->set_backward_seconds(bwd);
-    if (offload && !plan.overlap()) {
+    if (offload && !plan.overlap() && job->cuda) {
+      // Serial schedule on CUDA: publish all (asynchronous copies, checked on the host copies
+      // as they land), then wait for the verdict.
+      for (size_t i = 0; i < job->linears.size(); ++i) {
+        const at::Tensor g = job->lsp ? job->s_accum[i] : model.LinearWeight(i).grad();
+        if (!g.defined()) {
+          LOG(WARNING) << "worker: missing gradient for " << job->linears[i].name
+                       << " at step " << step << "; step skipped";
+          reply.set_nonfinite(true);
+          return absl::OkStatus();
+        }
+        PublishGradient(job, i, g, static_cast<uint32_t>(step));
+      }
+      job->offload->Drain();
+      if (job->publish_failed) {
+        reply.set_nonfinite(true);
+        return absl::OkStatus();
+      }
+    } else if (offload && !plan.overlap()) {
       // Serial schedule: check every gradient, then publish them all.
       for (size_t i = 0; i < job->linears.size(); ++i) {
         const at::Tensor g = job->lsp ? job->s_accum[i] : model.LinearWeight(i).grad();
@@ -697,6 +839,21 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
         AddEvent(job, l, "offload", job->offload_done[l] - job->offload_secs[l],
                  job->offload_done[l]);
       }
+    }
+    if (job->offload) {
+      std::vector<lspo::v1::LayerEvent> gpu_events;
+      ASSIGN_OR_RETURN(StepTransfers tr, job->offload->EndStep(&gpu_events));
+      for (auto& e : gpu_events) job->events.push_back(std::move(e));
+      metrics->set_d2h_bytes(tr.d2h_bytes);
+      metrics->set_d2h_seconds(tr.d2h_seconds);
+      metrics->set_h2d_bytes(tr.h2d_bytes);
+      metrics->set_h2d_seconds(tr.h2d_seconds);
+    } else if (job->cuda) {
+      torch::cuda::synchronize();  // Native mode: the step ends when the device is done.
+    }
+    if (job->cuda) {
+      metrics->set_gpu_memory_used_bytes(DeviceOffload::GpuMemoryUsedBytes());
+      metrics->set_gpu_peak_allocated_bytes(DeviceOffload::GpuPeakAllocatedBytes());
     }
     const double secs = runtime::SecondsSince(t_step);
     metrics->set_step_seconds(secs);
@@ -788,7 +945,7 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> WorkerCore::ImportLayerWeights(
     for (int64_t k = 0; k < model::kLinearsPerLayer; ++k) {
       const int64_t i = layer * model::kLinearsPerLayer + k;
       at::Tensor& w = job->model->LinearWeight(i);
-      at::Tensor src = staging.narrow(0, offset, w.numel()).view(w.sizes());
+      at::Tensor src = staging.narrow(0, offset, w.numel()).view(w.sizes()).to(w.device());
       offset += w.numel();
       max_change = std::max(max_change, (w.to(at::kFloat) - src).abs().max().item<double>());
       max_drift = std::max(max_drift, (w.to(at::kFloat) - src.to(w.scalar_type()).to(at::kFloat))
@@ -832,7 +989,7 @@ absl::StatusOr<lspo::v1::EvalMetrics> WorkerCore::Evaluate(const std::string& jo
       std::vector<const data::TokenizedExample*> rows;
       for (size_t k = s; k < std::min(idx.size(), s + bs); ++k) rows.push_back(&job->eval[idx[k]]);
       data::Batch b = data::MakeBatch(rows, job->tokenizer->pad_id());
-      at::Tensor ids = ToTensor(b.input_ids, b.batch_size, b.seq_len);
+      at::Tensor ids = ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device);
       at::Tensor hidden = model.Hidden(ids);  // (B, T, H)
       // Gather every position that predicts a target, plus (classification) the position
       // before the first answer token for the greedy prediction.
@@ -852,10 +1009,10 @@ absl::StatusOr<lspo::v1::EvalMetrics> WorkerCore::Evaluate(const std::string& jo
       }
       if (tgt.empty()) continue;
       const int64_t k = tgt.size();
-      at::Tensor rows_h = hidden.index({ToTensor(pos_b, k, 1).view(-1),
-                                        ToTensor(pos_t, k, 1).view(-1)});  // (K, H)
+      at::Tensor rows_h = hidden.index({ToTensor(pos_b, k, 1, job->device).view(-1),
+                                        ToTensor(pos_t, k, 1, job->device).view(-1)});  // (K, H)
       at::Tensor logits = at::matmul(rows_h, lm_head.t());                 // (K, V)
-      at::Tensor target = ToTensor(tgt, k, 1).view(-1);
+      at::Tensor target = ToTensor(tgt, k, 1, job->device).view(-1);
       at::Tensor nll = at::cross_entropy_loss(logits, target, {}, at::Reduction::Sum);
       loss_sum += nll.item<double>();
       targets += k;
@@ -863,6 +1020,7 @@ absl::StatusOr<lspo::v1::EvalMetrics> WorkerCore::Evaluate(const std::string& jo
         // Greedy first answer token, compared after decoding, trimming and lower-casing
         // (so "Spam" and " spam" count as "spam").
         at::Tensor pred = logits.argmax(-1);
+        pred = pred.cpu();
         auto pred_a = pred.accessor<int64_t, 1>();
         for (int64_t i = 0; i < b.batch_size; ++i) {
           if (first_row[i] < 0) continue;
@@ -883,7 +1041,7 @@ absl::StatusOr<lspo::v1::EvalMetrics> WorkerCore::Evaluate(const std::string& jo
         for (int64_t k = 0; k < rows; ++k) {
           ids.insert(ids.end(), job->ppl_blocks[s + k].begin(), job->ppl_blocks[s + k].end());
         }
-        at::Tensor t = ToTensor(ids, rows, T);
+        at::Tensor t = ToTensor(ids, rows, T, job->device);
         const int64_t targets = rows * (T - 1);
         nll += model.CausalLmLoss(t, t).item<double>() * targets;
         tokens += targets;
@@ -926,7 +1084,7 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
     std::vector<std::pair<std::string, at::Tensor>> tensors = job->model->NamedTensors();
     std::vector<model::SafetensorsEntry> entries;
     for (auto& [name, t] : tensors) {
-      t = t.detach().to(at::kFloat).contiguous();
+      t = t.detach().to(at::kFloat).cpu().contiguous();
       entries.push_back({name, "F32", t.sizes().vec(), t.data_ptr(),
                          static_cast<size_t>(t.numel() * 4)});
     }
@@ -1030,6 +1188,10 @@ absl::StatusOr<lspo::v1::StateReply> WorkerCore::LoadState(const std::string& jo
         const auto& slot = job->layout.linears(static_cast<int>(i));
         RETURN_IF_ERROR(WriteProjector(job->arena, slot.p_index(), slot.p_value(), p[i]));
         RETURN_IF_ERROR(WriteProjector(job->arena, slot.q_index(), slot.q_value(), q[i]));
+        if (job->cuda) {
+          p[i] = p[i].To(job->device);
+          q[i] = q[i].To(job->device);
+        }
         RETURN_IF_ERROR(job->model->SetProjectors(static_cast<int64_t>(i), p[i], q[i]));
         job->p[i] = std::move(p[i]);
         job->q[i] = std::move(q[i]);

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <limits>
 #include <random>
 #include <vector>
@@ -18,6 +20,10 @@
 #include "glog/logging.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
+
+#if LSPO_HAS_CUDA_KERNELS
+#include "lsp/cuda/sparse_kernels.h"
+#endif
 
 namespace lspo::lsp {
 namespace {
@@ -84,6 +90,21 @@ constexpr int64_t kColGrain = 256;  // columns per task in the scatter
 constexpr int64_t kRowGrain = 8;    // rows per task in the gathers / dots
 
 std::atomic<bool> g_force_aten{false};
+
+// CUDA tensors: the project's kernels (lsp/cuda: cuSPARSE SpMM for X P, a fused row kernel
+// for W += P E) when LSPO_CUDA_KERNELS=custom (or SetCudaKernels(true)); else ATen index ops.
+// Default: ATen, until the custom path has been timed against it on a GPU (docs/gpu.md).
+std::atomic<int> g_cuda_kernels{-1};  // -1 = not read from the environment yet.
+
+bool UseCudaKernels() {
+  int v = g_cuda_kernels.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* env = std::getenv("LSPO_CUDA_KERNELS");
+    v = (env != nullptr && std::string(env) == "custom") ? 1 : 0;
+    g_cuda_kernels.store(v);
+  }
+  return v == 1;
+}
 
 // out (d, K) += P^T X for X (rows, K). Parallel over column blocks of K.
 template <typename T>
@@ -342,6 +363,19 @@ at::Tensor RowsTimesP(const at::Tensor& X, const SparseProjector& P, at::ScalarT
     });
     return out;
   }
+#if LSPO_HAS_CUDA_KERNELS
+  if (X.is_cuda() && !needs_grad && acc == at::kFloat && UseCudaKernels()) {
+    const at::Tensor x = X.to(at::kFloat).contiguous();           // (N, rows)
+    const at::Tensor idx = P.index.to(at::kInt).contiguous();     // (rows, r) int32
+    const at::Tensor val = P.value.to(at::kFloat).contiguous();   // (rows, r)
+    at::Tensor out = at::empty({x.size(0), P.d}, x.options());    // (N, d)
+    const int rc = cuda::ProjectRows(x.data_ptr<float>(), x.size(0), x.size(1),
+                                     idx.data_ptr<int32_t>(), val.data_ptr<float>(), P.d, P.r,
+                                     out.data_ptr<float>(), /*stream=*/nullptr);
+    TORCH_CHECK(rc == 0, "lsp::ProjectRows: CUDA/cuSPARSE error ", rc);
+    return out;
+  }
+#endif
   return internal::ScatterRows(X.to(acc).t().contiguous(), P.index, P.value, P.d).t();
 }
 
@@ -559,6 +593,14 @@ at::Tensor CrossGram(const at::Tensor& index_a, const at::Tensor& value_a, int64
 }
 
 void SetForceAtenKernels(bool force) { g_force_aten.store(force); }
+void SetCudaKernels(bool custom) { g_cuda_kernels.store(custom ? 1 : 0); }
+bool CudaKernelsAvailable() {
+#if LSPO_HAS_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
 
 }  // namespace internal
 
@@ -621,6 +663,22 @@ void ApplyStep(at::Tensor& W, const SparseProjector& P, const at::Tensor& D,
   CHECK(W.device() == D.device()) << "ApplyStep: W on " << W.device() << ", D on " << D.device();
   torch::NoGradGuard no_grad;
   const at::ScalarType ct = AccumType(W.scalar_type());
+#if LSPO_HAS_CUDA_KERNELS
+  if (W.is_cuda() && W.is_contiguous() && UseCudaKernels() &&
+      (W.scalar_type() == at::kFloat || W.scalar_type() == at::kBFloat16)) {
+    // Same two stages as the CPU path: E = D Q^T (dP, n) by ATen gathers, then the fused row
+    // kernel W += P E (one rounding into W's dtype, no (m, n) temporary).
+    const at::Tensor dt = D.to(at::kFloat).t().contiguous();                    // (dQ, dP)
+    const at::Tensor e = GatherKernel(dt, Q.index, Q.value).t().contiguous();  // (dP, n)
+    const at::Tensor idx = P.index.to(at::kInt).contiguous();                   // (m, r) int32
+    const at::Tensor val = P.value.to(at::kFloat).contiguous();                 // (m, r)
+    const int rc = cuda::ApplyRows(W.data_ptr(), W.scalar_type() == at::kBFloat16, W.size(0),
+                                   W.size(1), idx.data_ptr<int32_t>(), val.data_ptr<float>(),
+                                   P.r, e.data_ptr<float>(), /*stream=*/nullptr);
+    TORCH_CHECK(rc == 0, "lsp::ApplyStep: CUDA error ", rc);
+    return;
+  }
+#endif
   if (W.device().is_cpu() && W.is_contiguous() && !g_force_aten.load(std::memory_order_relaxed) &&
       (W.scalar_type() == at::kFloat || W.scalar_type() == at::kBFloat16)) {
     // Fused CPU path: E = D Q^T (dP, n) once, then W += P E row by row (no (m, n) temporary).

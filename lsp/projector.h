@@ -125,6 +125,14 @@ at::Tensor CrossGram(const at::Tensor& index_a, const at::Tensor& value_a, int64
 // Test hook: true routes every kernel through the generic ATen index ops (the CUDA path) even
 // on the CPU, so tests can compare both execution paths. Process-wide; default false.
 void SetForceAtenKernels(bool force);
+// CUDA tensors: true = the project's kernels (lsp/cuda/sparse_kernels.h: cuSPARSE SpMM for
+// ProjectRows/CompressFactored, a fused row kernel for ApplyStep, int32 positions), false =
+// ATen index ops. Initialised from the environment (LSPO_CUDA_KERNELS=custom -> true; default
+// false until the custom path has been timed on a GPU, docs/gpu.md). Process-wide. Without a
+// CUDA toolkit at build time the kernels are absent (CudaKernelsAvailable() false) and the
+// setting has no effect.
+void SetCudaKernels(bool custom);
+bool CudaKernelsAvailable();
 }  // namespace internal
 
 }  // namespace lspo::lsp

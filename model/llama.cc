@@ -409,6 +409,30 @@ absl::Status LlamaModel::SetLinearStorageDtype(at::ScalarType dtype) {
   return absl::OkStatus();
 }
 
+absl::Status LlamaModel::To(const at::Device& device) {
+  try {
+    std::vector<at::Tensor> moved;
+    moved.reserve(tensors_.size());
+    for (const at::Tensor& t : tensors_) {
+      // A tied lm_head shares embed's slot, so every tensor moves exactly once.
+      moved.push_back(t.detach().to(device).requires_grad_(t.requires_grad()));
+    }
+    auto projectors = projectors_;
+    for (auto& pq : projectors) {
+      if (pq.has_value()) pq = std::make_pair(pq->first.To(device), pq->second.To(device));
+    }
+    tensors_ = std::move(moved);
+    projectors_ = std::move(projectors);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot move the model to device '", device.str(), "': ", e.what_without_backtrace(),
+        " (use device: cpu, or a LibTorch built with that device's support)"));
+  }
+  return absl::OkStatus();
+}
+
+at::Device LlamaModel::device() const { return tensors_.front().device(); }
+
 at::Tensor LlamaModel::Logits(const at::Tensor& input_ids) {
   return LmHead(Hidden(input_ids));  // (B, T, V)
 }

@@ -212,6 +212,16 @@ class LlamaModel {
   // bf16) on CPUs without fast bf16 matmul. kInvalidArgument for other dtypes.
   absl::Status SetLinearStorageDtype(at::ScalarType dtype);
 
+  // Moves every model tensor and every installed projector to `device` (e.g. cuda:0),
+  // keeping dtypes and requires_grad flags; references from LinearWeight() taken before the
+  // call are stale afterwards (re-fetch them; optimizers and hooks must be set up after).
+  // Must not be called between a forward and its backward. On error the model is unchanged.
+  // Errors: kInvalidArgument naming the device when LibTorch cannot place tensors there
+  // (e.g. cuda with a CPU-only LibTorch, or not enough device memory).
+  absl::Status To(const at::Device& device);
+  // The device of the model's tensors (all on one device).
+  at::Device device() const;
+
   // One decoder layer: h (B, T, H) fp32 -> (B, T, H). cos/sin (T, 1, hd) RoPE tables and
   // mask (T, T) additive causal mask as built by Hidden(). Calls no hooks.
   at::Tensor DecoderLayer(const at::Tensor& h, int64_t layer, const at::Tensor& cos,

@@ -1,5 +1,6 @@
 #include "lsp/cuda/sparse_kernels.h"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cusparse.h>
 
@@ -45,6 +46,50 @@ __global__ void ApplyKernel(float* w, int64_t m, int64_t n, const int32_t* pi, c
   w[i * n + j] += acc;
 }
 
+// W[i, j] += sum_{a<r} Pv[i, a] E[Pi[i, a], j] for E (d, n) fp32 row-major; one thread per
+// element, x over columns (coalesced reads of E's rows and of W), grid-stride over rows.
+template <typename T>
+__device__ inline float ToF(T v);
+template <>
+__device__ inline float ToF<float>(float v) { return v; }
+template <>
+__device__ inline float ToF<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ inline T FromF(float v);
+template <>
+__device__ inline float FromF<float>(float v) { return v; }
+template <>
+__device__ inline __nv_bfloat16 FromF<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+template <typename T>
+__global__ void ApplyRowsKernel(T* w, int64_t m, int64_t n, const int32_t* pi, const float* pv,
+                                int64_t r, const float* e) {
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= n) return;
+  for (int64_t i = blockIdx.y; i < m; i += gridDim.y) {
+    float acc = 0.f;
+    for (int64_t a = 0; a < r; ++a) {
+      acc += pv[i * r + a] * e[static_cast<int64_t>(pi[i * r + a]) * n + j];
+    }
+    T* out = w + i * n + j;
+    *out = FromF<T>(ToF<T>(*out) + acc);  // One rounding into T.
+  }
+}
+
+// One cuSPARSE handle per host thread and device-visible context (creating one costs ~ms).
+cusparseStatus_t ThreadHandle(cusparseHandle_t* out) {
+  thread_local cusparseHandle_t handle = nullptr;
+  if (handle == nullptr) {
+    cusparseStatus_t s = cusparseCreate(&handle);
+    if (s != CUSPARSE_STATUS_SUCCESS) {
+      handle = nullptr;
+      return s;
+    }
+  }
+  *out = handle;
+  return CUSPARSE_STATUS_SUCCESS;
+}
+
 }  // namespace
 
 int CudaDeviceCount() {
@@ -84,7 +129,7 @@ int ProjectRows(const float* x, int64_t n_tokens, int64_t rows, const int32_t* i
   }
   // Y^T (d, N) = P^T (d, rows) X^T (rows, N): opA = transpose of the CSR P (rows, d).
   // Row-major X (N, rows) is column-major X^T; row-major Y (N, d) is column-major Y^T.
-  if (err == 0 && sp(cusparseCreate(&handle)) && sp(cusparseSetStream(handle, stream)) &&
+  if (err == 0 && sp(ThreadHandle(&handle)) && sp(cusparseSetStream(handle, stream)) &&
       sp(cusparseCreateCsr(&mat, rows, d, nnz, row_ptr, col, val, CUSPARSE_INDEX_32I,
                            CUSPARSE_INDEX_32I, CUSPARSE_INDEX_BASE_ZERO, CUDA_R_32F)) &&
       sp(cusparseCreateDnMat(&xt, rows, n_tokens, rows, const_cast<float*>(x), CUDA_R_32F,
@@ -108,7 +153,6 @@ int ProjectRows(const float* x, int64_t n_tokens, int64_t rows, const int32_t* i
   if (row_ptr) cudaFreeAsync(row_ptr, stream);
   if (col) cudaFreeAsync(col, stream);
   if (val) cudaFreeAsync(val, stream);
-  if (handle) cusparseDestroy(handle);
   return err;
 }
 
@@ -120,6 +164,23 @@ int ApplyStep(float* w, int64_t m, int64_t n, const int32_t* p_index, const floa
   dim3 grid(static_cast<unsigned>((n + 255) / 256), static_cast<unsigned>(m));
   ApplyKernel<<<grid, block, 0, stream>>>(w, m, n, p_index, p_value, q_index, q_value, d_step,
                                           d, r);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int ApplyRows(void* w, bool w_bf16, int64_t m, int64_t n, const int32_t* p_index,
+              const float* p_value, int64_t r, const float* e, void* stream_ptr) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  if (m <= 0 || n <= 0) return 0;
+  dim3 block(256);
+  dim3 grid(static_cast<unsigned>((n + 255) / 256),
+            static_cast<unsigned>(m < 65535 ? m : 65535));
+  if (w_bf16) {
+    ApplyRowsKernel<__nv_bfloat16><<<grid, block, 0, stream>>>(
+        static_cast<__nv_bfloat16*>(w), m, n, p_index, p_value, r, e);
+  } else {
+    ApplyRowsKernel<float><<<grid, block, 0, stream>>>(static_cast<float*>(w), m, n, p_index,
+                                                       p_value, r, e);
+  }
   return static_cast<int>(cudaGetLastError());
 }
 

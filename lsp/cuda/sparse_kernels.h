@@ -20,7 +20,8 @@ int CudaDeviceCount();
 // Y (N, d) fp32 = X (N, rows) fp32 times the sparse projector (rows, d): Y = X P.
 // Used for XQ = X Q in the forward pass and dY P in the backward pass (method.md, "Math").
 // Implemented with cuSPARSE SpMM: Y^T = op(P) X^T with P in CSR (rows x d, r non-zeros per
-// row, so row_ptr[i] = i r) and op = transpose; CSR arrays are built on the device.
+// row, so row_ptr[i] = i r) and op = transpose; CSR arrays are built on the device (stream-
+// ordered allocations); the cuSPARSE handle is created once per host thread.
 // Returns 0 on success, else a CUDA or cuSPARSE error code (negative for cuSPARSE).
 int ProjectRows(const float* x, int64_t n_tokens, int64_t rows, const int32_t* index,
                 const float* value, int64_t d, int64_t r, float* y, void* stream);
@@ -30,6 +31,13 @@ int ProjectRows(const float* x, int64_t n_tokens, int64_t rows, const int32_t* i
 int ApplyStep(float* w, int64_t m, int64_t n, const int32_t* p_index, const float* p_value,
               const int32_t* q_index, const float* q_value, const float* d_step, int64_t d,
               int64_t r, void* stream);
+
+// The second stage of the two-stage apply (the CPU path's order, lsp/projector.cc): with
+// E = D Q^T (d, n) fp32 row-major already formed, W (m, n) row-major, fp32 (w_bf16 false) or
+// bf16 (w_bf16 true), gets W[i, j] += sum_{a<r} Pv[i, a] E[Pi[i, a], j], summed in fp32 and
+// rounded into W's dtype once. P is (m, r) int32 positions + fp32 values. O(m n r) reads of E.
+int ApplyRows(void* w, bool w_bf16, int64_t m, int64_t n, const int32_t* p_index,
+              const float* p_value, int64_t r, const float* e, void* stream);
 
 }  // namespace lspo::lsp::cuda
 

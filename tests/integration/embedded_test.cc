@@ -15,30 +15,8 @@
 namespace lspo {
 namespace {
 
-struct WatchResult {
-  std::vector<v1::JobStatus> updates;
-  v1::JobStatus last;
-};
-
-WatchResult SubmitAndWatch(v1::Scheduler::Stub* stub, const v1::JobSpec& spec) {
-  WatchResult out;
-  grpc::ClientContext ctx;
-  v1::SubmitJobRequest req;
-  *req.mutable_spec() = spec;
-  v1::SubmitJobReply rep;
-  grpc::Status st = stub->SubmitJob(&ctx, req, &rep);
-  EXPECT_TRUE(st.ok()) << st.error_message();
-  if (!st.ok()) return out;
-  grpc::ClientContext wctx;
-  v1::WatchJobRequest wreq;
-  wreq.set_job_id(rep.job_id());
-  auto reader = stub->WatchJob(&wctx, wreq);
-  v1::JobStatus s;
-  while (reader->Read(&s)) out.updates.push_back(s);
-  EXPECT_TRUE(reader->Finish().ok());
-  if (!out.updates.empty()) out.last = out.updates.back();
-  return out;
-}
+using testing_jobs::SubmitAndWatch;
+using testing_jobs::WatchResult;
 
 TEST(EmbeddedTest, TinyLlamaLspTrainsOnMobyDickAndReportsEveryStep) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;

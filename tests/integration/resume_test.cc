@@ -37,23 +37,11 @@ struct RunResult {
 
 RunResult RunToEnd(v1::Scheduler::Stub* stub, const v1::JobSpec& spec) {
   RunResult out;
-  grpc::ClientContext ctx;
-  v1::SubmitJobRequest req;
-  *req.mutable_spec() = spec;
-  v1::SubmitJobReply rep;
-  grpc::Status st = stub->SubmitJob(&ctx, req, &rep);
-  EXPECT_TRUE(st.ok()) << st.error_message();
-  if (!st.ok()) return out;
-  grpc::ClientContext wctx;
-  v1::WatchJobRequest wreq;
-  wreq.set_job_id(rep.job_id());
-  auto reader = stub->WatchJob(&wctx, wreq);
-  v1::JobStatus s;
-  while (reader->Read(&s)) {
+  testing_jobs::WatchResult w = testing_jobs::SubmitAndWatch(stub, spec);
+  for (const auto& s : w.updates) {
     if (s.has_last_step()) out.loss[s.last_step().step()] = s.last_step().loss();
-    out.last = s;
   }
-  EXPECT_TRUE(reader->Finish().ok());
+  out.last = w.last;
   return out;
 }
 

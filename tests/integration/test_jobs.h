@@ -6,7 +6,11 @@
 #include <unistd.h>
 
 #include <string>
+#include <vector>
 
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/lsp_offload.grpc.pb.h"
 #include "proto/lsp_offload.pb.h"
 
 namespace lspo::testing_jobs {
@@ -50,6 +54,32 @@ inline v1::JobSpec TinyMobyDickSpec(const std::string& out_dir, v1::TrainingMode
   spec.set_num_threads(2);
   spec.set_output_dir(out_dir);
   return spec;
+}
+
+// Every status update of one job, submitted through `stub` and watched to its end.
+struct WatchResult {
+  std::vector<v1::JobStatus> updates;
+  v1::JobStatus last;
+};
+
+inline WatchResult SubmitAndWatch(v1::Scheduler::Stub* stub, const v1::JobSpec& spec) {
+  WatchResult out;
+  grpc::ClientContext ctx;
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = spec;
+  v1::SubmitJobReply rep;
+  grpc::Status st = stub->SubmitJob(&ctx, req, &rep);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  if (!st.ok()) return out;
+  grpc::ClientContext wctx;
+  v1::WatchJobRequest wreq;
+  wreq.set_job_id(rep.job_id());
+  auto reader = stub->WatchJob(&wctx, wreq);
+  v1::JobStatus s;
+  while (reader->Read(&s)) out.updates.push_back(s);
+  EXPECT_TRUE(reader->Finish().ok());
+  if (!out.updates.empty()) out.last = out.updates.back();
+  return out;
 }
 
 }  // namespace lspo::testing_jobs

@@ -2,6 +2,7 @@
 // here from Dense() projectors with plain matrix products.
 #include "lsp/projector.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -342,6 +343,43 @@ TEST(RelativeBias, ZeroGradientHasZeroBiasAndExactFitHasNone) {
   at::Tensor g = at::zeros({12, 10});
   g.slice(0, 0, 4).slice(1, 0, 4).copy_(torch::randn({4, 4}));
   EXPECT_LT(RelativeBias(g, *pi, *qi), 1e-12);
+}
+
+// The device path (issue 6): on a GPU, both CUDA executions (ATen index ops and the project's
+// kernels, lsp/cuda) must match the float64 CPU references on fresh random inputs.
+TEST(ProjectorCudaTest, BothDevicePathsMatchTheFloat64Reference) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: compiled, not run";
+  const at::Device gpu(at::kCUDA, 0);
+  const int64_t N = 77, m = 192, n = 320, d = 32, r = 4;
+  const SparseProjector P = MakeProjector(m, d, r, 31), Q = MakeProjector(n, d, r, 32);
+  const SparseProjector Pg = P.To(gpu), Qg = Q.To(gpu);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(33);
+  const at::Tensor X = at::randn({N, n}, gen, at::kFloat);    // (N, n)
+  const at::Tensor dY = at::randn({N, m}, gen, at::kFloat);   // (N, m)
+  const at::Tensor D = at::randn({d, d}, gen, at::kFloat);    // (d, d)
+  const at::Tensor W = 0.02 * at::randn({m, n}, gen, at::kFloat);
+  // float64 references with dense projectors.
+  const at::Tensor xq_ref = X.to(at::kDouble).mm(DenseF64(Q));                    // (N, d)
+  const at::Tensor s_ref = DenseF64(P).t().mm(dY.to(at::kDouble).t()).mm(xq_ref);  // (d, d)
+  const at::Tensor w_ref = W.to(at::kDouble) + DenseF64(P).mm(D.to(at::kDouble)).mm(DenseF64(Q).t());
+  for (const bool custom : {false, true}) {
+    if (custom && !internal::CudaKernelsAvailable()) continue;
+    internal::SetCudaKernels(custom);
+    SCOPED_TRACE(custom ? "custom kernels" : "ATen index ops");
+    torch::NoGradGuard no_grad;
+    const at::Tensor xq = ProjectRows(X.to(gpu), Qg);
+    EXPECT_LT(RelErr(xq.cpu().to(at::kDouble), xq_ref), 1e-5);
+    const at::Tensor s = CompressFactored(dY.to(gpu), xq, Pg);
+    EXPECT_LT(RelErr(s.cpu().to(at::kDouble), s_ref), 1e-5);
+    at::Tensor w32 = W.to(gpu);
+    ApplyStep(w32, Pg, D.to(gpu), Qg);
+    EXPECT_LT(RelErr(w32.cpu().to(at::kDouble), w_ref), 1e-6);
+    at::Tensor w16 = W.to(at::kBFloat16).to(gpu);
+    ApplyStep(w16, Pg, D.to(gpu), Qg);
+    EXPECT_TRUE(at::isfinite(w16).all().item<bool>());
+    EXPECT_LT(RelErr(w16.cpu().to(at::kDouble), w_ref), 8e-3);  // bf16 W: one rounding
+  }
+  internal::SetCudaKernels(false);
 }
 
 }  // namespace

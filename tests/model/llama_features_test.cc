@@ -98,6 +98,45 @@ TEST_F(LlamaFeaturesTest, Bf16StorageEqualsFp32WeightsRoundedToBf16) {
   EXPECT_TRUE(at::equal(w.masked_select(big), before.masked_select(big)));
 }
 
+TEST_F(LlamaFeaturesTest, ToCpuKeepsEverythingAndAMissingDeviceFailsCleanly) {
+  model_->SetLinearMode(LinearMode::kDense);
+  at::Tensor ref;
+  {
+    at::NoGradGuard no_grad;
+    ref = model_->Logits(ids_);  // (B, T, V) fp32
+  }
+  // CPU -> CPU: values, dtypes and requires_grad flags are kept.
+  ASSERT_TRUE(model_->To(at::Device(at::kCPU)).ok());
+  EXPECT_TRUE(model_->LinearWeight(0).requires_grad());
+  EXPECT_TRUE(model_->device().is_cpu());
+  {
+    at::NoGradGuard no_grad;
+    EXPECT_TRUE(at::equal(model_->Logits(ids_), ref));
+  }
+  if (torch::cuda::is_available()) return;  // The next test covers a real device.
+  // A CPU-only LibTorch: a clear kInvalidArgument naming the device; the model stays put.
+  absl::Status st = model_->To(at::Device(at::kCUDA, 0));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("cuda:0"), std::string::npos) << st.message();
+  EXPECT_TRUE(model_->device().is_cpu());
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(at::equal(model_->Logits(ids_), ref));
+}
+
+TEST_F(LlamaFeaturesTest, ToCudaMovesEveryTensorAndKeepsTheLogits) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: compiled, not run";
+  const at::Device gpu(at::kCUDA, 0);
+  model_->SetLinearMode(LinearMode::kDense);
+  at::NoGradGuard no_grad;
+  at::Tensor ref = model_->Logits(ids_);  // (B, T, V) fp32 on the CPU
+  ASSERT_TRUE(model_->To(gpu).ok());
+  for (const auto& [name, t] : model_->NamedTensors()) EXPECT_TRUE(t.is_cuda()) << name;
+  EXPECT_TRUE(model_->LinearWeight(0).requires_grad());
+  at::Tensor out = model_->Logits(ids_.to(gpu)).cpu();
+  // fp32 on both sides (cuBLAS without TF32 by default): relative Frobenius error << 1e-4.
+  EXPECT_LT((out - ref).norm().item<double>() / ref.norm().item<double>(), 1e-4);
+}
+
 TEST_F(LlamaFeaturesTest, LayerHooksRunInForwardAndBackwardOrder) {
   std::vector<std::string> calls;
   model_->SetLayerHooks([&](int64_t l) { calls.push_back("pre" + std::to_string(l)); },

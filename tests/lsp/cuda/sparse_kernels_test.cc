@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -53,6 +55,7 @@ TEST(CudaSparseKernelsTest, ProjectRowsMatchesFloat64Reference) {
   float* dv = ToDevice(p.value);
   float* dy = nullptr;
   ASSERT_EQ(cudaMalloc(&dy, n_tok * d * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dy, 0xff, n_tok * d * 4), cudaSuccess);  // NaN: every output written?
   ASSERT_EQ(ProjectRows(dx, n_tok, rows, di, dv, d, r, dy, nullptr), 0);
   std::vector<float> y(n_tok * d);
   ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -106,6 +109,70 @@ TEST(CudaSparseKernelsTest, ApplyStepMatchesFloat64Reference) {
                     static_cast<void*>(dqi), static_cast<void*>(dqv), static_cast<void*>(dd)}) {
     cudaFree(ptr);
   }
+}
+
+// ApplyRows on fp32 and bf16 W against a float64 reference of W + P E (E = D Q^T given).
+void CheckApplyRows(bool bf16) {
+  const int64_t m = 300, n = 517, d = 48, r = 6;  // n not a multiple of the block size
+  std::mt19937 rng(bf16 ? 23 : 19);
+  Proj p = RandomProj(m, d, r, rng);
+  std::normal_distribution<float> nd;
+  std::vector<float> w(m * n), e(d * n);
+  for (auto& v : w) v = 0.05f * nd(rng);
+  for (auto& v : e) v = 0.01f * nd(rng);
+  std::vector<uint16_t> w16(m * n);
+  if (bf16) {
+    for (int64_t k = 0; k < m * n; ++k) {
+      uint32_t bits;
+      std::memcpy(&bits, &w[k], 4);
+      w16[k] = static_cast<uint16_t>(bits >> 16);  // Truncate: exact bf16 inputs.
+      bits = static_cast<uint32_t>(w16[k]) << 16;
+      std::memcpy(&w[k], &bits, 4);
+    }
+  }
+  void* dw = bf16 ? static_cast<void*>(ToDevice(w16)) : static_cast<void*>(ToDevice(w));
+  int32_t* dpi = ToDevice(p.index);
+  float* dpv = ToDevice(p.value);
+  float* de = ToDevice(e);
+  ASSERT_EQ(ApplyRows(dw, bf16, m, n, dpi, dpv, r, de, nullptr), 0);
+  std::vector<float> out(m * n);
+  if (bf16) {
+    ASSERT_EQ(cudaMemcpy(w16.data(), dw, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t k = 0; k < m * n; ++k) {
+      uint32_t bits = static_cast<uint32_t>(w16[k]) << 16;
+      std::memcpy(&out[k], &bits, 4);
+    }
+  } else {
+    ASSERT_EQ(cudaMemcpy(out.data(), dw, m * n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  double err2 = 0, ref2 = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = w[i * n + j];
+      for (int64_t a = 0; a < r; ++a) {
+        ref += static_cast<double>(p.value[i * r + a]) * e[p.index[i * r + a] * n + j];
+      }
+      ASSERT_TRUE(std::isfinite(out[i * n + j])) << i << "," << j;
+      err2 += (out[i * n + j] - ref) * (out[i * n + j] - ref);
+      ref2 += ref * ref;
+    }
+  }
+  // fp32: far under 1e-5; bf16: one rounding of each output (2^-9 relative at most).
+  EXPECT_LT(std::sqrt(err2 / ref2), bf16 ? 4e-3 : 1e-6);
+  cudaFree(dw);
+  cudaFree(dpi);
+  cudaFree(dpv);
+  cudaFree(de);
+}
+
+TEST(CudaSparseKernelsTest, ApplyRowsFp32MatchesFloat64Reference) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: kernels compiled, not run";
+  CheckApplyRows(false);
+}
+
+TEST(CudaSparseKernelsTest, ApplyRowsBf16MatchesFloat64Reference) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: kernels compiled, not run";
+  CheckApplyRows(true);
 }
 
 }  // namespace
