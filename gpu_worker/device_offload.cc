@@ -45,6 +45,9 @@ absl::StatusOr<std::unique_ptr<DeviceOffload>> DeviceOffload::Create(void* arena
                                      "memlock=-1)"));
   }
   self->pinned_ = std::move(*pinned);
+  self->flags_host_.assign(kMaxInFlight, 0);
+  ASSIGN_OR_RETURN(self->flags_pinned_, lsp::cuda::HostRegistration::Register(
+                                            self->flags_host_.data(), self->flags_host_.size()));
   ASSIGN_OR_RETURN(self->d2h_, lsp::cuda::Stream::CreateNonBlocking());
   ASSIGN_OR_RETURN(self->h2d_, lsp::cuda::Stream::CreateNonBlocking());
   self->slot_bytes_ = std::max<size_t>(max_upload_bytes, 256);
@@ -89,22 +92,35 @@ absl::StatusOr<std::shared_ptr<DeviceOffload::Span>> DeviceOffload::NewSpan(int6
 }
 
 absl::Status DeviceOffload::OffloadAsync(int64_t layer, at::Tensor src, void* dst,
-                                         std::function<void()> on_landed) {
+                                         std::function<void(bool)> on_landed) {
   if (src.device() != device_ || !src.is_contiguous()) {
     return absl::InvalidArgumentError(absl::StrCat("OffloadAsync: source must be a contiguous ",
                                                    device_.str(), " tensor"));
   }
+  {
+    absl::MutexLock lock(&mu_);
+    if (in_flight_ >= kMaxInFlight) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("OffloadAsync: ", kMaxInFlight, " copies already pending"));
+    }
+  }
+  // The verdict is one reduction on the compute stream (no host wait), copied after the data.
+  at::Tensor verdict = at::isfinite(src).all().to(at::kByte);  // () uint8 on the device
+  const int flag = next_flag_;
+  next_flag_ = (next_flag_ + 1) % kMaxInFlight;
   ASSIGN_OR_RETURN(auto span, NewSpan(layer, "d2h", "pcie"));
   span->bytes = static_cast<int64_t>(src.nbytes());
-  // The d2h stream starts after the compute work that formed `src` ...
+  // The d2h stream starts after the compute work that formed `src` and the verdict ...
   RETURN_IF_ERROR(span->begin.Record(lsp::cuda::DefaultStream()));
   RETURN_IF_ERROR(lsp::cuda::StreamWaitEvent(d2h_.get(), span->begin));
   RETURN_IF_ERROR(lsp::cuda::CopyAsync(dst, src.data_ptr(), src.nbytes(), d2h_.get()));
+  RETURN_IF_ERROR(
+      lsp::cuda::CopyAsync(&flags_host_[flag], verdict.data_ptr(), 1, d2h_.get()));
   RETURN_IF_ERROR(span->end.Record(d2h_.get()));
   span->closed = true;
   absl::MutexLock lock(&mu_);
   spans_.push_back(span);
-  queue_.push_back(Pending{span, std::move(src), std::move(on_landed)});
+  queue_.push_back(Pending{span, std::move(src), std::move(verdict), flag, std::move(on_landed)});
   ++in_flight_;
   return absl::OkStatus();
 }
@@ -125,8 +141,11 @@ void DeviceOffload::WatcherLoop() {
     }
     absl::Status st = p.span->end.Synchronize();
     if (!st.ok()) LOG(ERROR) << "worker: gradient copy to the arena failed: " << st;
-    p.keepalive = at::Tensor();  // The copy is done: the device memory may be reused.
-    if (p.on_landed) p.on_landed();
+    // The copies are done: the device memory may be reused.
+    p.keepalive = at::Tensor();
+    p.verdict = at::Tensor();
+    const bool finite = st.ok() && flags_host_[p.flag] != 0;
+    if (p.on_landed) p.on_landed(finite);
     absl::MutexLock lock(&mu_);
     --in_flight_;
   }
@@ -256,6 +275,15 @@ absl::StatusOr<StepTransfers> DeviceOffload::EndStep(std::vector<lspo::v1::Layer
 int64_t DeviceOffload::GpuMemoryUsedBytes() {
   auto info = lsp::cuda::GetMemoryInfo();
   return info.ok() ? static_cast<int64_t>(info->used_bytes()) : 0;
+}
+
+void DeviceOffload::ResetGpuPeak() {
+#if LSPO_TORCH_CUDA
+  try {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+  } catch (const c10::Error&) {
+  }
+#endif
 }
 
 int64_t DeviceOffload::GpuPeakAllocatedBytes() {

@@ -10,9 +10,10 @@
 //                     (m, n) bf16 from the pinned arena into a device staging slot and
 //                     records an event; the compute stream waits on that event only (so the
 //                     apply of each layer waits for its own upload, nothing else).
-//   watcher thread  = waits for each "landed" event and then runs the caller's callback
-//                     (finiteness check on the host copy + publishing the completion flag to
-//                     the optimizer), so the hot path never blocks the host on the device.
+//   watcher thread  = waits for each "landed" event and then runs the caller's callback with
+//                     the verdict of a finiteness reduction done on the device (one byte
+//                     copied after the tensor), e.g. to publish the completion flag to the
+//                     optimizer, so the hot path never blocks the host on the device.
 //
 // The arena is page-locked with cudaHostRegister for the engine's lifetime (destroy the engine
 // before unmapping the arena). Staging: a ring of kStagingSlots device buffers of the largest
@@ -58,6 +59,7 @@ struct StepTransfers {
 class DeviceOffload {
  public:
   static constexpr int kStagingSlots = 4;
+  static constexpr int kMaxInFlight = 4096;  // Offloads pending at once (verdict bytes).
 
   // Pins the arena [arena_base, arena_base + arena_bytes), creates the two streams and
   // kStagingSlots staging buffers of `max_upload_bytes` bytes each on `device`, and starts
@@ -69,12 +71,15 @@ class DeviceOffload {
                                                                const at::Device& device);
   ~DeviceOffload();  // Drains pending offloads, stops the watcher, unpins the arena.
 
-  // Device -> arena: enqueues the copy of `src` (a contiguous device tensor, kept alive until
-  // the copy is done) into `dst` (src.nbytes() bytes of the pinned arena) after the compute
-  // stream's work so far; `on_landed` then runs on the watcher thread. `layer` labels the
-  // timeline. Errors: kInternal (CUDA), kInvalidArgument (src not on the device).
+  // Device -> arena: enqueues isfinite(src).all() on the compute stream, then the copy of
+  // `src` (a contiguous device tensor, kept alive until the copy is done) into `dst`
+  // (src.nbytes() bytes of the pinned arena) and of the verdict into a pinned byte, both on
+  // the d2h stream after the compute stream's work so far; `on_landed(finite)` then runs on
+  // the watcher thread. `layer` labels the timeline. Errors: kInternal (CUDA),
+  // kInvalidArgument (src not a contiguous tensor on the device), kResourceExhausted (more
+  // than kMaxInFlight copies pending).
   absl::Status OffloadAsync(int64_t layer, at::Tensor src, void* dst,
-                            std::function<void()> on_landed);
+                            std::function<void(bool finite)> on_landed);
 
   // Blocks until every offload enqueued so far has landed and its callback has run.
   void Drain();
@@ -102,9 +107,11 @@ class DeviceOffload {
   // and returns the totals. Errors: kInternal (CUDA).
   absl::StatusOr<StepTransfers> EndStep(std::vector<lspo::v1::LayerEvent>* events);
 
-  // Device memory: used (driver view) and LibTorch's peak allocated bytes (0 if unknown).
+  // Device memory: used (driver view) and LibTorch's peak allocated bytes since the last
+  // ResetGpuPeak() (0 if this LibTorch does not expose it).
   static int64_t GpuMemoryUsedBytes();
   static int64_t GpuPeakAllocatedBytes();
+  static void ResetGpuPeak();
 
  private:
   struct Span {
@@ -117,8 +124,9 @@ class DeviceOffload {
   };
   struct Pending {
     std::shared_ptr<Span> span;
-    at::Tensor keepalive;
-    std::function<void()> on_landed;
+    at::Tensor keepalive, verdict;  // Device tensors the copies read.
+    int flag = 0;                   // Index of the verdict byte in flags_host_.
+    std::function<void(bool)> on_landed;
   };
 
   DeviceOffload() = default;
@@ -127,6 +135,9 @@ class DeviceOffload {
                                                 const char* actor);
 
   lsp::cuda::HostRegistration pinned_;
+  std::vector<uint8_t> flags_host_;  // kMaxInFlight verdict bytes, pinned.
+  lsp::cuda::HostRegistration flags_pinned_;
+  int next_flag_ = 0;
   lsp::cuda::Stream d2h_, h2d_;
   std::vector<at::Tensor> staging_;                 // kStagingSlots x (max_upload_bytes) uint8.
   std::vector<lsp::cuda::Event> staging_free_;      // Per slot: last reader done.

@@ -68,6 +68,7 @@ struct WorkerJob {
   // gradients and steps asynchronously. Declared after `arena`: destroyed (unpinned) first.
   at::Device device{at::kCPU};
   bool cuda = false;
+  bool gpu_peak_reset = false;  // The peak is reset once, at the first step (after the fit).
   std::unique_ptr<DeviceOffload> offload;
   // Per linear: the step whose update must still be applied before the linear's next
   // forward (0 = none), and the weight-decay factor 1 - lr * wd of that step.
@@ -127,8 +128,8 @@ bool PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& grad, uint32_t
   const double t0 = MonotonicSeconds();
   if (job->cuda) {
     // Asynchronous: a copy of the gradient (so later in-place accumulation cannot race the
-    // copy) goes to the pinned arena on the d2h stream; its finiteness is checked on the host
-    // copy once it has landed (watcher thread), then the flag is published. No host wait here.
+    // copy) goes to the pinned arena on the d2h stream with a device-side finiteness verdict;
+    // once both have landed (watcher thread) the flag is published. No host wait here.
     const auto& slot = job->layout.linears(i);
     absl::StatusOr<at::Tensor> dst = job->lsp ? ArenaF32(job->arena, slot.grad())
                                               : ArenaBf16(job->arena, slot.full_grad());
@@ -137,8 +138,9 @@ bool PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& grad, uint32_t
                               : grad.to(at::kBFloat16).contiguous();
     const int64_t layer = i / model::kLinearsPerLayer;
     at::Tensor host = *dst;
-    absl::Status st = job->offload->OffloadAsync(layer, std::move(src), host.data_ptr(), [job, i, step, host, layer, t0]() {
-      if (!at::isfinite(host).all().item<bool>()) {
+    absl::Status st = job->offload->OffloadAsync(layer, std::move(src), host.data_ptr(),
+                                                 [job, i, step, layer, t0](bool finite) {
+      if (!finite) {
         LOG(WARNING) << "worker: non-finite gradient for " << job->linears[i].name
                      << " at step " << step << "; step skipped";
         job->flags.Abort(step);
@@ -378,6 +380,9 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   if (use_cuda) {
     job->device = at::Device(at::kCUDA, 0);
     job->cuda = true;
+    // fp32 compute (the model upcasts bf16 weights) on TF32 tensor cores, for every mode alike.
+    at::globalContext().setFloat32MatmulPrecision("high");
+    if (!spec.lsp().kernels().empty()) lsp::internal::SetCudaKernels(spec.lsp().kernels() == "custom");
     RETURN_IF_ERROR(model.To(job->device));
   }
   model.SetActivationCheckpointing(spec.activation_checkpointing());
@@ -674,6 +679,11 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
   std::fill(job->offload_done.begin(), job->offload_done.end(), 0.0);
   std::fill(job->offload_secs.begin(), job->offload_secs.end(), 0.0);
   if (job->offload) job->offload->BeginStep();
+  if (job->cuda && !job->gpu_peak_reset) {
+    // gpu_peak_allocated_bytes then measures the training steps, not the projector fit.
+    DeviceOffload::ResetGpuPeak();
+    job->gpu_peak_reset = true;
+  }
   const double decay = 1.0 - lr * spec.optim().weight_decay();
   // The optimizer attached the arena before any step: drop its name so that a crash from
   // here on leaves nothing in /dev/shm (lsp mode already did so at the first fit).

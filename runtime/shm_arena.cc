@@ -92,6 +92,16 @@ absl::StatusOr<ShmArena> ShmArena::Create(const std::string& name, size_t bytes)
     shm_unlink(name.c_str());
     return ErrnoStatus("ftruncate", name, err);
   }
+  // Reserve the pages now: with a small /dev/shm (containers default to 64 MiB) a sparse file
+  // would kill the first process that touches a page beyond the limit with SIGBUS.
+  if (int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "shared-memory segment '", name, "': cannot reserve ", bytes, " bytes in /dev/shm (",
+        std::strerror(err), "); enlarge /dev/shm (docker --shm-size, compose shm_size) or use "
+        "a smaller model / subspace"));
+  }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int err = errno;
   close(fd);

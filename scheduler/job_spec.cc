@@ -280,6 +280,9 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (lsp.master_refresh() != "refit" && lsp.master_refresh() != "never") {
     return bad("lsp.master_refresh", lsp.master_refresh(), "use \"refit\" or \"never\"");
   }
+  if (!lsp.kernels().empty() && lsp.kernels() != "aten" && lsp.kernels() != "custom") {
+    return bad("lsp.kernels", lsp.kernels(), "use \"aten\", \"custom\" or leave it empty");
+  }
   if (spec.steps() < 1) return bad("steps", spec.steps(), "run at least 1 step");
   if (spec.micro_batch_size() < 1) {
     return bad("micro_batch_size", spec.micro_batch_size(), "must be >= 1");

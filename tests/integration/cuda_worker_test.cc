@@ -39,7 +39,7 @@ v1::JobSpec TinySpec(const std::string& tag, v1::TrainingMode mode, const std::s
 }
 
 TEST(CudaWorkerTest, DeviceCudaWithoutADeviceFailsTheJobWithAClearError) {
-  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA device is visible";
   client::EmbeddedRuntime runtime;
   auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
@@ -86,25 +86,25 @@ void ExpectCudaMatchesCpu(v1::TrainingMode mode, const std::string& schedule) {
 }
 
 TEST(CudaWorkerTest, LspOverlapOnCudaMatchesTheCpuPath) {
-  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   ExpectCudaMatchesCpu(v1::MODE_LSP, "overlap");
 }
 
 TEST(CudaWorkerTest, LspSerialOnCudaMatchesTheCpuPath) {
-  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   ExpectCudaMatchesCpu(v1::MODE_LSP, "serial");
 }
 
 TEST(CudaWorkerTest, ZeroOverlapOnCudaMatchesTheCpuPath) {
-  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   ExpectCudaMatchesCpu(v1::MODE_ZERO, "overlap");
 }
 
 TEST(CudaWorkerTest, NativeOnCudaMatchesTheCpuPath) {
-  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   ExpectCudaMatchesCpu(v1::MODE_NATIVE, "");
 }

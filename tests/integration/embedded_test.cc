@@ -170,6 +170,23 @@ TEST(JobSpecTest, YamlAndJsonGiveTheSameSpecAndBadFieldsAreNamed) {
   spec.mutable_lsp()->set_r(100);
   auto st = scheduler::ValidateJobSpec(spec);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  // The GPU fields: a kernel set or device that does not exist is named with the fix.
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  v1::JobSpec gpu = testing_jobs::TinyMobyDickSpec("/tmp/lspo-spec-check", v1::MODE_LSP, 2);
+  scheduler::ResolveDefaults(&gpu);
+  gpu.mutable_lsp()->set_kernels("custom");
+  gpu.set_device("cuda");
+  ASSERT_TRUE(scheduler::ValidateJobSpec(gpu).ok()) << scheduler::ValidateJobSpec(gpu);
+  gpu.mutable_lsp()->set_kernels("cusparse");
+  st = scheduler::ValidateJobSpec(gpu);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("lsp.kernels"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("custom"), std::string::npos) << st;
+  gpu.mutable_lsp()->set_kernels("custom");
+  gpu.set_device("tpu");
+  st = scheduler::ValidateJobSpec(gpu);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("device"), std::string::npos) << st;
 }
 
 }  // namespace

@@ -21,6 +21,25 @@ inline constexpr char kNoModel[] =
 
 inline bool HaveModel() { return access(kModel, R_OK) == 0; }
 
+// The tiny jobs need only SmolLM2's tokenizer and Moby-Dick. On a GPU machine reached through
+// scripts/device-check neither models/ nor ../shared travels; `scripts/device-check download`
+// puts a tensor-free copy of the GGUF (tokenizer + metadata) and the text in .devdata/.
+inline std::string TinyTokenizerPath() {
+  if (HaveModel()) return kModel;
+  return access(".devdata/smollm2-tokenizer.gguf", R_OK) == 0
+             ? ".devdata/smollm2-tokenizer.gguf"
+             : kModel;
+}
+inline std::string MobyDickPath() {
+  const char* shared = "../shared/data/moby-dick/moby-dick.txt";
+  if (access(shared, R_OK) == 0) return shared;
+  return access(".devdata/moby-dick.txt", R_OK) == 0 ? ".devdata/moby-dick.txt" : shared;
+}
+inline bool HaveTinyAssets() {
+  return access(TinyTokenizerPath().c_str(), R_OK) == 0 &&
+         access(MobyDickPath().c_str(), R_OK) == 0;
+}
+
 inline std::string TempDir(const std::string& tag) {
   std::string tmpl = "/tmp/lspo-" + tag + "-XXXXXX";
   char* dir = mkdtemp(tmpl.data());
@@ -34,11 +53,11 @@ inline v1::JobSpec TinyMobyDickSpec(const std::string& out_dir, v1::TrainingMode
   v1::JobSpec spec;
   spec.set_name("tiny-moby");
   spec.mutable_model()->set_format("tiny-random");
-  spec.mutable_model()->set_tokenizer_path(kModel);
+  spec.mutable_model()->set_tokenizer_path(TinyTokenizerPath());
   spec.mutable_model()->set_init_seed(1234);
   spec.mutable_data()->set_format("text");
-  spec.mutable_data()->set_train_path("../shared/data/moby-dick/moby-dick.txt");
-  spec.mutable_data()->set_eval_path("../shared/data/moby-dick/moby-dick.txt");
+  spec.mutable_data()->set_train_path(MobyDickPath());
+  spec.mutable_data()->set_eval_path(MobyDickPath());
   spec.mutable_data()->set_max_blocks(64);
   spec.mutable_data()->set_max_eval_examples(8);
   spec.set_mode(mode);

@@ -1,0 +1,599 @@
+#!/usr/bin/env python3
+"""Helpers of scripts/device-check (Python standard library only).
+
+Subcommands (each prints what it did; exit 0 on success, 1 on failure, 2 on usage errors):
+
+  tokenizer-gguf SRC.gguf DST.gguf
+      Writes a tensor-free copy of a GGUF file: the same header and metadata (the tokenizer
+      lives there), tensor count 0, no tensor data. A few MB instead of the 94 MB SmolLM2 file,
+      enough for model.format "tiny-random", which only reads the tokenizer.
+
+  specs --out DIR --device cpu|cuda [--smoke] --data FILE --tokenizer GGUF [--gguf MODEL]
+      Writes DIR/specs/<run>.yaml (one lspctl job per model x mode) and DIR/manifest.json
+      (what the runs are, their shapes and weights for the time budget), and prints one line
+      per run, in execution order (the ~1.1B model first; native, lsp, zero+overlap, zero):
+      "name<TAB>weight<TAB>spec path<TAB>output dir<TAB>arena bytes (estimate)". Sizes come from environment
+      variables (LSPO_DC_*; scripts/device-check's header lists them).
+
+  cuda-targets BUILD_DIR
+      Prints the CMake targets that build the CUDA tests, one per line: the aggregate target
+      lspo_cuda_tests if the build defines it, else every gtest target whose ctest LABELS
+      contain "cuda" (read from the discovery commands in build.ninja), else every test target
+      whose name contains "cuda".
+
+  cuda-regex BUILD_DIR TARGET...
+      Prints a ctest -R regular expression that selects every test run by one of the given
+      executables (for builds whose CUDA tests carry no "cuda" label); nothing if none.
+
+  aggregate DIR
+      Reads DIR/manifest.json, DIR/status.tsv, DIR/runs/<run>/metrics.jsonl and the CUDA test
+      and build status files, writes RESULTS (default DIR/../../results.json, i.e. OUT_DIR)
+      and prints a table: per model x mode the mean step seconds (step 1 excluded), tokens/s,
+      peak GPU memory, PCIe GB/s both directions, and the lsp/native and zero/lsp ratios.
+"""
+import datetime
+import json
+import math
+import os
+import re
+import struct
+import sys
+
+# ------------------------------------------------------------------------------------------
+# GGUF: copy the metadata, drop the tensors.
+
+_GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY, _GGUF_UINT32 = 8, 9, 4
+
+
+def _gguf_skip_value(buf, pos, vtype):
+    """Returns the offset just past one GGUF value of type `vtype` starting at `pos`."""
+    if vtype in _GGUF_SCALAR:
+        return pos + _GGUF_SCALAR[vtype]
+    if vtype == _GGUF_STRING:
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        return pos + 8 + n
+    if vtype == _GGUF_ARRAY:
+        etype, count = struct.unpack_from("<IQ", buf, pos)
+        pos += 12
+        if etype in _GGUF_SCALAR:
+            return pos + count * _GGUF_SCALAR[etype]
+        for _ in range(count):
+            pos = _gguf_skip_value(buf, pos, etype)
+        return pos
+    raise ValueError(f"unknown GGUF value type {vtype} at offset {pos}")
+
+
+def tokenizer_gguf(src, dst):
+    """Writes `dst`: `src`'s GGUF header and key/value metadata with zero tensors."""
+    with open(src, "rb") as f:
+        head = f.read(64 << 20)  # metadata of a Llama GGUF is a few MB
+    if head[:4] != b"GGUF":
+        raise ValueError(f"{src} is not a GGUF file")
+    version, _, kv_count = struct.unpack_from("<IQQ", head, 4)
+    if version < 2:
+        raise ValueError(f"{src}: GGUF version {version} is not supported (need 2 or 3)")
+    pos = 24
+    alignment = 32
+    for _ in range(kv_count):
+        (klen,) = struct.unpack_from("<Q", head, pos)
+        key = head[pos + 8:pos + 8 + klen].decode("utf-8")
+        pos += 8 + klen
+        (vtype,) = struct.unpack_from("<I", head, pos)
+        if key == "general.alignment" and vtype == _GGUF_UINT32:
+            (alignment,) = struct.unpack_from("<I", head, pos + 4)
+        pos = _gguf_skip_value(head, pos + 4, vtype)
+        if pos > len(head):
+            raise ValueError(f"{src}: metadata larger than {len(head)} bytes")
+    out = bytearray(head[:4]) + struct.pack("<IQQ", version, 0, kv_count) + head[24:pos]
+    out += b"\0" * ((-len(out)) % alignment)  # empty, aligned tensor-data section
+    tmp = dst + ".partial"
+    with open(tmp, "wb") as f:
+        f.write(out)
+    os.replace(tmp, dst)
+    print(f"device_check: wrote {dst} ({len(out)} bytes, {kv_count} metadata keys, no tensors)")
+
+
+# ------------------------------------------------------------------------------------------
+# Job specs.
+
+# HF LlamaConfig shapes: hidden, intermediate, layers, heads, kv heads.
+SHAPES = {
+    "tiny": (64, 128, 2, 4, 2),             # model/llama_config.cc TinyLlamaConfig
+    "smollm2-135m": (576, 1536, 30, 9, 3),  # SmolLM2-135M-Instruct
+    "llama-1.1b": (2048, 5632, 22, 32, 8),  # TinyLlama-1.1B-like, GQA 4:1
+}
+VOCAB = 49152  # SmolLM2 tokenizer
+# Execution order (the table keeps MODES order): the ~1.1B model first, since the targets are
+# stated for it at d = 256, and within a model the runs the targets compare first.
+RUN_ORDER = {"llama-1.1b": 0, "smollm2-135m": 1, "tiny": 2}
+MODES_ORDER = ["native", "lsp", "zero-overlap", "zero", "lsp-custom"]
+MODES = [  # name, TrainingMode, schedule, lsp.kernels
+    ("native", "MODE_NATIVE", "", ""),
+    ("zero", "MODE_ZERO", "serial", ""),
+    ("zero-overlap", "MODE_ZERO", "overlap", ""),
+    ("lsp", "MODE_LSP", "overlap", "aten"),
+    # The same with the project's CUDA kernels (lsp/cuda) instead of ATen index ops.
+    ("lsp-custom", "MODE_LSP", "overlap", "custom"),
+]
+
+
+def _env_int(name, default):
+    """Integer environment override."""
+    v = os.environ.get(name, "")
+    return int(v) if v.strip() else default
+
+
+def _yaml(value, indent=0):
+    """Emits nested dicts of scalars as block YAML (strings JSON-quoted, which YAML reads)."""
+    lines = []
+    for k, v in value.items():
+        pad = " " * indent
+        if isinstance(v, dict):
+            lines.append(f"{pad}{k}:")
+            lines.append(_yaml(v, indent + 2))
+        elif isinstance(v, bool):
+            lines.append(f"{pad}{k}: {'true' if v else 'false'}")
+        elif isinstance(v, (int, float)):
+            lines.append(f"{pad}{k}: {v}")
+        else:
+            lines.append(f"{pad}{k}: {json.dumps(str(v))}")
+    return "\n".join(lines)
+
+
+def matrices(shape):
+    """(m, n) of the 7 trained matrices of one decoder layer, HF layout (out, in)."""
+    h, i, _, heads, kv = shape
+    hd = h // heads
+    return [(h, h), (kv * hd, h), (kv * hd, h), (h, h), (i, h), (i, h), (h, i)]
+
+
+def param_count(shape):
+    """All parameters: decoder matrices, tied embedding, RMSNorm weights."""
+    h, _, layers, _, _ = shape
+    mats = sum(m * n for m, n in matrices(shape))
+    return layers * (mats + 2 * h) + VOCAB * h + h
+
+
+def arena_bytes(shape, mode, d, r):
+    """Rough size of the job's shared-memory arena (/dev/shm), bytes."""
+    layers = shape[2]
+    mats = matrices(shape)
+    staging = 4 * sum(m * n for m, n in mats)
+    if mode == "MODE_ZERO":  # bf16 full gradient + bf16 parameters per matrix
+        return layers * sum(m * n for m, n in mats) * 4 + staging
+    if mode == "MODE_LSP":  # S, D (d x d f32) + P, Q (i32 positions + f32 values)
+        return layers * sum(8 * d * d + 8 * (m + n) * r for m, n in mats) + staging
+    return 0
+
+
+def make_specs(args):
+    """Writes the job specs and the manifest; prints one TSV line per run."""
+    out = args["out"]
+    smoke = args["smoke"]
+    device = args["device"]
+    steps = _env_int("LSPO_DC_STEPS", 3 if smoke else 6)
+    seq_len = _env_int("LSPO_DC_SEQ_LEN", 32 if smoke else 512)
+    r = _env_int("LSPO_DC_R", 4 if smoke else 8)
+    fit_iters = _env_int("LSPO_DC_FIT_ITERS", 3)
+    calib = _env_int("LSPO_DC_CALIBRATION", 4)
+    calib_mb = _env_int("LSPO_DC_CALIBRATION_MB", 256)
+    models = []
+    if smoke:
+        models.append(dict(key="tiny", label="tiny-random (hidden 64, 2 layers)",
+                           d=_env_int("LSPO_DC_D_TINY", 16), mb=_env_int("LSPO_DC_MB_TINY", 2),
+                           weight=1, model={"format": "tiny-random",
+                                            "tokenizer_path": args["tokenizer"],
+                                            "init_seed": 1234}))
+    else:
+        if args.get("gguf"):
+            m135 = {"format": "gguf", "path": args["gguf"]}
+            label = "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised)"
+        else:
+            h, i, n, a, kv = SHAPES["smollm2-135m"]
+            m135 = {"format": "tiny-random", "tokenizer_path": args["tokenizer"],
+                    "init_seed": 1234,
+                    "random_shape": {"hidden_size": h, "intermediate_size": i,
+                                     "num_hidden_layers": n, "num_attention_heads": a,
+                                     "num_key_value_heads": kv}}
+            label = "SmolLM2-135M shape, random weights (models/ not carried)"
+        models.append(dict(key="smollm2-135m", label=label, d=_env_int("LSPO_DC_D_135M", 128),
+                           mb=_env_int("LSPO_DC_MB_135M", 8), weight=1, model=m135))
+        h, i, n, a, kv = SHAPES["llama-1.1b"]
+        models.append(dict(key="llama-1.1b", label="Llama ~1.1B, random weights (hidden 2048, "
+                           "22 layers, 32 heads, 8 kv heads)", d=_env_int("LSPO_DC_D_1B", 256),
+                           mb=_env_int("LSPO_DC_MB_1B", 4), weight=3,
+                           model={"format": "tiny-random", "tokenizer_path": args["tokenizer"],
+                                  "init_seed": 1234,
+                                  "random_shape": {"hidden_size": h, "intermediate_size": i,
+                                                   "num_hidden_layers": n,
+                                                   "num_attention_heads": a,
+                                                   "num_key_value_heads": kv}}))
+    want_models = [s for s in os.environ.get("LSPO_DC_MODELS", "").split(",") if s]
+    want_modes = [s for s in os.environ.get("LSPO_DC_MODES", "").split(",") if s]
+    spec_dir = os.path.join(out, "specs")
+    os.makedirs(spec_dir, exist_ok=True)
+    manifest = {"smoke": smoke, "device": device, "steps": steps, "seq_len": seq_len, "r": r,
+                "runs": []}
+    lines = []
+    for m in models:
+        if want_models and m["key"] not in want_models:
+            continue
+        shape = SHAPES[m["key"]]
+        min_mn = min(min(mn) for mn in matrices(shape))
+        if m["d"] >= min_mn:
+            raise ValueError(f"{m['key']}: d = {m['d']} must be < min(m, n) = {min_mn}")
+        for mode, enum, schedule, kernels in MODES:
+            if want_modes and mode not in want_modes:
+                continue
+            name = f"{m['key']}-{mode}"
+            run_dir = os.path.join(out, "runs", name)
+            spec = {
+                "name": f"device-check-{name}",
+                "mode": enum,
+                "model": m["model"],
+                "data": {"format": "text", "train_path": args["data"],
+                         "max_blocks": steps * m["mb"] + calib + 8},
+                "lsp": {"d": m["d"], "r": r, "fit_iters": fit_iters,
+                        "calibration_examples": calib, "calibration_memory_mb": calib_mb,
+                        "check_freq": 0},
+                "optim": {"lr": 1.0e-4},
+                "steps": steps,
+                "micro_batch_size": m["mb"],
+                "seq_len": seq_len,
+                "seed": 7,
+                "device": device,
+                "skip_initial_eval": True,
+                "skip_checkpoint": True,
+                "output_dir": run_dir,
+            }
+            if schedule:
+                spec["schedule"] = schedule
+            if kernels:
+                spec["lsp"]["kernels"] = kernels
+            if device == "cuda":
+                spec["weight_dtype"] = "bf16"
+            path = os.path.join(spec_dir, name + ".yaml")
+            with open(path, "w") as f:
+                f.write(f"# scripts/device-check: {m['label']}, mode {mode}\n")
+                f.write(_yaml(spec) + "\n")
+            manifest["runs"].append(dict(name=name, model=m["key"], model_label=m["label"],
+                                         mode=mode, spec=path, output_dir=run_dir,
+                                         shape=dict(zip(["hidden_size", "intermediate_size",
+                                                         "num_hidden_layers",
+                                                         "num_attention_heads",
+                                                         "num_key_value_heads"], shape)),
+                                         d=m["d"], r=r, micro_batch_size=m["mb"],
+                                         seq_len=seq_len, steps=steps, weight=m["weight"]))
+            lines.append((RUN_ORDER.get(m["key"], 9), MODES_ORDER.index(mode),
+                          f"{name}\t{m['weight']}\t{path}\t{run_dir}\t"
+                          f"{arena_bytes(shape, enum, m['d'], r)}"))
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    for line in sorted(lines):
+        print(line[2])
+
+
+# ------------------------------------------------------------------------------------------
+# CUDA test selection.
+
+def cuda_targets(build_dir):
+    """CMake targets that build the CUDA tests (see the module docstring)."""
+    with open(os.path.join(build_dir, "build.ninja")) as f:
+        ninja = f.read()
+    if re.search(r"^build lspo_cuda_tests: phony", ninja, re.M):
+        return ["lspo_cuda_tests"]
+    labelled, named = [], []
+    for m in re.finditer(r"-D TEST_TARGET=(\S+) .*?TEST_PROPERTIES=([^ ]*)", ninja):
+        target, props = m.group(1), m.group(2).strip('"')
+        items = props.replace("\\;", ";").split(";")
+        if "LABELS" in items and "cuda" in items[items.index("LABELS") + 1:]:
+            labelled.append(target)
+        if "cuda" in target:
+            named.append(target)
+    return sorted(set(labelled or named))
+
+
+def cuda_regex(build_dir, targets):
+    """A ctest -R expression selecting the tests whose executable is one of `targets`."""
+    import subprocess
+    out = subprocess.run(["ctest", "--show-only=json-v1"], cwd=build_dir, check=True,
+                         capture_output=True, text=True).stdout
+    names = []
+    for t in json.loads(out).get("tests", []):
+        cmd = t.get("command") or []
+        if cmd and os.path.basename(cmd[0]) in targets:
+            names.append(t["name"])
+    if not names:
+        return ""
+    return "^(" + "|".join(re.sub(r"([][.*+?^$(){}|\\])", r"\\\1", n) for n in names) + ")$"
+
+
+# ------------------------------------------------------------------------------------------
+# Aggregation.
+
+_FIELDS = ["step_seconds", "tokens_per_second", "forward_seconds", "backward_seconds",
+           "update_seconds", "apply_seconds", "wait_seconds", "offload_seconds",
+           "gpu_memory_used_bytes", "gpu_peak_allocated_bytes", "d2h_bytes", "d2h_seconds",
+           "h2d_bytes", "h2d_seconds", "worker_peak_rss_bytes", "optimizer_peak_rss_bytes"]
+
+
+def _camel(name):
+    """proto field name -> protobuf JSON lowerCamelCase name."""
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def field(row, name):
+    """A StepMetrics field as float (snake_case or lowerCamelCase; int64 may be a string)."""
+    for key in (name, _camel(name)):
+        if key in row and row[key] is not None:
+            try:
+                v = float(row[key])
+            except (TypeError, ValueError):
+                return None
+            return v if math.isfinite(v) else None
+    return None
+
+
+def _mean(values):
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def summarise_run(rows):
+    """Per-run numbers from the step rows of metrics.jsonl (step 1 is warm-up, excluded)."""
+    steps = [r for r in rows if r.get("kind", "step") == "step" and "step" in r]
+    timed = [r for r in steps if int(r["step"]) > 1] or steps
+    res = {"steps_recorded": len(steps), "steps_timed": len(timed),
+           "warmup_excluded": len(timed) < len(steps)}
+    secs = [field(r, "step_seconds") for r in timed]
+    res["mean_step_seconds"] = _mean(secs)
+    tps = [(field(r, "tokens_per_second"), field(r, "step_seconds")) for r in timed]
+    tps = [(a, b) for a, b in tps if a is not None and b is not None]
+    tot = sum(b for _, b in tps)
+    res["tokens_per_second"] = sum(a * b for a, b in tps) / tot if tps and tot > 0 else None
+    for k in ("forward_seconds", "backward_seconds", "update_seconds", "apply_seconds",
+              "wait_seconds", "offload_seconds"):
+        res["mean_" + k] = _mean(field(r, k) for r in timed)
+    for k, out in (("gpu_peak_allocated_bytes", "peak_gpu_allocated_bytes"),
+                   ("gpu_memory_used_bytes", "peak_gpu_memory_used_bytes"),
+                   ("worker_peak_rss_bytes", "worker_peak_rss_bytes"),
+                   ("optimizer_peak_rss_bytes", "optimizer_peak_rss_bytes")):
+        vals = [field(r, k) for r in timed]
+        vals = [v for v in vals if v is not None]
+        res[out] = int(max(vals)) if vals else None
+    for k in ("peak_gpu_allocated_bytes", "peak_gpu_memory_used_bytes"):
+        if res[k] == 0:
+            res[k] = None  # 0 = unknown, or a worker on the CPU (proto comments)
+    for d in ("d2h", "h2d"):
+        b = [field(r, d + "_bytes") for r in timed]
+        s = [field(r, d + "_seconds") for r in timed]
+        if any(v is None for v in b + s) or not b:
+            res[d + "_bytes_per_step"] = _mean(b)
+            res[d + "_gbps"] = None
+        else:
+            res[d + "_bytes_per_step"] = sum(b) / len(b)
+            res[d + "_gbps"] = sum(b) / sum(s) / 1e9 if sum(s) > 0 and sum(b) > 0 else None
+    return res
+
+
+def memory_model(run):
+    """Static part of the lsp peak-memory formula (docs/gpu.md), bytes.
+
+    bf16 trained matrices (2 bytes each), fp32 embedding/norms (4 bytes), projectors on the
+    device as int64 positions + fp32 values ((m + n) r (8 + 4)), one fp32 S accumulator
+    (d, d) per matrix, and kStagingSlots = 4 upload staging buffers of d^2 fp32.
+    """
+    shape = tuple(run["shape"][k] for k in ("hidden_size", "intermediate_size",
+                                            "num_hidden_layers", "num_attention_heads",
+                                            "num_key_value_heads"))
+    layers = shape[2]
+    d, r = run["d"], run["r"]
+    mats = matrices(shape)
+    linear = layers * sum(m * n for m, n in mats)
+    weights = 2 * linear + 4 * (param_count(shape) - linear)
+    projectors = layers * sum((m + n) * r * (8 + 4) for m, n in mats)
+    sd = layers * len(mats) * 4 * d * d + 4 * 4 * d * d
+    return {"weights_bytes": weights, "projector_bytes": projectors,
+            "s_d_buffer_bytes": sd, "static_bytes": weights + projectors + sd}
+
+
+def _tail(path, n=25):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return ""
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def _read_kv(path):
+    """key=value lines -> dict (missing file -> {})."""
+    out = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                if "=" in line:
+                    k, v = line.rstrip("\n").split("=", 1)
+                    out[k] = v
+    except OSError:
+        pass
+    return out
+
+
+def _gib(v):
+    return "-" if v is None else f"{v / 2**30:.2f}"
+
+
+def _num(v, fmt):
+    return "-" if v is None else format(v, fmt)
+
+
+def aggregate(detail, results_path):
+    """Writes results.json and returns the printed table (a string)."""
+    with open(os.path.join(detail, "manifest.json")) as f:
+        manifest = json.load(f)
+    status = {}
+    try:
+        with open(os.path.join(detail, "status.tsv")) as f:
+            for line in f:
+                name, st, rc, wall, limit = line.rstrip("\n").split("\t")[:5]
+                status[name] = {"status": st, "rc": int(rc) if rc.lstrip("-").isdigit() else None,
+                                "wall_seconds": float(wall) if wall else None,
+                                "timeout_seconds": float(limit) if limit else None}
+    except OSError:
+        pass
+    state = _read_kv(os.path.join(detail, "state.txt"))
+    runs = []
+    for run in manifest["runs"]:
+        st = status.get(run["name"], {"status": "not run", "rc": None, "wall_seconds": None,
+                                      "timeout_seconds": None})
+        res = {k: run[k] for k in ("name", "model", "model_label", "mode", "d", "r",
+                                   "micro_batch_size", "seq_len", "steps")}
+        res.update(st)
+        rows = []
+        mpath = os.path.join(run["output_dir"], "metrics.jsonl")
+        if os.path.exists(mpath):
+            with open(mpath) as f:
+                for line in f:
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError:
+                        pass
+        res.update(summarise_run(rows))
+        if st["status"] != "ok":
+            res["log_tail"] = _tail(os.path.join(run["output_dir"], "lspctl.log"))
+        if run["mode"].startswith("lsp"):
+            mm = memory_model(run)
+            peak = res.get("peak_gpu_allocated_bytes")
+            mm["measured_peak_allocated_bytes"] = peak
+            mm["implied_activation_and_workspace_bytes"] = (
+                peak - mm["static_bytes"] if peak is not None else None)
+            res["memory_model"] = mm
+        runs.append(res)
+    comparisons = {}
+    for model in dict.fromkeys(r["model"] for r in runs):
+        by = {r["mode"]: r for r in runs if r["model"] == model and r["status"] == "ok"}
+        t = {m: by[m]["mean_step_seconds"] if m in by else None
+             for m in ("native", "zero", "zero-overlap", "lsp", "lsp-custom")}
+        c = {"lsp_over_native_step": _ratio(t["lsp"], t["native"]),
+             "lsp_custom_over_native_step": _ratio(t["lsp-custom"], t["native"]),
+             "lsp_custom_over_lsp_step": _ratio(t["lsp-custom"], t["lsp"]),
+             "zero_over_lsp_step": _ratio(t["zero"], t["lsp"]),
+             "zero_overlap_over_lsp_step": _ratio(t["zero-overlap"], t["lsp"])}
+        d = next((r["d"] for r in runs if r["model"] == model), None)
+        c["targets"] = {
+            "lsp_step_le_1.10x_native": (c["lsp_over_native_step"] <= 1.10
+                                         if c["lsp_over_native_step"] is not None else None),
+            "lsp_ge_2x_faster_than_zero_overlap": (
+                c["zero_overlap_over_lsp_step"] >= 2.0
+                if c["zero_overlap_over_lsp_step"] is not None else None),
+            "d": d,
+            "note": "the 1.10x target is stated for d = 256" if d != 256 else "",
+        }
+        comparisons[model] = c
+    results = {
+        "generated_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "smoke": manifest["smoke"],
+        "device": manifest["device"],
+        "gpu": state.get("gpu", ""),
+        "git_commit": state.get("git_commit", ""),
+        "torch": state.get("torch", ""),
+        "build": state.get("build", "unknown"),
+        "cuda_tests": {"status": state.get("cuda_tests", "unknown"),
+                       "summary": state.get("cuda_tests_summary", "")},
+        "steps": manifest["steps"], "seq_len": manifest["seq_len"],
+        "definitions": {
+            "mean_step_seconds": "mean of step_seconds over steps 2..N (step 1 = warm-up)",
+            "tokens_per_second": "sum(tokens_per_second_i * step_seconds_i) / sum(step_seconds_i)"
+                                 " over steps 2..N (all input tokens)",
+            "peak_gpu_allocated_bytes": "max over steps 2..N of gpu_peak_allocated_bytes (torch "
+                                        "caching-allocator peak); null if unknown",
+            "peak_gpu_memory_used_bytes": "max over steps 2..N of gpu_memory_used_bytes (driver:"
+                                          " total - free after the step)",
+            "d2h_gbps": "sum(d2h_bytes) / sum(d2h_seconds) / 1e9 over steps 2..N (event-timed "
+                        "copies); likewise h2d_gbps",
+        },
+        "runs": runs,
+        "comparisons": comparisons,
+    }
+    tmp = results_path + ".partial"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, results_path)
+
+    head = ["model", "mode", "status", "step s", "tok/s", "peak alloc GiB", "used GiB",
+            "D2H GB/s", "H2D GB/s"]
+    table = [head]
+    for r in runs:
+        table.append([r["model"], r["mode"], r["status"], _num(r["mean_step_seconds"], ".3f"),
+                      _num(r["tokens_per_second"], ".0f"), _gib(r["peak_gpu_allocated_bytes"]),
+                      _gib(r["peak_gpu_memory_used_bytes"]), _num(r["d2h_gbps"], ".1f"),
+                      _num(r["h2d_gbps"], ".1f")])
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+    for model, c in comparisons.items():
+        lines.append(f"{model}: lsp/native step {_num(c['lsp_over_native_step'], '.2f')}x"
+                     f" (target <= 1.10 at d = 256; d = {c['targets']['d']}),"
+                     f" zero/lsp {_num(c['zero_over_lsp_step'], '.2f')}x,"
+                     f" zero+overlap/lsp {_num(c['zero_overlap_over_lsp_step'], '.2f')}x"
+                     f" (target >= 2)")
+    lines.append(f"build: {results['build']}; CUDA tests: {results['cuda_tests']['status']}"
+                 f" {results['cuda_tests']['summary']}".rstrip())
+    lines.append(f"results: {results_path}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------
+
+def _parse_specs_args(argv):
+    args = {"smoke": False, "gguf": ""}
+    it = iter(argv)
+    for a in it:
+        if a == "--smoke":
+            args["smoke"] = True
+        elif a in ("--out", "--device", "--data", "--tokenizer", "--gguf"):
+            args[a[2:]] = next(it)
+        else:
+            raise SystemExit(f"device_check specs: unknown argument {a}")
+    for k in ("out", "device", "data", "tokenizer"):
+        if k not in args:
+            raise SystemExit(f"device_check specs: --{k} is required")
+    return args
+
+
+def main(argv):
+    """Dispatches the subcommands (see the module docstring)."""
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    cmd, rest = argv[0], argv[1:]
+    try:
+        if cmd == "tokenizer-gguf" and len(rest) == 2:
+            tokenizer_gguf(*rest)
+        elif cmd == "specs":
+            make_specs(_parse_specs_args(rest))
+        elif cmd == "cuda-targets" and len(rest) == 1:
+            print("\n".join(cuda_targets(rest[0])))
+        elif cmd == "cuda-regex" and len(rest) >= 2:
+            print(cuda_regex(rest[0], set(rest[1:])))
+        elif cmd == "aggregate" and len(rest) in (1, 2):
+            detail = rest[0]
+            results = rest[1] if len(rest) == 2 else os.path.join(detail, "..", "..",
+                                                                  "results.json")
+            print(aggregate(detail, os.path.normpath(results)))
+        else:
+            print(__doc__, file=sys.stderr)
+            return 2
+    except (OSError, ValueError, KeyError) as e:
+        print(f"device_check {cmd}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
