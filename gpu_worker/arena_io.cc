@@ -203,9 +203,9 @@ absl::Status WriteTensorFile(const std::string& path, const NamedTensors& tensor
   keep.reserve(tensors.size());
   for (const auto& [name, t] : tensors) {
     const char* dtype = SafetensorsDtype(t.scalar_type());
-    if (dtype == nullptr || !t.device().is_cpu()) {
+    if (dtype == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("state tensor ", name, " in '", path,
-                                                     "': need a CPU f32/bf16/i32/i64 tensor"));
+                                                     "': need an f32/bf16/i32/i64 tensor"));
     }
     keep.push_back(t.detach().cpu().contiguous());  // Device tensors are copied to the host.
     const at::Tensor& c = keep.back();

@@ -71,6 +71,9 @@ absl::StatusOr<std::unique_ptr<DeviceOffload>> DeviceOffload::Create(void* arena
 
 DeviceOffload::~DeviceOffload() {
   Drain();
+  // Uploads may still read the arena (serial schedule: ApplyUpdates then an unload).
+  if (d2h_.get() != nullptr) (void)d2h_.Synchronize();
+  if (h2d_.get() != nullptr) (void)h2d_.Synchronize();
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
@@ -110,17 +113,24 @@ absl::Status DeviceOffload::OffloadAsync(int64_t layer, at::Tensor src, void* ds
   next_flag_ = (next_flag_ + 1) % kMaxInFlight;
   ASSIGN_OR_RETURN(auto span, NewSpan(layer, "d2h", "pcie"));
   span->bytes = static_cast<int64_t>(src.nbytes());
-  // The d2h stream starts after the compute work that formed `src` and the verdict ...
-  RETURN_IF_ERROR(span->begin.Record(lsp::cuda::DefaultStream()));
-  RETURN_IF_ERROR(lsp::cuda::StreamWaitEvent(d2h_.get(), span->begin));
+  ASSIGN_OR_RETURN(lsp::cuda::Event ready, lsp::cuda::Event::Create());
+  auto landed = std::make_shared<lsp::cuda::Event>();
+  ASSIGN_OR_RETURN(*landed, lsp::cuda::Event::Create(/*blocking_sync=*/true));
+  // The d2h stream starts after the compute work that formed `src` and the verdict; the span
+  // times the data copy alone (so bytes / seconds is the bandwidth while copying).
+  RETURN_IF_ERROR(ready.Record(lsp::cuda::DefaultStream()));
+  RETURN_IF_ERROR(lsp::cuda::StreamWaitEvent(d2h_.get(), ready));
+  RETURN_IF_ERROR(span->begin.Record(d2h_.get()));
   RETURN_IF_ERROR(lsp::cuda::CopyAsync(dst, src.data_ptr(), src.nbytes(), d2h_.get()));
+  RETURN_IF_ERROR(span->end.Record(d2h_.get()));
   RETURN_IF_ERROR(
       lsp::cuda::CopyAsync(&flags_host_[flag], verdict.data_ptr(), 1, d2h_.get()));
-  RETURN_IF_ERROR(span->end.Record(d2h_.get()));
+  RETURN_IF_ERROR(landed->Record(d2h_.get()));
   span->closed = true;
   absl::MutexLock lock(&mu_);
   spans_.push_back(span);
-  queue_.push_back(Pending{span, std::move(src), std::move(verdict), flag, std::move(on_landed)});
+  queue_.push_back(Pending{span, std::move(landed), std::move(src), std::move(verdict), flag,
+                           std::move(on_landed)});
   ++in_flight_;
   return absl::OkStatus();
 }
@@ -139,7 +149,7 @@ void DeviceOffload::WatcherLoop() {
       p = std::move(queue_.front());
       queue_.pop_front();
     }
-    absl::Status st = p.span->end.Synchronize();
+    absl::Status st = p.landed->Synchronize();  // Sleeps (blocking-sync event), no spinning.
     if (!st.ok()) LOG(ERROR) << "worker: gradient copy to the arena failed: " << st;
     // The copies are done: the device memory may be reused.
     p.keepalive = at::Tensor();
@@ -228,8 +238,13 @@ void DeviceOffload::MarkComputeEnd(int64_t layer, const std::string& what) {
 }
 
 void DeviceOffload::BeginStep() {
+  Drain();
   absl::MutexLock lock(&mu_);
-  spans_.clear();
+  std::vector<std::shared_ptr<Span>> keep;
+  for (auto& s : spans_) {
+    if (s->actor == "pcie") keep.push_back(std::move(s));
+  }
+  spans_.swap(keep);
 }
 
 absl::StatusOr<StepTransfers> DeviceOffload::EndStep(std::vector<lspo::v1::LayerEvent>* events) {

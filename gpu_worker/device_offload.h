@@ -99,7 +99,9 @@ class DeviceOffload {
   void MarkComputeBegin(int64_t layer, const std::string& what);
   void MarkComputeEnd(int64_t layer, const std::string& what);
 
-  // Starts a step's bookkeeping (clears the timeline and the totals).
+  // Starts a step's bookkeeping: waits for offloads still pending from an abandoned step,
+  // clears the compute spans and keeps the copies not yet reported (the serial schedule's
+  // uploads of the previous step, done by ApplyUpdates between two steps, count in this one).
   void BeginStep();
   // Ends the step: waits for the compute stream (one host synchronisation per step) and the
   // pending offloads, then appends every completed span/copy of the step to `events` (actor
@@ -124,6 +126,7 @@ class DeviceOffload {
   };
   struct Pending {
     std::shared_ptr<Span> span;
+    std::shared_ptr<lsp::cuda::Event> landed;  // After the data and the verdict (blocking sync).
     at::Tensor keepalive, verdict;  // Device tensors the copies read.
     int flag = 0;                   // Index of the verdict byte in flags_host_.
     std::function<void(bool)> on_landed;

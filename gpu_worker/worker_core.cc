@@ -138,6 +138,7 @@ bool PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& grad, uint32_t
                               : grad.to(at::kBFloat16).contiguous();
     const int64_t layer = i / model::kLinearsPerLayer;
     at::Tensor host = *dst;
+    CHECK_EQ(src.nbytes(), host.nbytes()) << job->linears[i].name << ": gradient vs arena slot";
     absl::Status st = job->offload->OffloadAsync(layer, std::move(src), host.data_ptr(),
                                                  [job, i, step, layer, t0](bool finite) {
       if (!finite) {
@@ -258,7 +259,8 @@ at::Tensor ToTensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols,
                     const at::Device& device) {
   at::Tensor t = at::from_blob(const_cast<int64_t*>(v.data()), {rows, cols},
                                at::TensorOptions().dtype(at::kLong));
-  return device.is_cpu() ? t.clone() : t.to(device);
+  // Device: through pinned memory, asynchronously (a pageable copy would wait for the queue).
+  return device.is_cpu() ? t.clone() : t.pin_memory().to(device, /*non_blocking=*/true);
 }
 
 // Tokenised examples of `path`; for classification data also each example's label id
@@ -377,7 +379,10 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   if (spec.weight_dtype() == "bf16" || (use_cuda && spec.weight_dtype().empty())) {
     RETURN_IF_ERROR(model.SetLinearStorageDtype(at::kBFloat16));
   }
-  if (use_cuda) {
+  if (!use_cuda) {
+    // Undo a previous CUDA job's TF32 setting (process-wide): CPU jobs keep exact fp32.
+    at::globalContext().setFloat32MatmulPrecision("highest");
+  } else {
     job->device = at::Device(at::kCUDA, 0);
     job->cuda = true;
     // fp32 compute (the model upcasts bf16 weights) on TF32 tensor cores, for every mode alike.
@@ -417,7 +422,12 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     job->p.resize(job->linears.size());
     job->q.resize(job->linears.size());
     job->s_accum.resize(job->linears.size());
-    for (auto& s : job->s_accum) s = at::zeros({d, d}, at::TensorOptions().dtype(at::kFloat).device(job->device));
+    RETURN_IF_ERROR(TorchCall("allocating the S accumulators", [&]() -> absl::Status {
+      for (auto& s : job->s_accum) {
+        s = at::zeros({d, d}, at::TensorOptions().dtype(at::kFloat).device(job->device));
+      }
+      return absl::OkStatus();
+    }));
     model.SetLinearMode(model::LinearMode::kLsp);
     WorkerJob* raw = job.get();
     model.SetCompressedGradSink([raw](int64_t i, const at::Tensor& s) {

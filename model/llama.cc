@@ -452,6 +452,14 @@ at::Tensor LlamaModel::CausalLmLoss(const at::Tensor& input_ids, const at::Tenso
   at::Tensor target = at::full({B, T_len}, -100, labels.options());  // (B, T) int64
   if (T_len > 1) target.narrow(1, 0, T_len - 1).copy_(labels.narrow(1, 1, T_len - 1));
   target = target.view(-1);                                     // (N)
+  if (h.is_cuda()) {
+    // On a GPU: lm_head over all N rows with ignore_index instead of gathering the K target
+    // rows, whose count (nonzero) would make the host wait for the forward. Same value.
+    at::Tensor logp = at::log_softmax(LmHead(h.reshape({B * T_len, -1})), -1, at::kFloat);
+    at::Tensor nll = at::nll_loss(logp, target, {}, at::Reduction::Sum, -100);  // ()
+    at::Tensor k = (target != -100).sum().clamp_min(1).to(nll.scalar_type());  // K (>= 1)
+    return nll / k;  // K == 0: 0, still attached to the graph
+  }
   at::Tensor rows = (target != -100).nonzero().view(-1);        // (K) flat row index
   if (rows.numel() == 0) return h.sum() * 0.0;                  // K == 0: zero, still a graph
   at::Tensor hsel = h.reshape({B * T_len, -1}).index_select(0, rows);  // (K, H)

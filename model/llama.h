@@ -140,8 +140,10 @@ class LlamaModel {
   // input_ids, labels: (B, T) int64 -> scalar fp32 = mean over the K non-ignored targets of
   // -log softmax(logits)[target]. lm_head and the log-softmax are computed ONLY for the K
   // hidden rows that have a target (rows are gathered before lm_head), so the cost is
-  // K x H x V instead of N x H x V. When K == 0 the result is 0 (still attached to the graph,
-  // so backward runs and yields zero gradients) where HF would return NaN.
+  // K x H x V instead of N x H x V (on CUDA all N rows are computed with ignore_index, so
+  // that the host never waits for the forward to count K). When K == 0 the result is 0
+  // (still attached to the graph, so backward runs and yields zero gradients) where HF would
+  // return NaN.
   at::Tensor CausalLmLoss(const at::Tensor& input_ids, const at::Tensor& labels);
 
   // Number of linear weights: 7 * num_layers.

@@ -87,13 +87,24 @@ void LayerCostModel::Observe(const std::vector<lspo::v1::LayerEvent>& events, do
     sum[k].assign(L, 0);
   }
   bool have_bwd = false, have_update = false;
+  // A worker on CUDA also reports device-clock spans (actor "gpu": forward/backward on the
+  // compute stream; actor "pcie": d2h/h2d copies). Its host spans then only time the
+  // enqueueing (and its "offload" runs from enqueue to landing), so use the device's.
+  const bool gpu = std::any_of(events.begin(), events.end(),
+                               [](const lspo::v1::LayerEvent& e) { return e.actor() == "gpu"; });
   for (const auto& e : events) {
     if (e.layer() < 0 || e.layer() >= L) continue;
-    auto it = sum.find(e.what());
+    std::string what = e.what();
+    if (gpu) {
+      if ((what == "forward" || what == "backward") && e.actor() != "gpu") continue;
+      if (what == "offload") continue;
+      if (what == "d2h") what = "offload";
+    }
+    auto it = sum.find(what);
     if (it == sum.end()) continue;
     it->second[e.layer()] += std::max(0.0, e.end() - e.start());
-    have_bwd |= e.what() == "backward";
-    have_update |= e.what() == "update";
+    have_bwd |= what == "backward";
+    have_update |= what == "update";
   }
   if (!have_bwd || !have_update) return;
   const double w = observed_ ? smoothing_ : 1.0;

@@ -153,7 +153,9 @@ void ResolveDefaults(JobSpec* spec) {
   if (lsp->calibration_examples() == 0) lsp->set_calibration_examples(64);
   if (lsp->master_refresh().empty()) lsp->set_master_refresh("refit");
   if (spec->schedule().empty()) spec->set_schedule("overlap");
-  if (spec->weight_dtype().empty()) {
+  // device "" is resolved by the worker (cuda when it sees a device); so is the dtype then
+  // (bf16 on the GPU, fp32 on the CPU).
+  if (spec->weight_dtype().empty() && !spec->device().empty()) {
     spec->set_weight_dtype(spec->device() == "cuda" ? "bf16" : "fp32");
   }
   auto* optim = spec->mutable_optim();
@@ -255,7 +257,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.schedule() != "serial" && spec.schedule() != "overlap") {
     return bad("schedule", spec.schedule(), "use \"overlap\" or \"serial\"");
   }
-  if (spec.weight_dtype() != "fp32" && spec.weight_dtype() != "bf16") {
+  if (spec.weight_dtype() != "fp32" && spec.weight_dtype() != "bf16" &&
+      !(spec.weight_dtype().empty() && spec.device().empty())) {
     return bad("weight_dtype", spec.weight_dtype(), "use \"fp32\" or \"bf16\"");
   }
   const auto& lsp = spec.lsp();

@@ -58,6 +58,14 @@ absl::StatusOr<Stream> Stream::CreateNonBlocking() {
 #endif
 }
 
+absl::Status Stream::Synchronize() const {
+#if LSPO_HAS_CUDA
+  LSPO_CUDA_RETURN(cudaStreamSynchronize(static_cast<cudaStream_t>(s_)));
+#else
+  return NoCuda();
+#endif
+}
+
 Stream& Stream::operator=(Stream&& o) noexcept {
   if (this != &o) {
     this->~Stream();
@@ -75,14 +83,16 @@ Stream::~Stream() {
 }
 
 // ---- Event ----
-absl::StatusOr<Event> Event::Create() {
+absl::StatusOr<Event> Event::Create(bool blocking_sync) {
 #if LSPO_HAS_CUDA
   Event e;
   cudaEvent_t raw = nullptr;
-  LSPO_CUDA_TRY(cudaEventCreate(&raw));
+  LSPO_CUDA_TRY(cudaEventCreateWithFlags(
+      &raw, blocking_sync ? cudaEventBlockingSync : cudaEventDefault));
   e.e_ = raw;
   return e;
 #else
+  (void)blocking_sync;
   return NoCuda();
 #endif
 }

@@ -46,6 +46,8 @@ class Stream {
   Stream& operator=(const Stream&) = delete;
   ~Stream();
   void* get() const { return s_; }
+  // Blocks the calling host thread until all work queued on the stream is done.
+  absl::Status Synchronize() const;
 
  private:
   void* s_ = nullptr;
@@ -54,8 +56,10 @@ class Stream {
 // A CUDA event created with timing enabled (cudaEventDefault), so that ElapsedSeconds works.
 class Event {
  public:
-  // Errors: kFailedPrecondition (no CUDA build), kInternal (cudaEventCreate).
-  static absl::StatusOr<Event> Create();
+  // `blocking_sync`: a host thread waiting in Synchronize() sleeps instead of spinning
+  // (cudaEventBlockingSync), for waiter threads that must not take a core from the CPU work.
+  // Errors: kFailedPrecondition (no CUDA build), kInternal (cudaEventCreateWithFlags).
+  static absl::StatusOr<Event> Create(bool blocking_sync = false);
   Event() = default;
   Event(Event&& o) noexcept : e_(o.e_) { o.e_ = nullptr; }
   Event& operator=(Event&& o) noexcept;

@@ -33,17 +33,18 @@ __global__ void ApplyKernel(float* w, int64_t m, int64_t n, const int32_t* pi, c
                             const int32_t* qi, const float* qv, const float* dstep, int64_t d,
                             int64_t r) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t i = blockIdx.y;
-  if (i >= m || j >= n) return;
-  float acc = 0.f;
-  for (int64_t a = 0; a < r; ++a) {
-    const float p = pv[i * r + a];
-    const float* drow = dstep + static_cast<int64_t>(pi[i * r + a]) * d;
-    float inner = 0.f;
-    for (int64_t b = 0; b < r; ++b) inner += drow[qi[j * r + b]] * qv[j * r + b];
-    acc += p * inner;
+  if (j >= n) return;
+  for (int64_t i = blockIdx.y; i < m; i += gridDim.y) {  // grid.y is capped at 65535
+    float acc = 0.f;
+    for (int64_t a = 0; a < r; ++a) {
+      const float p = pv[i * r + a];
+      const float* drow = dstep + static_cast<int64_t>(pi[i * r + a]) * d;
+      float inner = 0.f;
+      for (int64_t b = 0; b < r; ++b) inner += drow[qi[j * r + b]] * qv[j * r + b];
+      acc += p * inner;
+    }
+    w[i * n + j] += acc;
   }
-  w[i * n + j] += acc;
 }
 
 // W[i, j] += sum_{a<r} Pv[i, a] E[Pi[i, a], j] for E (d, n) fp32 row-major; one thread per
@@ -161,7 +162,8 @@ int ApplyStep(float* w, int64_t m, int64_t n, const int32_t* p_index, const floa
               int64_t r, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   dim3 block(256);
-  dim3 grid(static_cast<unsigned>((n + 255) / 256), static_cast<unsigned>(m));
+  dim3 grid(static_cast<unsigned>((n + 255) / 256),
+            static_cast<unsigned>(m < 65535 ? m : 65535));
   ApplyKernel<<<grid, block, 0, stream>>>(w, m, n, p_index, p_value, q_index, q_value, d_step,
                                           d, r);
   return static_cast<int>(cudaGetLastError());

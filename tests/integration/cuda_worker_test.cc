@@ -2,6 +2,9 @@
 // ZeRO jobs (bf16 weights on both sides) must give the same per-step losses within bf16
 // tolerance, move exactly the bytes the method says over PCIe, and report device memory and a
 // GPU timeline. Without a device only the clear-failure test runs.
+#include <stdlib.h>
+
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -81,8 +84,12 @@ void ExpectCudaMatchesCpu(v1::TrainingMode mode, const std::string& schedule) {
                 b[s].gpu_memory_used_bytes() / 1048576.0,
                 b[s].gpu_peak_allocated_bytes() / 1048576.0);
   }
-  // Every step's updates cross back to the device (overlap: some during the next forward).
+  // Every step's updates cross back to the device (overlap: some during the next forward;
+  // serial: in ApplyUpdates after the step, counted in the next one).
   if (offload) EXPECT_GT(b[4].h2d_bytes(), 0);
+  // The updates act alike: the loss moves by about the same amount on both devices.
+  const double da = a[4].loss() - a[1].loss(), db = b[4].loss() - b[1].loss();
+  if (std::abs(da) > 0.05) EXPECT_NEAR(db, da, 0.25 * std::abs(da));
 }
 
 TEST(CudaWorkerTest, LspOverlapOnCudaMatchesTheCpuPath) {
@@ -101,6 +108,26 @@ TEST(CudaWorkerTest, ZeroOverlapOnCudaMatchesTheCpuPath) {
   if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   ExpectCudaMatchesCpu(v1::MODE_ZERO, "overlap");
+}
+
+// Checkpoints (worker state with CUDA weights and projectors, copied to the host) and the
+// non-finite path (device-side verdicts read by the watcher thread) on CUDA.
+TEST(CudaWorkerTest, LspOnCudaCheckpointsAndSkipsANonFiniteStep) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  setenv("LSPO_FAULT_NONFINITE_GRAD_STEPS", "3", 1);
+  client::EmbeddedRuntime runtime;
+  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+  v1::JobSpec spec = TinySpec("cuda-ckpt", v1::MODE_LSP, "cuda", "overlap");
+  spec.set_skip_checkpoint(false);
+  spec.set_checkpoint_every(2);
+  spec.set_max_nonfinite_steps(2);
+  WatchResult w = SubmitAndWatch(stub.get(), spec);
+  unsetenv("LSPO_FAULT_NONFINITE_GRAD_STEPS");
+  ASSERT_EQ(w.last.state(), v1::SUCCEEDED) << w.last.error();
+  EXPECT_EQ(w.last.skipped_steps(), 1);
+  EXPECT_GE(w.last.last_checkpoint_step(), 2);
+  for (const auto& [step, m] : Steps(w)) EXPECT_TRUE(std::isfinite(m.loss())) << step;
 }
 
 TEST(CudaWorkerTest, NativeOnCudaMatchesTheCpuPath) {

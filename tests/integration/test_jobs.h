@@ -71,6 +71,7 @@ inline v1::JobSpec TinyMobyDickSpec(const std::string& out_dir, v1::TrainingMode
   spec.set_seq_len(32);
   spec.set_seed(7);
   spec.set_num_threads(2);
+  spec.set_device("cpu");  // The CPU reference values hold on GPU hosts too.
   spec.set_output_dir(out_dir);
   return spec;
 }

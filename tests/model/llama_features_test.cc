@@ -1,6 +1,7 @@
 // LlamaModel training features: activation checkpointing (gradients bitwise those of the plain
 // graph, dense and LSP), bf16 weight storage (forward equals fp32 weights rounded to bf16;
 // an update below bf16 resolution is lost), and the per-layer hooks' order.
+#include <cmath>
 #include <map>
 #include <memory>
 #include <vector>
@@ -129,12 +130,18 @@ TEST_F(LlamaFeaturesTest, ToCudaMovesEveryTensorAndKeepsTheLogits) {
   model_->SetLinearMode(LinearMode::kDense);
   at::NoGradGuard no_grad;
   at::Tensor ref = model_->Logits(ids_);  // (B, T, V) fp32 on the CPU
+  at::Tensor labels = ids_.clone();
+  labels.narrow(1, 0, 3).fill_(-100);  // Ignored targets, as in chat examples.
+  const double loss_ref = model_->CausalLmLoss(ids_, labels).item<double>();
   ASSERT_TRUE(model_->To(gpu).ok());
   for (const auto& [name, t] : model_->NamedTensors()) EXPECT_TRUE(t.is_cuda()) << name;
   EXPECT_TRUE(model_->LinearWeight(0).requires_grad());
   at::Tensor out = model_->Logits(ids_.to(gpu)).cpu();
   // fp32 on both sides (cuBLAS without TF32 by default): relative Frobenius error << 1e-4.
   EXPECT_LT((out - ref).norm().item<double>() / ref.norm().item<double>(), 1e-4);
+  // The GPU loss (all rows, ignore_index) equals the CPU one (gathered target rows).
+  EXPECT_NEAR(model_->CausalLmLoss(ids_.to(gpu), labels.to(gpu)).item<double>(), loss_ref,
+              1e-4 * std::abs(loss_ref));
 }
 
 TEST_F(LlamaFeaturesTest, LayerHooksRunInForwardAndBackwardOrder) {

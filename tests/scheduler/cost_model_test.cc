@@ -93,5 +93,39 @@ TEST(CostModelTest, PlansSeriallyUntilATimelineWasObservedThenUsesIt) {
   EXPECT_DOUBLE_EQ(model.times().update[0], 0.75);
 }
 
+TEST(CostModelTest, ACudaWorkersDeviceSpansReplaceItsHostSpans) {
+  LayerCostModel model(2, /*clipping=*/false);
+  std::vector<lspo::v1::LayerEvent> events;
+  auto add = [&](int layer, const char* what, const char* actor, double start, double end) {
+    lspo::v1::LayerEvent e;
+    e.set_layer(layer);
+    e.set_what(what);
+    e.set_actor(actor);
+    e.set_start(start);
+    e.set_end(end);
+    events.push_back(e);
+  };
+  // Host spans: enqueue times only (tiny forward, an offload from enqueue to landing).
+  add(0, "forward", "worker", 0, 0.01);
+  add(1, "forward", "worker", 0.01, 0.02);
+  add(1, "backward", "worker", 0.02, 0.03);
+  add(0, "backward", "worker", 0.03, 0.04);
+  add(1, "offload", "worker", 0.02, 3.0);
+  // Device spans: what the GPU really did.
+  add(0, "forward", "gpu", 0, 1);
+  add(1, "forward", "gpu", 1, 2);
+  add(1, "backward", "gpu", 2, 3);
+  add(0, "backward", "gpu", 3, 4);
+  add(1, "d2h", "pcie", 3, 3.25);
+  add(1, "update", "optimizer", 3.25, 3.75);
+  add(0, "update", "optimizer", 4, 4.5);
+  model.Observe(events, /*gap=*/0);
+  ASSERT_TRUE(model.ready());
+  EXPECT_DOUBLE_EQ(model.times().fwd[0], 1.0);
+  EXPECT_DOUBLE_EQ(model.times().bwd[1], 1.0);
+  EXPECT_DOUBLE_EQ(model.times().offload[1], 0.25);  // the copy, not enqueue-to-landing
+  EXPECT_DOUBLE_EQ(model.times().offload[0], 0.0);
+}
+
 }  // namespace
 }  // namespace lspo::scheduler
