@@ -414,11 +414,6 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     ASSIGN_OR_RETURN(job->arena,
                      runtime::ShmArena::Create(job->layout.name(), job->layout.bytes()));
     ASSIGN_OR_RETURN(job->flags, ArenaFlags(job->arena, job->layout));
-    if (job->cuda) {
-      ASSIGN_OR_RETURN(job->offload,
-                       DeviceOffload::Create(job->arena.data(), job->arena.size(),
-                                             static_cast<size_t>(d) * d * 4, job->device));
-    }
     job->p.resize(job->linears.size());
     job->q.resize(job->linears.size());
     job->s_accum.resize(job->linears.size());
@@ -443,12 +438,6 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     ASSIGN_OR_RETURN(job->arena,
                      runtime::ShmArena::Create(job->layout.name(), job->layout.bytes()));
     ASSIGN_OR_RETURN(job->flags, ArenaFlags(job->arena, job->layout));
-    if (job->cuda) {
-      size_t max_bytes = 0;
-      for (const auto& l : job->linears) max_bytes = std::max<size_t>(max_bytes, l.m * l.n * 2);
-      ASSIGN_OR_RETURN(job->offload, DeviceOffload::Create(job->arena.data(), job->arena.size(),
-                                                           max_bytes, job->device));
-    }
     model.SetLinearMode(model::LinearMode::kDense);
     WorkerJob* raw = job.get();
     for (int64_t i = 0; i < model.num_linears(); ++i) {
@@ -472,6 +461,18 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
                     .betas({o.beta1(), o.beta2()})
                     .eps(o.eps())
                     .weight_decay(o.weight_decay()));
+  }
+  if (job->cuda && (job->lsp || job->zero)) {
+    // The transfer engine; its staging slots hold the largest upload: D (d, d) fp32 in lsp
+    // mode, the largest matrix's bf16 parameters in zero mode.
+    size_t max_upload = 0;
+    for (const auto& l : job->linears) {
+      max_upload = std::max<size_t>(
+          max_upload, job->lsp ? static_cast<size_t>(spec.lsp().d()) * spec.lsp().d() * 4
+                               : static_cast<size_t>(l.m) * l.n * 2);
+    }
+    ASSIGN_OR_RETURN(job->offload, DeviceOffload::Create(job->arena.data(), job->arena.size(),
+                                                         max_upload, job->device));
   }
   job->pending_step.assign(job->linears.size(), 0);
   job->pending_decay.assign(job->linears.size(), 1.0);

@@ -655,6 +655,15 @@ at::Tensor ExpandStep(const SparseProjector& P, const at::Tensor& D, const Spars
   return internal::GatherRows(et.t().contiguous(), P.index, P.value);       // (m, n)
 }
 
+namespace {
+// E = D Q^T (P.d, n) fp32 contiguous, by gathering rows of D^T: the first stage of the fused
+// apply W += P E (CPU loops and the CUDA row kernel alike).
+at::Tensor StepTimesQt(const at::Tensor& D, const SparseProjector& Q) {
+  const at::Tensor dt = D.to(at::kFloat).t().contiguous();        // (dQ, dP)
+  return GatherKernel(dt, Q.index, Q.value).t().contiguous();    // (dP, n)
+}
+}  // namespace
+
 void ApplyStep(at::Tensor& W, const SparseProjector& P, const at::Tensor& D,
                const SparseProjector& Q) {
   CheckOperand(W, "ApplyStep", "W");
@@ -668,8 +677,7 @@ void ApplyStep(at::Tensor& W, const SparseProjector& P, const at::Tensor& D,
       (W.scalar_type() == at::kFloat || W.scalar_type() == at::kBFloat16)) {
     // Same two stages as the CPU path: E = D Q^T (dP, n) by ATen gathers, then the fused row
     // kernel W += P E (one rounding into W's dtype, no (m, n) temporary).
-    const at::Tensor dt = D.to(at::kFloat).t().contiguous();                    // (dQ, dP)
-    const at::Tensor e = GatherKernel(dt, Q.index, Q.value).t().contiguous();  // (dP, n)
+    const at::Tensor e = StepTimesQt(D, Q);                                     // (dP, n)
     const at::Tensor idx = P.index.to(at::kInt).contiguous();                   // (m, r) int32
     const at::Tensor val = P.value.to(at::kFloat).contiguous();                 // (m, r)
     const int rc = cuda::ApplyRows(W.data_ptr(), W.scalar_type() == at::kBFloat16, W.size(0),
@@ -682,8 +690,7 @@ void ApplyStep(at::Tensor& W, const SparseProjector& P, const at::Tensor& D,
   if (W.device().is_cpu() && W.is_contiguous() && !g_force_aten.load(std::memory_order_relaxed) &&
       (W.scalar_type() == at::kFloat || W.scalar_type() == at::kBFloat16)) {
     // Fused CPU path: E = D Q^T (dP, n) once, then W += P E row by row (no (m, n) temporary).
-    const at::Tensor dt = D.to(at::kFloat).t().contiguous();                    // (dQ, dP)
-    const at::Tensor e = GatherKernel(dt, Q.index, Q.value).t().contiguous();  // (dP, n)
+    const at::Tensor e = StepTimesQt(D, Q);  // (dP, n)
     const at::Tensor idx = P.index.contiguous();
     const at::Tensor val = P.value.to(at::kFloat).contiguous();
     if (W.scalar_type() == at::kFloat) {
