@@ -36,7 +36,7 @@
 #include "cpu_optimizer_service/optimizer_service.h"
 #include "lsp/adam.h"
 #include "lsp/projector.h"
-#include "model/float16.h"
+#include "runtime/float16.h"
 #include "proto/lsp_offload.grpc.pb.h"
 #include "runtime/completion_flags.h"
 #include "runtime/shm_arena.h"
@@ -155,7 +155,7 @@ void AdamOurs(benchmark::State& state, bool bf16) {
   if (bf16) {
     g16.resize(n);
     out16.resize(n);
-    for (int64_t i = 0; i < n; ++i) g16[i] = lspo::model::Fp32ToBf16(g[i]);
+    for (int64_t i = 0; i < n; ++i) g16[i] = lspo::runtime::Fp32ToBf16(g[i]);
     g = {};
     ops.grad_bf16 = g16.data();
     ops.out_bf16 = out16.data();
@@ -378,7 +378,7 @@ void BM_LayerRoundTrip(benchmark::State& state) {
   std::vector<std::unique_ptr<lspo::lsp::SubspaceAdam>> sub(7);
   for (int i = 0; i < 7; ++i) {
     if (zero) {
-      worker_bf16[i].assign(numel[i], lspo::model::Fp32ToBf16(1e-3f));
+      worker_bf16[i].assign(numel[i], lspo::runtime::Fp32ToBf16(1e-3f));
       m[i].assign(numel[i], 0.0f);
       v[i].assign(numel[i], 0.0f);
       master[i].assign(numel[i], 0.5f);

@@ -1,5 +1,5 @@
 // projector_bias_study: relative estimation bias of learned vs random (d, r)-sparse projectors
-// on HELD-OUT gradients of a real model (SmolLM2-135M-Instruct, SMS spam), method.md "Learning
+// on HELD-OUT gradients of a real model (SmolLM2-135M-Instruct, SMS spam), docs/method.md "Learning
 // the projectors" and "Math" (bias b = P P^T G Q Q^T - G, quality |b|_F / |G|_F).
 //
 // What it does:
@@ -69,7 +69,7 @@
 
 ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf",
           "GGUF checkpoint (model + tokenizer), relative to the repository root");
-ABSL_FLAG(std::string, data, "../shared/data/sms-spam/train.tsv",
+ABSL_FLAG(std::string, data, "datasets/sms-spam/train.tsv",
           "labelled training data (label<TAB>text .tsv, or .jsonl/.json)");
 ABSL_FLAG(std::string, question, "Is this message spam or ham?",
           "question put before each message (examples/smollm2-sms-spam.yaml)");
@@ -294,8 +294,8 @@ absl::Status LoadSubsets(const StudyOptions& o, const model::BpeTokenizer& tok,
   if (!rows.ok()) {
     return absl::Status(rows.status().code(),
                         absl::StrCat(rows.status().message(),
-                                     " (the shared data lives in ../shared/data relative to "
-                                     "the repository root; run from the root or pass --data)"));
+                                     " (the data sets live in datasets/ of the repository; run "
+                                     "from the repository root or pass --data)"));
   }
   const int64_t need = o.cal_examples + o.heldout_examples;
   if (static_cast<int64_t>(rows->size()) < need) {

@@ -31,7 +31,7 @@
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
-#include "proto/grpc_status.h"
+#include "runtime/rpc_status.h"
 #include "proto/lsp_offload.grpc.pb.h"
 #include "runtime/grpc_flags.h"
 #include "runtime/status_macros.h"

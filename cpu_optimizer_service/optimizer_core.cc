@@ -13,14 +13,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
-#include "gpu_worker/arena_io.h"
-#include "gpu_worker/job_assets.h"
-#include "gpu_worker/torch_call.h"
+#include "offload/arena_layout.h"
+#include "offload/arena_tensors.h"
+#include "offload/state_file.h"
+#include "offload/job_assets.h"
+#include "offload/torch_call.h"
 #include "lsp/adam.h"
 #include "lsp/fit.h"
 #include "lsp/projector.h"
-#include "model/float16.h"
+#include "runtime/float16.h"
 #include "model/safetensors.h"
+#include "runtime/clock.h"
 #include "runtime/status_macros.h"
 #include "runtime/util.h"
 #include "tbb/global_control.h"
@@ -48,7 +51,7 @@ struct LinearUndo {
 struct OptimizerJob {
   std::string id;
   // Caps oneTBB (the CPU kernels: Adam, sparse projector loops) at JobSpec.num_threads for the
-  // job's lifetime, like at::set_num_threads does for ATen (known-failures.md #16).
+  // job's lifetime, like at::set_num_threads does for ATen (docs/known-failures.md #16).
   std::unique_ptr<tbb::global_control> tbb_threads;
   lspo::v1::JobSpec spec;
   lspo::v1::ArenaLayout layout;
@@ -61,10 +64,7 @@ struct OptimizerJob {
 
 namespace {
 
-double MonotonicSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using runtime::MonotonicSeconds;
 
 }  // namespace
 
@@ -97,9 +97,10 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
   job->spec = spec;
   job->layout = layout;
   ASSIGN_OR_RETURN(job->arena, runtime::ShmArena::Attach(layout.name(), layout.bytes()));
-  ASSIGN_OR_RETURN(job->flags, worker::ArenaFlags(job->arena, layout));
+  ASSIGN_OR_RETURN(job->flags, offload::ArenaFlags(job->arena, layout));
+  RETURN_IF_ERROR(offload::NumLayers(layout).status());
   job->zero = layout.mode() == "zero";
-  ASSIGN_OR_RETURN(auto m, worker::LoadJobModel(spec));
+  ASSIGN_OR_RETURN(auto m, offload::LoadJobModel(spec));
   job->model = std::make_unique<model::LlamaModel>(std::move(m));
   if (layout.linears_size() != job->model->num_linears()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -143,7 +144,7 @@ absl::Status OptimizerCore::SetProjectors(const std::string& job_id,
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(OptimizerJob * job, Find(job_id));
   if (job->zero) return absl::FailedPreconditionError("SetProjectors needs MODE_LSP");
-  return worker::TorchCall("set projectors", [&]() -> absl::Status {
+  return offload::TorchCall("set projectors", [&]() -> absl::Status {
     at::NoGradGuard no_grad;
     const int64_t d = job->layout.d();
     for (int i : indices) {
@@ -152,9 +153,9 @@ absl::Status OptimizerCore::SetProjectors(const std::string& job_id,
       }
       const auto& slot = job->layout.linears(i);
       ASSIGN_OR_RETURN(lsp::SparseProjector p,
-                       worker::ReadProjector(job->arena, slot.p_index(), slot.p_value(), d));
+                       offload::ReadProjector(job->arena, slot.p_index(), slot.p_value(), d));
       ASSIGN_OR_RETURN(lsp::SparseProjector q,
-                       worker::ReadProjector(job->arena, slot.q_index(), slot.q_value(), d));
+                       offload::ReadProjector(job->arena, slot.q_index(), slot.q_value(), d));
       LinearState& st = job->linears[i];
       if (st.p.rows > 0) {
         // Fold the old subspace into the master weights, then move the moments.
@@ -246,7 +247,7 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
     if (gs.first_non_finite >= 0) {
       const int64_t k = gs.first_non_finite;
       return lsp::NonFiniteError(job->layout.linears(i).name(), k, g.n,
-                                 g.fp32 != nullptr ? g.fp32[k] : model::Bf16ToFp32(g.bf16[k]));
+                                 g.fp32 != nullptr ? g.fp32[k] : runtime::Bf16ToFp32(g.bf16[k]));
     }
     return gs.sum_sq;
   };
@@ -296,7 +297,7 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
       }
       RETURN_IF_ERROR(ws);
     }
-    const int layer = i / 7;
+    const int layer = i / job->layout.linears_per_layer();
     if (layer != current_layer) {
       const double now = MonotonicSeconds();
       close_layer(now);
@@ -370,14 +371,14 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> OptimizerCore::ExportLayerWeights(
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(OptimizerJob * job, Find(job_id));
   if (job->zero) return absl::FailedPreconditionError("ExportLayerWeights needs MODE_LSP");
-  const int num_layers = job->layout.linears_size() / 7;
+  ASSIGN_OR_RETURN(const int num_layers, offload::NumLayers(job->layout));
   if (layer < 0 || layer >= num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("ExportLayerWeights: layer ", layer,
                                                    " is not in [0, ", num_layers, ")"));
   }
-  RETURN_IF_ERROR(worker::TorchCall("export layer weights", [&]() -> absl::Status {
+  RETURN_IF_ERROR(offload::TorchCall("export layer weights", [&]() -> absl::Status {
     at::NoGradGuard no_grad;
-    ASSIGN_OR_RETURN(at::Tensor staging, worker::ArenaF32(job->arena, job->layout.staging()));
+    ASSIGN_OR_RETURN(at::Tensor staging, offload::ArenaF32(job->arena, job->layout.staging()));
     int64_t offset = 0;
     for (int k = 0; k < 7; ++k) {
       LinearState& st = job->linears[layer * 7 + k];
@@ -397,7 +398,7 @@ absl::StatusOr<lspo::v1::SaveReply> OptimizerCore::SaveModel(const std::string& 
   ASSIGN_OR_RETURN(OptimizerJob * job, Find(job_id));
   auto t0 = std::chrono::steady_clock::now();
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  RETURN_IF_ERROR(worker::TorchCall("materialise master weights", [&]() -> absl::Status {
+  RETURN_IF_ERROR(offload::TorchCall("materialise master weights", [&]() -> absl::Status {
     at::NoGradGuard no_grad;
     absl::flat_hash_map<std::string, int> linear_of;
     for (int i = 0; i < job->layout.linears_size(); ++i) {
@@ -437,8 +438,8 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::SaveState(const std::string&
   auto t0 = std::chrono::steady_clock::now();
   lspo::v1::StateReply reply;
   const std::string path = dir + "/optimizer_state.safetensors";
-  RETURN_IF_ERROR(worker::TorchCall("save optimizer state", [&]() -> absl::Status {
-    worker::NamedTensors tensors;
+  RETURN_IF_ERROR(offload::TorchCall("save optimizer state", [&]() -> absl::Status {
+    offload::NamedTensors tensors;
     for (int i = 0; i < job->layout.linears_size(); ++i) {
       const std::string& name = job->layout.linears(i).name();
       LinearState& st = job->linears[i];
@@ -454,12 +455,12 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::SaveState(const std::string&
         tensors.emplace_back(name + ".adam_v", at::from_blob(st.adam->v().data(), {d, d}, at::kFloat));
         tensors.emplace_back(name + ".adam_step", at::scalar_tensor(st.adam->step(), at::kLong));
         if (st.p.rows > 0) {
-          worker::AppendProjector(name + ".p", st.p, &tensors);
-          worker::AppendProjector(name + ".q", st.q, &tensors);
+          offload::AppendProjector(name + ".p", st.p, &tensors);
+          offload::AppendProjector(name + ".q", st.q, &tensors);
         }
       }
     }
-    return worker::WriteTensorFile(path, tensors,
+    return offload::WriteTensorFile(path, tensors,
                                    {{"job_id", job->id},
                                     {"mode", job->zero ? "zero" : "lsp"},
                                     {"step", std::to_string(step)}});
@@ -490,7 +491,7 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string&
                                               mode, " at step ", step));
     }
   }
-  RETURN_IF_ERROR(worker::TorchCall("load optimizer state", [&]() -> absl::Status {
+  RETURN_IF_ERROR(offload::TorchCall("load optimizer state", [&]() -> absl::Status {
     // Views into the mapped file: everything is validated before anything is copied.
     struct Loaded {
       at::Tensor master, sum_d, m, v;
@@ -503,13 +504,13 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string&
       const auto& slot = job->layout.linears(i);
       const std::string& name = slot.name();
       Loaded& l = loaded[i];
-      ASSIGN_OR_RETURN(l.master, worker::ViewStateTensor(file, what, name + ".master", at::kFloat,
+      ASSIGN_OR_RETURN(l.master, offload::ViewStateTensor(file, what, name + ".master", at::kFloat,
                                                          {slot.m(), slot.n()}));
       const std::vector<int64_t> mshape =
           job->zero ? std::vector<int64_t>{slot.m(), slot.n()} : std::vector<int64_t>{d, d};
-      ASSIGN_OR_RETURN(l.m, worker::ViewStateTensor(file, what, name + ".adam_m", at::kFloat, mshape));
-      ASSIGN_OR_RETURN(l.v, worker::ViewStateTensor(file, what, name + ".adam_v", at::kFloat, mshape));
-      ASSIGN_OR_RETURN(at::Tensor step_t, worker::ReadStateTensor(file, what, name + ".adam_step",
+      ASSIGN_OR_RETURN(l.m, offload::ViewStateTensor(file, what, name + ".adam_m", at::kFloat, mshape));
+      ASSIGN_OR_RETURN(l.v, offload::ViewStateTensor(file, what, name + ".adam_v", at::kFloat, mshape));
+      ASSIGN_OR_RETURN(at::Tensor step_t, offload::ReadStateTensor(file, what, name + ".adam_step",
                                                                   at::kLong, {}));
       l.step = step_t.item<int64_t>();
       if (l.step < 0 || (l.v < 0).any().item<bool>()) {
@@ -517,11 +518,11 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string&
                                                 " has a negative Adam step or second moment"));
       }
       if (!job->zero) {
-        ASSIGN_OR_RETURN(l.sum_d, worker::ViewStateTensor(file, what, name + ".sum_d",
+        ASSIGN_OR_RETURN(l.sum_d, offload::ViewStateTensor(file, what, name + ".sum_d",
                                                           at::kFloat, {d, d}));
         if (file.Find(name + ".p_index") != nullptr) {
-          ASSIGN_OR_RETURN(l.p, worker::ReadStateProjector(file, what, name + ".p", slot.m(), d, r));
-          ASSIGN_OR_RETURN(l.q, worker::ReadStateProjector(file, what, name + ".q", slot.n(), d, r));
+          ASSIGN_OR_RETURN(l.p, offload::ReadStateProjector(file, what, name + ".p", slot.m(), d, r));
+          ASSIGN_OR_RETURN(l.q, offload::ReadStateProjector(file, what, name + ".q", slot.n(), d, r));
         }
       }
     }

@@ -1,7 +1,7 @@
 // The CPU optimizer service's core (no RPC): fp32 master weights of every trained matrix and
 // subspace Adam (d x d moments per matrix), fed through the job's shared-memory arena.
 //
-// Master weights (design doc shared/docs/architecture.md, "Training modes"): for each trained W (m x n)
+// Master weights (design doc docs/architecture.md, "Training modes"): for each trained W (m x n)
 //   W_master = W0 + sum over subspaces e of P_e (sum_t D_t) Q_e^T
 // kept as a materialised fp32 base plus the running sum of this subspace's steps (d x d);
 // the base absorbs P (sum D) Q^T at every projector change and at export.

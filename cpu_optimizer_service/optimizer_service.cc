@@ -1,6 +1,6 @@
 #include "cpu_optimizer_service/optimizer_service.h"
 
-#include "proto/grpc_status.h"
+#include "runtime/rpc_status.h"
 
 namespace lspo::optimizer {
 

@@ -14,31 +14,14 @@
 #include "absl/strings/str_split.h"
 #include "model/chat_template.h"
 #include "nlohmann/json.hpp"
+#include "runtime/file_io.h"
 #include "runtime/status_macros.h"
 
 namespace lspo::data {
 namespace {
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
-    return absl::NotFoundError(absl::StrCat("file '", path, "' does not exist; check the path ",
-                                            "(relative paths resolve from the working "
-                                            "directory ",
-                                            std::filesystem::current_path(ec).string(), ")"));
-  }
-  if (std::filesystem::is_directory(path, ec)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", path, "' is a directory; pass a file"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot read '", path, "'; check its permissions"));
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return runtime::ReadFileToString(path, "data file");
 }
 
 // True if `s` is well-formed UTF-8 (RFC 3629: no overlongs, no surrogates, <= U+10FFFF).

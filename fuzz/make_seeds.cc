@@ -28,7 +28,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/dequant.h"
-#include "model/float16.h"
+#include "runtime/float16.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
 #include "scheduler/job_spec.h"
@@ -55,7 +55,7 @@ void WriteFile(const fs::path& path, const void* data, size_t n) {
 }
 void WriteFile(const fs::path& path, const std::string& s) { WriteFile(path, s.data(), s.size()); }
 
-// Little-endian GGUF byte writer (formats.md §1).
+// Little-endian GGUF byte writer (docs/formats.md §1).
 struct Writer {
   std::string b;
   template <typename T>
@@ -310,7 +310,7 @@ void MakeSafetensorsSeeds(const GgufFile& model, const fs::path& out) {
     uint32_t bits;
     std::memcpy(&bits, &x, 4);
     bf16.push_back(static_cast<uint16_t>(bits >> 16));
-    f16.push_back(lspo::model::Fp32ToFp16(x));
+    f16.push_back(lspo::runtime::Fp32ToFp16(x));
     f64.push_back(x);
   }
   const int64_t i64[2] = {-1, 1LL << 40};

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "runtime/clock.h"
 #include "runtime/status_macros.h"
 
 #if LSPO_TORCH_CUDA
@@ -12,15 +13,6 @@
 #endif
 
 namespace lspo::worker {
-namespace {
-
-double MonotonicNow() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<DeviceOffload>> DeviceOffload::Create(void* arena_base,
                                                                      size_t arena_bytes,
                                                                      size_t max_upload_bytes,
@@ -29,13 +21,13 @@ absl::StatusOr<std::unique_ptr<DeviceOffload>> DeviceOffload::Create(void* arena
     return absl::InvalidArgumentError(
         absl::StrCat("DeviceOffload needs a CUDA device, got ", device.str()));
   }
-  if (lsp::cuda::DeviceCount() == 0) {
+  if (runtime::cuda::DeviceCount() == 0) {
     return absl::FailedPreconditionError(
         "no CUDA device visible to the worker's transfer engine (lsp/cuda/device_runtime)");
   }
   std::unique_ptr<DeviceOffload> self(new DeviceOffload());
   self->device_ = device;
-  auto pinned = lsp::cuda::HostRegistration::Register(arena_base, arena_bytes);
+  auto pinned = runtime::cuda::HostRegistration::Register(arena_base, arena_bytes);
   if (!pinned.ok()) {
     return absl::Status(pinned.status().code(),
                         absl::StrCat("pinning the ", arena_bytes, "-byte arena: ",
@@ -46,16 +38,16 @@ absl::StatusOr<std::unique_ptr<DeviceOffload>> DeviceOffload::Create(void* arena
   }
   self->pinned_ = std::move(*pinned);
   self->flags_host_.assign(kMaxInFlight, 0);
-  ASSIGN_OR_RETURN(self->flags_pinned_, lsp::cuda::HostRegistration::Register(
+  ASSIGN_OR_RETURN(self->flags_pinned_, runtime::cuda::HostRegistration::Register(
                                             self->flags_host_.data(), self->flags_host_.size()));
-  ASSIGN_OR_RETURN(self->d2h_, lsp::cuda::Stream::CreateNonBlocking());
-  ASSIGN_OR_RETURN(self->h2d_, lsp::cuda::Stream::CreateNonBlocking());
+  ASSIGN_OR_RETURN(self->d2h_, runtime::cuda::Stream::CreateNonBlocking());
+  ASSIGN_OR_RETURN(self->h2d_, runtime::cuda::Stream::CreateNonBlocking());
   self->slot_bytes_ = std::max<size_t>(max_upload_bytes, 256);
   try {
     for (int k = 0; k < kStagingSlots; ++k) {
       self->staging_.push_back(at::empty({static_cast<int64_t>(self->slot_bytes_)},
                                          at::TensorOptions().dtype(at::kByte).device(device)));
-      ASSIGN_OR_RETURN(lsp::cuda::Event e, lsp::cuda::Event::Create());
+      ASSIGN_OR_RETURN(runtime::cuda::Event e, runtime::cuda::Event::Create());
       self->staging_free_.push_back(std::move(e));
       self->staging_used_.push_back(false);
     }
@@ -89,8 +81,8 @@ absl::StatusOr<std::shared_ptr<DeviceOffload::Span>> DeviceOffload::NewSpan(int6
   span->layer = layer;
   span->what = what;
   span->actor = actor;
-  ASSIGN_OR_RETURN(span->begin, lsp::cuda::Event::Create());
-  ASSIGN_OR_RETURN(span->end, lsp::cuda::Event::Create());
+  ASSIGN_OR_RETURN(span->begin, runtime::cuda::Event::Create());
+  ASSIGN_OR_RETURN(span->end, runtime::cuda::Event::Create());
   return span;
 }
 
@@ -113,18 +105,18 @@ absl::Status DeviceOffload::OffloadAsync(int64_t layer, at::Tensor src, void* ds
   next_flag_ = (next_flag_ + 1) % kMaxInFlight;
   ASSIGN_OR_RETURN(auto span, NewSpan(layer, "d2h", "pcie"));
   span->bytes = static_cast<int64_t>(src.nbytes());
-  ASSIGN_OR_RETURN(lsp::cuda::Event ready, lsp::cuda::Event::Create());
-  auto landed = std::make_shared<lsp::cuda::Event>();
-  ASSIGN_OR_RETURN(*landed, lsp::cuda::Event::Create(/*blocking_sync=*/true));
+  ASSIGN_OR_RETURN(runtime::cuda::Event ready, runtime::cuda::Event::Create());
+  auto landed = std::make_shared<runtime::cuda::Event>();
+  ASSIGN_OR_RETURN(*landed, runtime::cuda::Event::Create(/*blocking_sync=*/true));
   // The d2h stream starts after the compute work that formed `src` and the verdict; the span
   // times the data copy alone (so bytes / seconds is the bandwidth while copying).
-  RETURN_IF_ERROR(ready.Record(lsp::cuda::DefaultStream()));
-  RETURN_IF_ERROR(lsp::cuda::StreamWaitEvent(d2h_.get(), ready));
+  RETURN_IF_ERROR(ready.Record(runtime::cuda::DefaultStream()));
+  RETURN_IF_ERROR(runtime::cuda::StreamWaitEvent(d2h_.get(), ready));
   RETURN_IF_ERROR(span->begin.Record(d2h_.get()));
-  RETURN_IF_ERROR(lsp::cuda::CopyAsync(dst, src.data_ptr(), src.nbytes(), d2h_.get()));
+  RETURN_IF_ERROR(runtime::cuda::CopyAsync(dst, src.data_ptr(), src.nbytes(), d2h_.get()));
   RETURN_IF_ERROR(span->end.Record(d2h_.get()));
   RETURN_IF_ERROR(
-      lsp::cuda::CopyAsync(&flags_host_[flag], verdict.data_ptr(), 1, d2h_.get()));
+      runtime::cuda::CopyAsync(&flags_host_[flag], verdict.data_ptr(), 1, d2h_.get()));
   RETURN_IF_ERROR(landed->Record(d2h_.get()));
   span->closed = true;
   absl::MutexLock lock(&mu_);
@@ -182,17 +174,17 @@ absl::StatusOr<at::Tensor> DeviceOffload::UploadAsync(int64_t layer, const void*
   next_slot_ = (next_slot_ + 1) % kStagingSlots;
   // Reuse the slot only after the compute work that read it last is done.
   if (staging_used_[slot]) {
-    RETURN_IF_ERROR(lsp::cuda::StreamWaitEvent(h2d_.get(), staging_free_[slot]));
+    RETURN_IF_ERROR(runtime::cuda::StreamWaitEvent(h2d_.get(), staging_free_[slot]));
   }
   ASSIGN_OR_RETURN(auto span, NewSpan(layer, "h2d", "pcie"));
   span->bytes = static_cast<int64_t>(bytes);
   RETURN_IF_ERROR(span->begin.Record(h2d_.get()));
   RETURN_IF_ERROR(
-      lsp::cuda::CopyAsync(staging_[slot].data_ptr(), src, bytes, h2d_.get()));
+      runtime::cuda::CopyAsync(staging_[slot].data_ptr(), src, bytes, h2d_.get()));
   RETURN_IF_ERROR(span->end.Record(h2d_.get()));
   span->closed = true;
   // The compute stream waits for this copy only.
-  RETURN_IF_ERROR(lsp::cuda::StreamWaitEvent(lsp::cuda::DefaultStream(), span->end));
+  RETURN_IF_ERROR(runtime::cuda::StreamWaitEvent(runtime::cuda::DefaultStream(), span->end));
   {
     absl::MutexLock lock(&mu_);
     spans_.push_back(span);
@@ -213,14 +205,14 @@ absl::StatusOr<at::Tensor> DeviceOffload::UploadAsync(int64_t layer, const void*
 
 absl::Status DeviceOffload::ReleaseStaging() {
   if (last_slot_ < 0) return absl::OkStatus();
-  RETURN_IF_ERROR(staging_free_[last_slot_].Record(lsp::cuda::DefaultStream()));
+  RETURN_IF_ERROR(staging_free_[last_slot_].Record(runtime::cuda::DefaultStream()));
   last_slot_ = -1;
   return absl::OkStatus();
 }
 
 void DeviceOffload::MarkComputeBegin(int64_t layer, const std::string& what) {
   auto span = NewSpan(layer, "", "gpu");
-  if (!span.ok() || !(*span)->begin.Record(lsp::cuda::DefaultStream()).ok()) return;
+  if (!span.ok() || !(*span)->begin.Record(runtime::cuda::DefaultStream()).ok()) return;
   (*span)->what = what;
   absl::MutexLock lock(&mu_);
   spans_.push_back(*std::move(span));
@@ -231,7 +223,7 @@ void DeviceOffload::MarkComputeEnd(int64_t layer, const std::string& what) {
   for (auto it = spans_.rbegin(); it != spans_.rend(); ++it) {
     Span& s = **it;
     if (!s.closed && s.layer == layer && s.what == what && s.actor == "gpu") {
-      s.closed = s.end.Record(lsp::cuda::DefaultStream()).ok();
+      s.closed = s.end.Record(runtime::cuda::DefaultStream()).ok();
       return;
     }
   }
@@ -248,10 +240,10 @@ void DeviceOffload::BeginStep() {
 }
 
 absl::StatusOr<StepTransfers> DeviceOffload::EndStep(std::vector<lspo::v1::LayerEvent>* events) {
-  ASSIGN_OR_RETURN(lsp::cuda::Event end, lsp::cuda::Event::Create());
-  RETURN_IF_ERROR(end.Record(lsp::cuda::DefaultStream()));
+  ASSIGN_OR_RETURN(runtime::cuda::Event end, runtime::cuda::Event::Create());
+  RETURN_IF_ERROR(end.Record(runtime::cuda::DefaultStream()));
   RETURN_IF_ERROR(end.Synchronize());
-  const double host_end = MonotonicNow();
+  const double host_end = runtime::MonotonicSeconds();
   Drain();
   StepTransfers totals;
   std::vector<std::shared_ptr<Span>> spans;
@@ -288,7 +280,7 @@ absl::StatusOr<StepTransfers> DeviceOffload::EndStep(std::vector<lspo::v1::Layer
 }
 
 int64_t DeviceOffload::GpuMemoryUsedBytes() {
-  auto info = lsp::cuda::GetMemoryInfo();
+  auto info = runtime::cuda::GetMemoryInfo();
   return info.ok() ? static_cast<int64_t>(info->used_bytes()) : 0;
 }
 

@@ -1,5 +1,5 @@
-// The worker's CUDA transfer engine (issue 6; method.md "Per-layer offload"; architecture.md
-// "Tensors move through pinned shared memory"). Used only when the job runs on a CUDA device.
+// The worker's CUDA transfer engine (docs/method.md "Per-layer offload"; docs/architecture.md
+// "Processes and planes"). Used only when the job runs on a CUDA device.
 //
 //   compute stream  = LibTorch's current stream (the legacy default stream: the worker never
 //                     sets a stream guard) - forward, backward, compress, apply.
@@ -43,7 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "lsp/cuda/device_runtime.h"
+#include "runtime/cuda/device_runtime.h"
 #include "proto/lsp_offload.pb.h"
 
 namespace lspo::worker {
@@ -121,12 +121,12 @@ class DeviceOffload {
     std::string what;
     std::string actor;
     int64_t bytes = 0;
-    lsp::cuda::Event begin, end;
+    runtime::cuda::Event begin, end;
     bool closed = false;
   };
   struct Pending {
     std::shared_ptr<Span> span;
-    std::shared_ptr<lsp::cuda::Event> landed;  // After the data and the verdict (blocking sync).
+    std::shared_ptr<runtime::cuda::Event> landed;  // After the data and the verdict (blocking sync).
     at::Tensor keepalive, verdict;  // Device tensors the copies read.
     int flag = 0;                   // Index of the verdict byte in flags_host_.
     std::function<void(bool)> on_landed;
@@ -137,13 +137,13 @@ class DeviceOffload {
   absl::StatusOr<std::shared_ptr<Span>> NewSpan(int64_t layer, const char* what,
                                                 const char* actor);
 
-  lsp::cuda::HostRegistration pinned_;
+  runtime::cuda::HostRegistration pinned_;
   std::vector<uint8_t> flags_host_;  // kMaxInFlight verdict bytes, pinned.
-  lsp::cuda::HostRegistration flags_pinned_;
+  runtime::cuda::HostRegistration flags_pinned_;
   int next_flag_ = 0;
-  lsp::cuda::Stream d2h_, h2d_;
+  runtime::cuda::Stream d2h_, h2d_;
   std::vector<at::Tensor> staging_;                 // kStagingSlots x (max_upload_bytes) uint8.
-  std::vector<lsp::cuda::Event> staging_free_;      // Per slot: last reader done.
+  std::vector<runtime::cuda::Event> staging_free_;      // Per slot: last reader done.
   std::vector<bool> staging_used_;
   int next_slot_ = 0, last_slot_ = -1;
   size_t slot_bytes_ = 0;

@@ -24,13 +24,17 @@
 #include "absl/strings/strip.h"
 #include "data/datasets.h"
 #include "glog/logging.h"
-#include "gpu_worker/arena_io.h"
+#include "offload/arena_tensors.h"
+#include "offload/state_file.h"
 #include "gpu_worker/device_offload.h"
-#include "gpu_worker/job_assets.h"
-#include "gpu_worker/torch_call.h"
+#include "offload/job_assets.h"
+#include "offload/torch_call.h"
 #include "lsp/fit.h"
+#include "lsp/lsp_linear.h"
 #include "lsp/projector.h"
 #include "model/safetensors.h"
+#include "runtime/clock.h"
+#include "runtime/file_io.h"
 #include "runtime/status_macros.h"
 #include "runtime/util.h"
 #include "tbb/global_control.h"
@@ -47,7 +51,7 @@ struct WorkerJob {
 
   std::string id;
   // Caps oneTBB (the CPU kernels: Adam, sparse projector loops) at JobSpec.num_threads for the
-  // job's lifetime, like at::set_num_threads does for ATen (known-failures.md #16).
+  // job's lifetime, like at::set_num_threads does for ATen (docs/known-failures.md #16).
   std::unique_ptr<tbb::global_control> tbb_threads;
   JobSpec spec;
   bool lsp = true;    // MODE_LSP
@@ -59,7 +63,7 @@ struct WorkerJob {
   std::vector<int32_t> train_class;  // Classification: label id per training example.
   std::vector<data::TokenizedExample> eval;
   std::vector<std::vector<int32_t>> ppl_blocks;  // data.perplexity_path, seq_len tokens each.
-  std::vector<LinearShape> linears;
+  std::vector<offload::LinearShape> linears;
   // MODE_LSP and MODE_ZERO: the arena and its completion flags.
   runtime::ShmArena arena;
   lspo::v1::ArenaLayout layout;
@@ -87,6 +91,7 @@ struct WorkerJob {
   double wait_seconds = 0;
   // MODE_LSP.
   std::vector<lsp::SparseProjector> p, q;  // Per linear; rows == 0 until the first fit.
+  std::shared_ptr<lsp::LspLinears> lsp_linears;  // The model's LinearImpl.
   std::vector<at::Tensor> s_accum;          // Per linear, (d, d) fp32, summed over micro-batches.
   bool fitted = false;
   // MODE_NATIVE.
@@ -102,10 +107,7 @@ struct WorkerJob {
 
 namespace {
 
-double MonotonicSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using runtime::MonotonicSeconds;
 
 void AddEvent(WorkerJob* job, int64_t layer, const char* what, double start, double end) {
   lspo::v1::LayerEvent e;
@@ -131,8 +133,8 @@ bool PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& grad, uint32_t
     // copy) goes to the pinned arena on the d2h stream with a device-side finiteness verdict;
     // once both have landed (watcher thread) the flag is published. No host wait here.
     const auto& slot = job->layout.linears(i);
-    absl::StatusOr<at::Tensor> dst = job->lsp ? ArenaF32(job->arena, slot.grad())
-                                              : ArenaBf16(job->arena, slot.full_grad());
+    absl::StatusOr<at::Tensor> dst = job->lsp ? offload::ArenaF32(job->arena, slot.grad())
+                                              : offload::ArenaBf16(job->arena, slot.full_grad());
     CHECK(dst.ok()) << dst.status();
     at::Tensor src = job->lsp ? grad.to(at::kFloat).clone(at::MemoryFormat::Contiguous)
                               : grad.to(at::kBFloat16).contiguous();
@@ -170,8 +172,8 @@ bool PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& grad, uint32_t
     return false;
   }
   const auto& slot = job->layout.linears(i);
-  absl::StatusOr<at::Tensor> dst = job->lsp ? ArenaF32(job->arena, slot.grad())
-                                            : ArenaBf16(job->arena, slot.full_grad());
+  absl::StatusOr<at::Tensor> dst = job->lsp ? offload::ArenaF32(job->arena, slot.grad())
+                                            : offload::ArenaBf16(job->arena, slot.full_grad());
   CHECK(dst.ok()) << dst.status();  // The layout was validated at LoadJob.
   dst->copy_(grad);
   job->flags.PublishGrad(i, step);
@@ -198,7 +200,7 @@ absl::Status ApplyLinear(WorkerJob* job, int64_t i, uint32_t step, double decay)
   at::NoGradGuard no_grad;
   at::Tensor& w = job->model->LinearWeight(i);
   if (job->lsp) {
-    ASSIGN_OR_RETURN(at::Tensor d, ArenaF32(job->arena, slot.step()));
+    ASSIGN_OR_RETURN(at::Tensor d, offload::ArenaF32(job->arena, slot.step()));
     // D is in host memory (the arena): this check never waits for the device.
     if (!at::isfinite(d).all().item<bool>()) {
       return absl::DataLossError(absl::StrCat("step D for ", job->linears[i].name, " at step ",
@@ -213,14 +215,14 @@ absl::Status ApplyLinear(WorkerJob* job, int64_t i, uint32_t step, double decay)
     lsp::ApplyStep(w, job->p[i], d, job->q[i]);
     if (job->cuda) RETURN_IF_ERROR(job->offload->ReleaseStaging());
   } else if (job->cuda) {
-    ASSIGN_OR_RETURN(at::Tensor param, ArenaBf16(job->arena, slot.param()));
+    ASSIGN_OR_RETURN(at::Tensor param, offload::ArenaBf16(job->arena, slot.param()));
     ASSIGN_OR_RETURN(at::Tensor dev,
                      job->offload->UploadAsync(i / model::kLinearsPerLayer, param.data_ptr(),
                                                param.nbytes(), at::kBFloat16, param.sizes()));
     w.copy_(dev);
     RETURN_IF_ERROR(job->offload->ReleaseStaging());
   } else {
-    ASSIGN_OR_RETURN(at::Tensor param, ArenaBf16(job->arena, slot.param()));
+    ASSIGN_OR_RETURN(at::Tensor param, offload::ArenaBf16(job->arena, slot.param()));
     w.copy_(param);
   }
   job->offload_seconds += MonotonicSeconds() - t1;
@@ -355,9 +357,9 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   job->lsp = spec.mode() == lspo::v1::MODE_LSP;
   job->zero = spec.mode() == lspo::v1::MODE_ZERO;
   job->classification = spec.data().format() == "classification";
-  ASSIGN_OR_RETURN(auto tok, LoadJobTokenizer(spec));
+  ASSIGN_OR_RETURN(auto tok, offload::LoadJobTokenizer(spec));
   job->tokenizer = std::make_unique<model::BpeTokenizer>(std::move(tok));
-  ASSIGN_OR_RETURN(auto m, LoadJobModel(spec));
+  ASSIGN_OR_RETURN(auto m, offload::LoadJobModel(spec));
   job->model = std::make_unique<model::LlamaModel>(std::move(m));
   ASSIGN_OR_RETURN(job->train, LoadExamples(spec, *job->tokenizer, spec.data().train_path(),
                                             spec.data().max_train_examples(),
@@ -375,7 +377,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
                                               : 32));
   }
   auto& model = *job->model;
-  // bf16 weights by default on the GPU (issue 6), fp32 on the CPU (known-failures.md).
+  // bf16 weights by default on the GPU (issue 6), fp32 on the CPU (docs/known-failures.md).
   if (spec.weight_dtype() == "bf16" || (use_cuda && spec.weight_dtype().empty())) {
     RETURN_IF_ERROR(model.SetLinearStorageDtype(at::kBFloat16));
   }
@@ -409,23 +411,25 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
             l.m, " x ", l.n, "): ", s.message()));
       }
     }
-    ASSIGN_OR_RETURN(job->layout, BuildArenaLayout(job->linears, d, r,
-                                                   runtime::ShmArena::UniqueName(job_id)));
+    ASSIGN_OR_RETURN(job->layout, offload::BuildArenaLayout(job->linears, model::kLinearsPerLayer, d, r,
+                                                            runtime::ShmArena::UniqueName(job_id)));
     ASSIGN_OR_RETURN(job->arena,
                      runtime::ShmArena::Create(job->layout.name(), job->layout.bytes()));
-    ASSIGN_OR_RETURN(job->flags, ArenaFlags(job->arena, job->layout));
+    ASSIGN_OR_RETURN(job->flags, offload::ArenaFlags(job->arena, job->layout));
     job->p.resize(job->linears.size());
     job->q.resize(job->linears.size());
     job->s_accum.resize(job->linears.size());
-    RETURN_IF_ERROR(TorchCall("allocating the S accumulators", [&]() -> absl::Status {
+    RETURN_IF_ERROR(offload::TorchCall("allocating the S accumulators", [&]() -> absl::Status {
       for (auto& s : job->s_accum) {
         s = at::zeros({d, d}, at::TensorOptions().dtype(at::kFloat).device(job->device));
       }
       return absl::OkStatus();
     }));
-    model.SetLinearMode(model::LinearMode::kLsp);
+    job->lsp_linears = std::make_shared<lsp::LspLinears>(model);
+    model.SetLinearImpl(job->lsp_linears);
+    model.SetLinearMode(model::LinearMode::kCustom);
     WorkerJob* raw = job.get();
-    model.SetCompressedGradSink([raw](int64_t i, const at::Tensor& s) {
+    job->lsp_linears->SetSink([raw](int64_t i, const at::Tensor& s) {
       raw->s_accum[i].add_(s);
       if (raw->publish_step > 0 && !raw->publish_failed) {
         PublishGradient(raw, i, raw->s_accum[i], raw->publish_step);
@@ -433,11 +437,12 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     });
     *reply.mutable_arena() = job->layout;
   } else if (job->zero) {
-    ASSIGN_OR_RETURN(job->layout, BuildZeroArenaLayout(job->linears,
-                                                       runtime::ShmArena::UniqueName(job_id)));
+    ASSIGN_OR_RETURN(job->layout, offload::BuildZeroArenaLayout(
+                                   job->linears, model::kLinearsPerLayer,
+                                   runtime::ShmArena::UniqueName(job_id)));
     ASSIGN_OR_RETURN(job->arena,
                      runtime::ShmArena::Create(job->layout.name(), job->layout.bytes()));
-    ASSIGN_OR_RETURN(job->flags, ArenaFlags(job->arena, job->layout));
+    ASSIGN_OR_RETURN(job->flags, offload::ArenaFlags(job->arena, job->layout));
     model.SetLinearMode(model::LinearMode::kDense);
     WorkerJob* raw = job.get();
     for (int64_t i = 0; i < model.num_linears(); ++i) {
@@ -481,18 +486,19 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   {
     WorkerJob* raw = job.get();
     model.SetLayerHooks(
-        [raw](int64_t l) {
+        [raw](int64_t l) -> absl::Status {
           // Apply this layer's pending update just before its forward (overlap schedule).
-          absl::Status st = ApplyPending(raw, l);
-          if (!st.ok()) throw std::runtime_error(std::string(st.message()));
+          RETURN_IF_ERROR(ApplyPending(raw, l));
           raw->layer_t0 = MonotonicSeconds();
           if (raw->offload) raw->offload->MarkComputeBegin(l, "forward");
+          return absl::OkStatus();
         },
-        [raw](int64_t l) {
+        [raw](int64_t l) -> absl::Status {
           AddEvent(raw, l, "forward", raw->layer_t0, MonotonicSeconds());
           if (raw->offload) raw->offload->MarkComputeEnd(l, "forward");
+          return absl::OkStatus();
         },
-        [raw](int64_t l) {
+        [raw](int64_t l) -> absl::Status {
           const double now = MonotonicSeconds();
           AddEvent(raw, l, "backward", raw->layer_t0, now);
           raw->layer_t0 = now;
@@ -501,6 +507,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
             raw->offload->MarkComputeEnd(l, "backward");
             if (l > 0) raw->offload->MarkComputeBegin(l - 1, "backward");
           }
+          return absl::OkStatus();
         });
   }
   reply.set_train_examples(job->train.size());
@@ -528,7 +535,8 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> WorkerCore::FitProjectors(
   // name is no longer needed: unlinking now means a crash later leaves nothing in /dev/shm.
   job->arena.Unlink();
   lspo::v1::FitProjectorsReply reply;
-  absl::Status st = TorchCall("calibration gradients", [&]() -> absl::Status {
+  absl::Status st = offload::TorchCall("calibration gradients", [&]() -> absl::Status {
+    model.ClearHookStatus();
     RETURN_IF_ERROR(ApplyPending(job, -1));
     // Calibration gradient: dense G of every trained matrix, mean over the calibration
     // examples' answer tokens (a fixed subset drawn with seed + 1, re-drawn per check).
@@ -587,7 +595,9 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> WorkerCore::FitProjectors(
         if (targets == 0) continue;
         at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device),
                                              ToTensor(b.labels, b.batch_size, b.seq_len, job->device));
+        RETURN_IF_ERROR(model.HookStatus());
         (loss * (static_cast<double>(targets) / total)).backward();
+        RETURN_IF_ERROR(model.HookStatus());
       }
       for (int64_t i = i0; i < i1; ++i) {
         at::Tensor& w = model.LinearWeight(i);
@@ -638,15 +648,15 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> WorkerCore::FitProjectors(
           ++err_n;
         }
         const auto& slot = job->layout.linears(i);
-        RETURN_IF_ERROR(WriteProjector(job->arena, slot.p_index(), slot.p_value(), p));
-        RETURN_IF_ERROR(WriteProjector(job->arena, slot.q_index(), slot.q_value(), q));
-        RETURN_IF_ERROR(model.SetProjectors(i, p, q));
+        RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.p_index(), slot.p_value(), p));
+        RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.q_index(), slot.q_value(), q));
+        RETURN_IF_ERROR(job->lsp_linears->SetProjectors(i, p, q));
         job->p[i] = std::move(p);
         job->q[i] = std::move(q);
         reply.add_refitted(i);
       }
     }
-    model.SetLinearMode(model::LinearMode::kLsp);
+    model.SetLinearMode(model::LinearMode::kCustom);
     job->fitted = true;
     job->events.clear();
     LOG(INFO) << "worker: projector check at step " << step << ": " << reply.refitted_size()
@@ -655,7 +665,7 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> WorkerCore::FitProjectors(
     return absl::OkStatus();
   });
   if (!st.ok()) {
-    model.SetLinearMode(model::LinearMode::kLsp);
+    model.SetLinearMode(model::LinearMode::kCustom);
     return st;
   }
   reply.set_seconds(runtime::SecondsSince(t0));
@@ -699,7 +709,8 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
   // The optimizer attached the arena before any step: drop its name so that a crash from
   // here on leaves nothing in /dev/shm (lsp mode already did so at the first fit).
   if (offload) job->arena.Unlink();
-  absl::Status st = TorchCall("train step", [&]() -> absl::Status {
+  absl::Status st = offload::TorchCall("train step", [&]() -> absl::Status {
+    model.ClearHookStatus();
     const bool balanced = spec.data().balance_classes() && !job->train_class.empty();
     // Epoch length: every example once, or (balanced) classes x largest class size.
     const int64_t n = balanced ? static_cast<int64_t>(
@@ -748,6 +759,8 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
       auto t0 = std::chrono::steady_clock::now();
       at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device),
                                            ToTensor(b.labels, b.batch_size, b.seq_len, job->device));
+      // A failed layer hook (e.g. a pending update that timed out) keeps its status code.
+      RETURN_IF_ERROR(model.HookStatus());
       fwd += runtime::SecondsSince(t0);
       if (job->cuda) {
         at::Tensor weighted = loss.detach().to(at::kDouble) * static_cast<double>(targets);
@@ -769,6 +782,7 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
       }
       if (job->offload) job->offload->MarkComputeBegin(num_layers - 1, "backward");
       (loss * scale).backward();
+      RETURN_IF_ERROR(model.HookStatus());
       if (job->offload) {
         job->offload->MarkComputeEnd(0, "backward");
         // The step's gradients have been enqueued for offload: wait until every one has
@@ -918,7 +932,7 @@ absl::StatusOr<lspo::v1::ApplyReply> WorkerCore::ApplyUpdates(
           job->linears[i].name, " (Update first)"));
     }
     if (job->lsp) {
-      ASSIGN_OR_RETURN(at::Tensor d, ArenaF32(job->arena, job->layout.linears(i).step()));
+      ASSIGN_OR_RETURN(at::Tensor d, offload::ArenaF32(job->arena, job->layout.linears(i).step()));
       if (!at::isfinite(d).all().item<bool>()) {
         return absl::DataLossError(absl::StrCat("step D for ", job->linears[i].name,
                                                 " at step ", step,
@@ -928,7 +942,7 @@ absl::StatusOr<lspo::v1::ApplyReply> WorkerCore::ApplyUpdates(
   }
   const double decay = job->lsp ? 1.0 - request.lr() * job->spec.optim().weight_decay() : 1.0;
   lspo::v1::ApplyReply reply;
-  absl::Status st = TorchCall("apply", [&]() -> absl::Status {
+  absl::Status st = offload::TorchCall("apply", [&]() -> absl::Status {
     for (const auto& task : request.tasks()) {
       const double t1 = MonotonicSeconds();
       RETURN_IF_ERROR(ApplyLinear(job, task.index(), static_cast<uint32_t>(step), decay));
@@ -957,9 +971,9 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> WorkerCore::ImportLayerWeights(
                                                    " is not in [0, ", num_layers, ")"));
   }
   lspo::v1::LayerWeightsReply reply;
-  RETURN_IF_ERROR(TorchCall("import layer weights", [&]() -> absl::Status {
+  RETURN_IF_ERROR(offload::TorchCall("import layer weights", [&]() -> absl::Status {
     RETURN_IF_ERROR(ApplyPending(job, -1));
-    ASSIGN_OR_RETURN(at::Tensor staging, ArenaF32(job->arena, job->layout.staging()));
+    ASSIGN_OR_RETURN(at::Tensor staging, offload::ArenaF32(job->arena, job->layout.staging()));
     at::NoGradGuard no_grad;
     int64_t offset = 0;
     double max_change = 0, max_drift = 0;
@@ -989,7 +1003,8 @@ absl::StatusOr<lspo::v1::EvalMetrics> WorkerCore::Evaluate(const std::string& jo
   lspo::v1::EvalMetrics out;
   out.set_step(step);
   if (job->eval.empty() && job->ppl_blocks.empty()) return out;
-  absl::Status st = TorchCall("evaluate", [&]() -> absl::Status {
+  absl::Status st = offload::TorchCall("evaluate", [&]() -> absl::Status {
+    job->model->ClearHookStatus();
     RETURN_IF_ERROR(ApplyPending(job, -1));
     at::NoGradGuard no_grad;
     auto& model = *job->model;
@@ -1012,6 +1027,7 @@ absl::StatusOr<lspo::v1::EvalMetrics> WorkerCore::Evaluate(const std::string& jo
       data::Batch b = data::MakeBatch(rows, job->tokenizer->pad_id());
       at::Tensor ids = ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device);
       at::Tensor hidden = model.Hidden(ids);  // (B, T, H)
+      RETURN_IF_ERROR(model.HookStatus());
       // Gather every position that predicts a target, plus (classification) the position
       // before the first answer token for the greedy prediction.
       std::vector<int64_t> pos_b, pos_t, tgt;
@@ -1065,6 +1081,7 @@ absl::StatusOr<lspo::v1::EvalMetrics> WorkerCore::Evaluate(const std::string& jo
         at::Tensor t = ToTensor(ids, rows, T, job->device);
         const int64_t targets = rows * (T - 1);
         nll += model.CausalLmLoss(t, t).item<double>() * targets;
+        RETURN_IF_ERROR(model.HookStatus());
         tokens += targets;
       }
       out.set_perplexity(std::exp(nll / std::max<int64_t>(tokens, 1)));
@@ -1089,14 +1106,11 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
   lspo::v1::SaveReply reply;
   {
     const std::string path = dir + "/config.json";
-    std::ofstream out(path);
-    out << job->model->config().ToHfConfigJson("float32").dump(2) << "\n";
-    if (!out.good()) {
-      return absl::InternalError(absl::StrCat("cannot write '", path, "' (disk full?)"));
-    }
+    RETURN_IF_ERROR(runtime::WriteFileAtomically(
+        path, job->model->config().ToHfConfigJson("float32").dump(2) + "\n"));
     reply.add_files(path);
   }
-  RETURN_IF_ERROR(TorchCall("flush updates", [&] { return ApplyPending(job, -1); }));
+  RETURN_IF_ERROR(offload::TorchCall("flush updates", [&] { return ApplyPending(job, -1); }));
   RETURN_IF_ERROR(job->tokenizer->WriteHfFiles(dir));
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
     reply.add_files(dir + "/" + f);
@@ -1145,21 +1159,21 @@ absl::StatusOr<lspo::v1::StateReply> WorkerCore::SaveState(const std::string& jo
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
   auto t0 = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(TorchCall("flush updates", [&] { return ApplyPending(job, -1); }));
+  RETURN_IF_ERROR(offload::TorchCall("flush updates", [&] { return ApplyPending(job, -1); }));
   lspo::v1::StateReply reply;
-  RETURN_IF_ERROR(TorchCall("save worker state", [&]() -> absl::Status {
+  RETURN_IF_ERROR(offload::TorchCall("save worker state", [&]() -> absl::Status {
     at::NoGradGuard no_grad;
-    NamedTensors tensors;
+    offload::NamedTensors tensors;
     for (size_t i = 0; i < job->linears.size(); ++i) {
       const std::string& name = job->linears[i].name;
       tensors.emplace_back(name, job->model->LinearWeight(static_cast<int64_t>(i)).detach());
       if (job->lsp && job->p[i].rows > 0) {
-        AppendProjector(name + ".p", job->p[i], &tensors);
-        AppendProjector(name + ".q", job->q[i], &tensors);
+        offload::AppendProjector(name + ".p", job->p[i], &tensors);
+        offload::AppendProjector(name + ".q", job->q[i], &tensors);
       }
     }
     const std::string path = dir + "/worker_state.safetensors";
-    RETURN_IF_ERROR(WriteTensorFile(
+    RETURN_IF_ERROR(offload::WriteTensorFile(
         path, tensors,
         {{"job_id", job->id}, {"mode", ModeName(*job)}, {"step", std::to_string(step)},
          {"fitted", job->fitted ? "1" : "0"}}));
@@ -1184,22 +1198,22 @@ absl::StatusOr<lspo::v1::StateReply> WorkerCore::LoadState(const std::string& jo
   ASSIGN_OR_RETURN(model::SafetensorsFile file, model::SafetensorsFile::Open(path));
   RETURN_IF_ERROR(CheckStateMeta(file, path, ModeName(*job), step));
   const std::string what = absl::StrCat("worker state '", path, "'");
-  RETURN_IF_ERROR(TorchCall("load worker state", [&]() -> absl::Status {
+  RETURN_IF_ERROR(offload::TorchCall("load worker state", [&]() -> absl::Status {
     at::NoGradGuard no_grad;
     // Read and validate everything first, then commit.
     std::vector<at::Tensor> weights;
     std::vector<lsp::SparseProjector> p(job->linears.size()), q(job->linears.size());
     const bool fitted = file.metadata().count("fitted") && file.metadata().at("fitted") == "1";
     for (size_t i = 0; i < job->linears.size(); ++i) {
-      const LinearShape& ls = job->linears[i];
+      const offload::LinearShape& ls = job->linears[i];
       at::Tensor& w = job->model->LinearWeight(static_cast<int64_t>(i));
       ASSIGN_OR_RETURN(at::Tensor t,
-                       ViewStateTensor(file, what, ls.name, w.scalar_type(), w.sizes()));
+                       offload::ViewStateTensor(file, what, ls.name, w.scalar_type(), w.sizes()));
       weights.push_back(std::move(t));
       if (job->lsp && fitted) {
         const int64_t d = job->layout.d(), r = job->layout.r();
-        ASSIGN_OR_RETURN(p[i], ReadStateProjector(file, what, ls.name + ".p", ls.m, d, r));
-        ASSIGN_OR_RETURN(q[i], ReadStateProjector(file, what, ls.name + ".q", ls.n, d, r));
+        ASSIGN_OR_RETURN(p[i], offload::ReadStateProjector(file, what, ls.name + ".p", ls.m, d, r));
+        ASSIGN_OR_RETURN(q[i], offload::ReadStateProjector(file, what, ls.name + ".q", ls.n, d, r));
       }
     }
     for (size_t i = 0; i < job->linears.size(); ++i) {
@@ -1207,19 +1221,19 @@ absl::StatusOr<lspo::v1::StateReply> WorkerCore::LoadState(const std::string& jo
       job->pending_step[i] = 0;
       if (job->lsp && fitted) {
         const auto& slot = job->layout.linears(static_cast<int>(i));
-        RETURN_IF_ERROR(WriteProjector(job->arena, slot.p_index(), slot.p_value(), p[i]));
-        RETURN_IF_ERROR(WriteProjector(job->arena, slot.q_index(), slot.q_value(), q[i]));
+        RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.p_index(), slot.p_value(), p[i]));
+        RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.q_index(), slot.q_value(), q[i]));
         if (job->cuda) {
           p[i] = p[i].To(job->device);
           q[i] = q[i].To(job->device);
         }
-        RETURN_IF_ERROR(job->model->SetProjectors(static_cast<int64_t>(i), p[i], q[i]));
+        RETURN_IF_ERROR(job->lsp_linears->SetProjectors(static_cast<int64_t>(i), p[i], q[i]));
         job->p[i] = std::move(p[i]);
         job->q[i] = std::move(q[i]);
       }
     }
     if (job->lsp && fitted) {
-      job->model->SetLinearMode(model::LinearMode::kLsp);
+      job->model->SetLinearMode(model::LinearMode::kCustom);
       job->fitted = true;
     }
     if (job->adamw != nullptr) {

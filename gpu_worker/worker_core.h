@@ -2,7 +2,7 @@
 // projectors and the shared-memory arena; runs forward/backward with LSP compression, the
 // projector fit, applies the optimizer's steps, evaluates and exports the tokenizer/config.
 //
-// Per trained weight matrix W (m x n, HF layout) in MODE_LSP (method.md, "Math"):
+// Per trained weight matrix W (m x n, HF layout) in MODE_LSP (docs/method.md, "Math"):
 //   forward keeps XQ = X Q (N x d); backward forms S = (dY P)^T (X Q) = P^T G Q (d x d fp32)
 //   without ever forming G; S (summed over the step's micro-batches) goes to the arena's grad
 //   slot; ApplyUpdates reads D (d x d) from the step slot and does W += P D Q^T.

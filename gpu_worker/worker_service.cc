@@ -1,6 +1,6 @@
 #include "gpu_worker/worker_service.h"
 
-#include "proto/grpc_status.h"
+#include "runtime/rpc_status.h"
 
 namespace lspo::worker {
 

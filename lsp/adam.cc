@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
-#include "model/float16.h"
+#include "runtime/float16.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
 #include "tbb/parallel_reduce.h"
@@ -56,7 +56,7 @@ struct Fp32Grad {
 };
 struct Bf16Grad {
   __attribute__((always_inline)) static float Load(const uint16_t* g, int64_t i) {
-    return model::Bf16ToFp32(g[i]);
+    return runtime::Bf16ToFp32(g[i]);
   }
 };
 
@@ -81,7 +81,7 @@ __attribute__((always_inline)) inline void AdamBody(const StepScalars& s, float 
     if constexpr (kAccumulate) {
       const float w = out[i] * s.decay + delta;
       out[i] = w;
-      if constexpr (kBf16Out) out_bf16[i] = model::Fp32ToBf16(w);
+      if constexpr (kBf16Out) out_bf16[i] = runtime::Fp32ToBf16(w);
     } else {
       out[i] = delta;
     }
@@ -125,14 +125,14 @@ __attribute__((always_inline)) inline void StatsBody(const GradT* __restrict x, 
   for (; i + 8 <= end; i += 8) {
     for (int u = 0; u < 8; ++u) {
       const float f = Load::Load(x, i + u);
-      bad |= static_cast<uint32_t>((model::FloatBits(f) & 0x7f800000u) == 0x7f800000u);
+      bad |= static_cast<uint32_t>((runtime::FloatBits(f) & 0x7f800000u) == 0x7f800000u);
       part[u] += static_cast<double>(f) * f;
     }
   }
   double total = 0;
   for (; i < end; ++i) {
     const float f = Load::Load(x, i);
-    bad |= static_cast<uint32_t>((model::FloatBits(f) & 0x7f800000u) == 0x7f800000u);
+    bad |= static_cast<uint32_t>((runtime::FloatBits(f) & 0x7f800000u) == 0x7f800000u);
     total += static_cast<double>(f) * f;
   }
   for (int u = 0; u < 8; ++u) total += part[u];
@@ -274,7 +274,7 @@ GradientStats Stats(const T* x, int64_t n, Chunk chunk) {
     for (int64_t i = 0; i < n; ++i) {
       float f;
       if constexpr (sizeof(T) == 2) {
-        f = model::BitsToFloat(static_cast<uint32_t>(x[i]) << 16);
+        f = runtime::BitsToFloat(static_cast<uint32_t>(x[i]) << 16);
       } else {
         f = x[i];
       }

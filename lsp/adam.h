@@ -1,7 +1,8 @@
 // CPU Adam for LSP-Offload: the element-wise update kernel (used for full fp32 master weights
 // in the ZeRO baseline and for the d x d subspace moments of LSP), a finiteness check, and the
-// per-weight subspace optimizer. Torch-free (TBB only), so the CPU optimizer service does not
-// link LibTorch.
+// per-weight subspace optimizer. Torch-free (TBB only): it links without LibTorch (the
+// sanitizer builds test it so). The CPU optimizer service itself does use LibTorch, for its
+// master-weight tensors and the projector algebra of a refit.
 //
 // Dimension legend (shared by all lsp/ headers):
 //   N  tokens in a batch             m  out features of a weight (rows of W)
@@ -20,7 +21,7 @@
 //
 // Threading: AdamStep and CheckFinite use TBB parallel_for/parallel_reduce in the calling
 // thread's task arena; cap the thread count with tbb::global_control or a tbb::task_arena
-// when several processes share a host (known-failures.md #16). SubspaceAdam is not
+// when several processes share a host (docs/known-failures.md #16). SubspaceAdam is not
 // thread-safe: one instance per weight, driven by one thread at a time.
 #ifndef LSPO_LSP_ADAM_H_
 #define LSPO_LSP_ADAM_H_
@@ -50,7 +51,7 @@ struct AdamHyper {
 absl::Status ValidateAdamHyper(const AdamHyper& h);
 
 // Operands of one fused Adam/AdamW step over `n` contiguous elements (any tensor shape: the
-// caller passes numel, never size(0); known-failures.md #3). One pass over memory reads the
+// caller passes numel, never size(0); docs/known-failures.md #3). One pass over memory reads the
 // gradient, m, v (and the fp32 master) once and writes m, v, the master and the optional bf16
 // copy once: 28 bytes per element for a bf16 gradient with bf16 output (2 + 4*6 + 2), 24 for
 // the fp32 subspace step (4 + 4*4 + 4).
@@ -68,7 +69,7 @@ struct AdamOperands {
   float* out = nullptr;
   bool accumulate = false;
   // Optional (accumulate only): out_bf16[i] = bf16(out[i]) after the update, round to nearest
-  // even (model/float16.h Fp32ToBf16, NaN kept quiet). Null = no bf16 copy.
+  // even (runtime/float16.h Fp32ToBf16, NaN kept quiet). Null = no bf16 copy.
   uint16_t* out_bf16 = nullptr;
   int64_t n = 0;
 };
@@ -77,7 +78,7 @@ struct AdamOperands {
 // the project: the LSP subspace step (d*d elements, fp32 S in, D out) and the ZeRO-style full
 // update (bf16 G in, fp32 master + moments, bf16 parameter out) both run through it.
 //   step: 1-based step count AFTER the increment for this update (int64; never a 16-bit
-//         counter, known-failures.md #13). Bias corrections are computed in float64 from it.
+//         counter, docs/known-failures.md #13). Bias corrections are computed in float64 from it.
 // Element math is fp32. The loop is compiled once per ISA (AVX-512, AVX2+FMA, baseline x86-64)
 // and the best one for the running CPU is picked at load time (GCC target_clones); every n,
 // including 1 and n not a multiple of the vector width, is handled (scalar tail inside the
@@ -114,7 +115,7 @@ absl::Status CheckFinite(const float* x, int64_t n, absl::string_view what);
 // ComputeGradientStats: names `what`, the index, the count n, the value, and the fix.
 absl::Status NonFiniteError(absl::string_view what, int64_t index, int64_t n, double value);
 
-// Adam in the d x d subspace of one weight (method.md: "The CPU runs Adam in the subspace with
+// Adam in the d x d subspace of one weight (docs/method.md: "The CPU runs Adam in the subspace with
 // fp32 moments M, V (d x d) and returns the step D"). Holds M, V (d*d fp32, row-major) and an
 // int64 step counter. weight_decay is ignored here (no parameter in the subspace; apply
 // decoupled decay to the full weights). Not thread-safe.
@@ -137,7 +138,7 @@ class SubspaceAdam {
   // Number of completed steps (int64, exact beyond 2^24).
   int64_t step() const { return step_; }
   // Moments, (d, d) fp32 row-major. Mutable so that a refit can write the transferred state
-  // (method.md, paper Alg. 1); callers keep them finite and v >= 0.
+  // (docs/method.md, paper Alg. 1); callers keep them finite and v >= 0.
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
   const std::vector<float>& m() const { return m_; }

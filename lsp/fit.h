@@ -1,5 +1,5 @@
 // Learning the sparse projectors of one weight from a calibration gradient, and carrying the
-// subspace Adam state across a refit (method.md "Learning the projectors"; paper: Chen et al.,
+// subspace Adam state across a refit (docs/method.md "Learning the projectors"; paper: Chen et al.,
 // AAAI 2025, arXiv 2406.10181, Alg. 1).
 //
 // Dimension legend (shared by all lsp/ headers):
@@ -28,13 +28,13 @@
 namespace lspo::lsp {
 
 struct FitOptions {
-  // Adam steps at most (method.md: ~100). 0 = only measure the error.
+  // Adam steps at most (docs/method.md: ~100). 0 = only measure the error.
   int max_iters = 100;
-  // Adam learning rate on the projector values (method.md: 0.05-0.1).
+  // Adam learning rate on the projector values (docs/method.md: 0.05-0.1).
   double lr = 0.05;
   // Regulariser weight on |P|_F + |Q|_F (the Frobenius norms of the values).
   double beta = 0.0;
-  // Stop as soon as the relative error <= alpha (method.md: 0.2 code, 0.3 GLUE, 0.8 default).
+  // Stop as soon as the relative error <= alpha (docs/method.md: 0.2 code, 0.3 GLUE, 0.8 default).
   double alpha = 0.0;
   // Evaluate the objective in float64 (default): the identity above subtracts terms of size
   // ~|P S Q^T|^2 that can exceed |G|^2 by 10^3 at initialisation, so fp32 would lose ~4 digits.
@@ -53,7 +53,7 @@ struct FitResult {
 };
 
 // Fits the non-zero values of P and Q (positions fixed) by Adam (torch::optim::Adam, autograd)
-// to minimise  |P P^T G Q Q^T - G|_F / |G|_F + beta (|P|_F + |Q|_F)  (method.md). Keeps the
+// to minimise  |P P^T G Q Q^T - G|_F / |G|_F + beta (|P|_F + |Q|_F)  (docs/method.md). Keeps the
 // values with the lowest objective seen (or the first whose error <= alpha, where the loop
 // stops); stops early on a non-finite objective. On success P->value and Q->value hold the
 // kept values (fp32, same device, requires_grad false).
@@ -61,14 +61,14 @@ struct FitResult {
 // Errors (projectors untouched):
 //   kInvalidArgument    null/invalid projectors, G not 2-D floating, shape or device mismatch,
 //                       bad options (max_iters < 0, lr <= 0, beta < 0, alpha < 0, non-finite),
-//                       non-finite G (known-failures.md #12; the count and first index named).
+//                       non-finite G (docs/known-failures.md #12; the count and first index named).
 //   kFailedPrecondition G is all zero ("gradient is all zero, nothing to fit").
 //   kInternal           a LibTorch error during the fit.
 absl::StatusOr<FitResult> FitProjectors(const at::Tensor& G, SparseProjector* P,
                                         SparseProjector* Q, const FitOptions& options);
 
 // Carries the subspace Adam moments into a new subspace after a refit (paper Alg. 1;
-// method.md "On a refit, carry the Adam state"):
+// docs/method.md "On a refit, carry the Adam state"):
 //   M <- (P'^T P) M (Q^T Q'),    V <- (P'^T P)^2 V (Q^T Q')^2   (squares element-wise),
 // with P, Q the old and P', Q' the new projectors. The step counter is not touched (callers
 // keep it). P'^T P (d', d) and Q^T Q' (d, d') are formed sparsely in O(m r r' + n r r').

@@ -1,4 +1,4 @@
-// Learned (d, r)-sparse projectors and the sparse kernels of LSP-Offload (method.md "Math, per
+// Learned (d, r)-sparse projectors and the sparse kernels of LSP-Offload (docs/method.md "Math, per
 // weight matrix W"; paper: Chen et al., AAAI 2025, arXiv 2406.10181, Sec. "Learned sparse
 // projectors" and Alg. 1).
 //
@@ -45,14 +45,14 @@ struct SparseProjector {
 
   // A fresh projector on the CPU: per row, r distinct columns drawn uniformly without
   // replacement (Floyd's algorithm, sorted ascending), values ~ N(0, 1/r) (std 1/sqrt(r)), so
-  // E[P P^T] = I (method.md). Deterministic for a given seed: positions are bit-identical on
+  // E[P P^T] = I (docs/method.md). Deterministic for a given seed: positions are bit-identical on
   // every platform (mt19937_64 + own unbiased integer draws, no implementation-defined std
   // distributions); values use Box-Muller with std::log/cos, identical up to libm rounding.
   // kInvalidArgument if rows <= 0, d <= 0, r <= 0 or r > d.
   static absl::StatusOr<SparseProjector> Random(int64_t rows, int64_t d, int64_t r,
                                                 uint64_t seed);
 
-  // Wraps existing tensors (e.g. read from a checkpoint; known-failures.md #11) after
+  // Wraps existing tensors (e.g. read from a checkpoint; docs/known-failures.md #11) after
   // Validate(). index (rows, r) integer, value (rows, r) floating (converted to int64 / fp32 on
   // the same device). kInvalidArgument on any violation of the invariants.
   static absl::StatusOr<SparseProjector> FromTensors(const at::Tensor& index,
@@ -71,7 +71,7 @@ struct SparseProjector {
 };
 
 // Validates the shapes of one weight's projector pair before anything is allocated
-// (method.md "Unguarded edge cases"; known-failures.md #10). W is (m, n), P (m, d), Q (n, d).
+// (docs/method.md "Unguarded edge cases"; docs/known-failures.md #10). W is (m, n), P (m, d), Q (n, d).
 // kInvalidArgument if m, n, d or r <= 0, d >= min(m, n) (the subspace would not compress:
 // message says "choose d < min(m, n) = <value>"), or r > d ("choose r <= d").
 absl::Status CheckProjectorShapes(int64_t m, int64_t n, int64_t d, int64_t r);
@@ -82,7 +82,7 @@ absl::Status CheckProjectorShapes(int64_t m, int64_t n, int64_t d, int64_t r);
 // P.value (when grad mode is on and either requires grad, the ATen path is taken).
 at::Tensor ProjectRows(const at::Tensor& X, const SparseProjector& P);
 
-// The compressed weight gradient of a linear layer without materialising G (method.md):
+// The compressed weight gradient of a linear layer without materialising G (docs/method.md):
 //   S = P^T G Q with G = dY^T X, computed as S = (dY P)^T (X Q).
 // dY: (N, m) any floating dtype (cast to fp32 before the projection); XQ: (N, d) = X Q from
 // ProjectRows (any floating dtype); P: (m, d). Returns (d, d) fp32 (fp64 if dY and XQ are both
@@ -99,13 +99,13 @@ at::Tensor CompressDense(const at::Tensor& G, const SparseProjector& P, const Sp
 // Returns (P.rows, Q.rows) fp32 (fp64 if D is fp64). Cost O(n d r + m n r).
 at::Tensor ExpandStep(const SparseProjector& P, const at::Tensor& D, const SparseProjector& Q);
 
-// W <- W + P D Q^T in place (method.md "Apply on the GPU before the layer's next forward").
+// W <- W + P D Q^T in place (docs/method.md "Apply on the GPU before the layer's next forward").
 // W: (m, n) fp32/bf16/fp16/fp64, any device. The sum is formed in fp32 (fp64 for fp64 W) and
 // rounded to W's dtype once (no double rounding of the step into bf16).
 void ApplyStep(at::Tensor& W, const SparseProjector& P, const at::Tensor& D,
                const SparseProjector& Q);
 
-// Relative estimation bias of the pair on G (method.md): |P P^T G Q Q^T - G|_F / |G|_F.
+// Relative estimation bias of the pair on G (docs/method.md): |P P^T G Q Q^T - G|_F / |G|_F.
 // G: (m, n) floating. Computed in fp64 over row blocks of G (memory O(d n + block n)), with S =
 // P^T G Q and the residual P S Q^T - G formed block by block; never densifies P or Q.
 // Returns 0 when |G|_F == 0 (a zero gradient has no bias, by convention); returns NaN if G has

@@ -1,4 +1,4 @@
-// ChatML template; see chat_template.h and formats.md §5.
+// ChatML template; see chat_template.h and docs/formats.md §5.
 #include "model/chat_template.h"
 
 #include "absl/strings/str_cat.h"

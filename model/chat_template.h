@@ -1,7 +1,7 @@
 // ChatML prompt rendering for SmolLM2-Instruct. Torch-free.
 //
 // Reproduces, character for character, the Jinja template stored in the GGUF
-// (tokenizer.chat_template; formats.md §5):
+// (tokenizer.chat_template; docs/formats.md §5):
 //   {% for message in messages %}
 //     {% if loop.first and messages[0]['role'] != 'system' %}
 //       {{ '<|im_start|>system\n' + DEFAULT_SYSTEM + '<|im_end|>\n' }}
@@ -28,7 +28,7 @@ struct ChatMessage {
   std::string content;
 };
 
-// SmolLM2-Instruct's built-in system prompt (no final period, formats.md §5).
+// SmolLM2-Instruct's built-in system prompt (no final period, docs/formats.md §5).
 inline constexpr absl::string_view kSmolLmDefaultSystemPrompt =
     "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 

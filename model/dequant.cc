@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "model/float16.h"
+#include "runtime/float16.h"
 
 namespace lspo::model {
 namespace {
@@ -58,7 +58,7 @@ const TypeTraits* Traits(uint32_t id) {
 inline uint16_t LoadU16(const uint8_t* p) {
   return static_cast<uint16_t>(p[0] | (static_cast<uint16_t>(p[1]) << 8));
 }
-inline float LoadF16(const uint8_t* p) { return Fp16ToFp32(LoadU16(p)); }
+inline float LoadF16(const uint8_t* p) { return runtime::Fp16ToFp32(LoadU16(p)); }
 inline uint32_t LoadU32(const uint8_t* p) {
   return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
          (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
@@ -117,7 +117,7 @@ void DequantQ8_0(const uint8_t* b, float* y) {  // d | i8 qs[32]
 
 // ---- 256-element K block types. ----
 
-// 6-bit scale / min of sub-block j (0..7) from the 12 packed bytes (formats.md §2).
+// 6-bit scale / min of sub-block j (0..7) from the 12 packed bytes (docs/formats.md §2).
 inline void ScaleMinK4(int j, const uint8_t* s, int* sc, int* mn) {
   if (j < 4) {
     *sc = s[j] & 63;
@@ -290,7 +290,7 @@ absl::Status DequantizeRow(GgmlType type, const uint8_t* src, size_t src_bytes, 
       for (int64_t i = 0; i < n; ++i) dst[i] = LoadF16(src + 2 * i);
       return absl::OkStatus();
     case GgmlType::kBF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFp32(LoadU16(src + 2 * i));
+      for (int64_t i = 0; i < n; ++i) dst[i] = runtime::Bf16ToFp32(LoadU16(src + 2 * i));
       return absl::OkStatus();
     default:
       break;

@@ -1,6 +1,6 @@
 // ggml tensor element types and their dequantisation to f32 (torch-free).
 //
-// Source: formats.md §2 (block structs from ggml-common.h, dequant formulas from ggml-quants.c
+// Source: docs/formats.md §2 (block structs from ggml-common.h, dequant formulas from ggml-quants.c
 // and gguf-py quants.py). A quantised tensor row of `n` elements is n/B consecutive blocks of
 // `type_size` bytes; blocks never cross a row. Legend: B = elements per block, d/m/dmin = f16
 // scales, lo(b) = b & 15, hi(b) = b >> 4.
@@ -72,7 +72,7 @@ absl::StatusOr<uint64_t> GgmlRowBytes(GgmlType type, int64_t ne0);
 
 // Dequantises `n` elements (a whole number of blocks) from `src` (`src_bytes` readable bytes,
 // ggml block layout, little-endian) into `dst` (n f32 values, caller-owned, must not alias src).
-// Formulas: formats.md §2 / the table at the top of this file.
+// Formulas: docs/formats.md §2 / the table at the top of this file.
 // Errors: kInvalidArgument if n < 0, n % B != 0 or src_bytes < n / B * type_size;
 // kUnimplemented for Q2_K, Q3_K, Q8_K and unknown types.
 absl::Status DequantizeRow(GgmlType type, const uint8_t* src, size_t src_bytes, int64_t n,

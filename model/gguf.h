@@ -1,6 +1,6 @@
 // Bounded, torch-free reader of GGUF v2/v3 files (llama.cpp model checkpoints).
 //
-// File layout (formats.md §1; ggml docs/gguf.md, ggml src/gguf.cpp), all little-endian:
+// File layout (docs/formats.md §1; ggml docs/gguf.md, ggml src/gguf.cpp), all little-endian:
 //   "GGUF" | u32 version (2 or 3) | u64 n_tensors | u64 n_kv
 //   | n_kv x (string key, u32 value_type, value)
 //   | n_tensors x (string name, u32 n_dims <= 4, u64 ne[n_dims], u32 ggml_type, u64 offset)

@@ -1,7 +1,7 @@
 // Hugging Face Llama tensor names <-> GGUF (llama.cpp) tensor names, and loading a GGUF tensor
 // in the Hugging Face layout (torch-free).
 //
-// Source: formats.md §3 (llama.cpp convert_hf_to_gguf.py, transformers
+// Source: docs/formats.md §3 (llama.cpp convert_hf_to_gguf.py, transformers
 // integrations/ggml.py + modeling_gguf_pytorch_utils.py). Mapping (L = "model.layers.N."):
 //   model.embed_tokens.weight             <-> token_embd.weight
 //   L input_layernorm.weight              <-> blk.N.attn_norm.weight

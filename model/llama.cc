@@ -1,4 +1,4 @@
-// Llama decoder forward pass and the LSP linear autograd node. Legend and formulas: llama.h.
+// Llama decoder forward pass. Legend and formulas: llama.h.
 #include "model/llama.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -36,59 +36,6 @@ std::string ShapeString(at::IntArrayRef shape) {
 
 std::string LayerPrefix(int64_t layer) { return absl::StrCat("model.layers.", layer, "."); }
 
-// Backward node of an LSP linear y = x W^T over N tokens (method.md "Math").
-// Input: dY (N, m). Output: dX = dY W (N, n), only when x needs a gradient.
-// Side effect: S = (dY P)^T XQ = P^T G Q (d, d) fp32 handed to the sink. No weight gradient.
-struct LspLinearBackward : public torch::autograd::Node {
-  variable_list apply(variable_list&& grads) override {
-    const at::Tensor& dy = grads[0];  // (N, m)
-    at::Tensor dx;                    // (N, n)
-    if (dy.defined()) {
-      at::Tensor w = weight.unpack();  // (m, n); throws if W was modified after the forward
-      if (task_should_compute_output(0)) dx = at::mm(dy, w);
-      if (sink != nullptr && sink->sink) {
-        at::Tensor s = lsp::CompressFactored(dy, xq, p);  // (d, d) fp32
-        sink->sink(linear_index, s);
-      }
-    }
-    return {dx};
-  }
-  void release_variables() override {
-    weight.reset_data();
-    xq = at::Tensor();
-  }
-  std::string name() const override { return "LspLinearBackward"; }
-
-  torch::autograd::SavedVariable weight;  // W (m, n) fp32
-  at::Tensor xq;                           // X Q (N, d) fp32
-  lsp::SparseProjector p;                  // P (m, d)
-  int64_t linear_index = 0;
-  std::shared_ptr<internal::SinkHolder> sink;
-};
-
-// y = x W^T recorded with an LspLinearBackward node. x2d (N, n), w (m, n) -> (N, m).
-at::Tensor LspLinearForward(const at::Tensor& x2d, const at::Tensor& w, int64_t linear_index,
-                            const lsp::SparseProjector& p, const lsp::SparseProjector& q,
-                            const std::shared_ptr<internal::SinkHolder>& sink) {
-  at::Tensor y;   // (N, m)
-  at::Tensor xq;  // (N, d)
-  {
-    at::NoGradGuard no_grad;
-    y = at::mm(x2d, w.t());
-    if (sink->sink) xq = lsp::ProjectRows(x2d, q);
-  }
-  auto node = std::shared_ptr<LspLinearBackward>(new LspLinearBackward(),
-                                                 torch::autograd::deleteNode);
-  node->weight = torch::autograd::SavedVariable(w, /*is_output=*/false);
-  node->xq = xq;
-  node->p = p;
-  node->linear_index = linear_index;
-  node->sink = xq.defined() ? sink : nullptr;
-  node->set_next_edges(torch::autograd::collect_next_edges(x2d));
-  torch::autograd::create_gradient_edge(y, std::move(node));
-  return y;
-}
-
 // Concatenation of the two halves swapped: [x2, x1] for x = [x1, x2] along the last dim.
 at::Tensor SwapHalves(const at::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
@@ -101,7 +48,7 @@ at::Tensor SwapHalves(const at::Tensor& x) {
 // the forward runs without recording (autograd Functions run their forward in no-grad mode)
 // and saves only the layer input; the backward recomputes the layer with grad mode on and
 // runs a nested backward through it, which accumulates dense weight gradients and fires the
-// LSP sinks exactly as the plain graph would, then returns the input gradient.
+// custom linears' backward exactly as the plain graph would, then returns the input gradient.
 struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h,
                             int64_t model_ptr, int64_t layer, const at::Tensor& cos,
@@ -167,7 +114,6 @@ LlamaModel LlamaModel::Allocate(const LlamaConfig& c) {
     add("lm_head.weight", {c.vocab_size, H});
   }
   model.modes_.assign(model.linear_slot_.size(), LinearMode::kFrozen);
-  model.projectors_.resize(model.linear_slot_.size());
   return model;
 }
 
@@ -288,15 +234,13 @@ at::Tensor LlamaModel::Linear(const at::Tensor& x, int64_t linear_index) {
   out_shape.back() = m;
   at::Tensor x2d = x.reshape({-1, n});  // (N, n)
   const LinearMode mode = modes_[static_cast<size_t>(linear_index)];
-  if (mode == LinearMode::kLsp && at::GradMode::is_enabled()) {
-    const auto& pq = projectors_[static_cast<size_t>(linear_index)];
-    if (pq.has_value()) {
-      return LspLinearForward(x2d, w, linear_index, pq->first, pq->second, sink_)
-          .view(out_shape);
+  if (mode == LinearMode::kCustom && at::GradMode::is_enabled()) {
+    if (linear_impl_ != nullptr) {
+      return linear_impl_->Forward(x2d, w, linear_index).view(out_shape);
     }
     LOG_FIRST_N(WARNING, 8) << "LlamaModel: linear " << LinearName(linear_index)
-                            << " is in kLsp mode without projectors; treated as frozen "
-                               "(call SetProjectors first)";
+                            << " is in kCustom mode without a LinearImpl; treated as frozen "
+                               "(call SetLinearImpl first)";
   }
   return at::mm(x2d, w.t()).view(out_shape);  // (..., m)
 }
@@ -357,11 +301,11 @@ at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids) {
     h = h.detach().requires_grad_(true);
   }
   for (int64_t l = 0; l < config_.num_layers; ++l) {
-    if (pre_forward_) pre_forward_(l);
+    hook_state_->Run(pre_forward_, l);
     if (grad && post_backward_ && h.requires_grad()) {
-      LayerHook hook = post_backward_;
-      h.register_hook([hook, l](const at::Tensor& g) {
-        hook(l);
+      // Captures the shared state, not `this`: the model may be moved before the backward.
+      h.register_hook([hook = post_backward_, state = hook_state_, l](const at::Tensor& g) {
+        state->Run(hook, l);
         return g;
       });
     }
@@ -370,7 +314,7 @@ at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids) {
     } else {
       h = DecoderLayer(h, l, cos, sin, mask);
     }
-    if (post_forward_) post_forward_(l);
+    hook_state_->Run(post_forward_, l);
   }
   return RmsNorm(h, T(final_norm_slot_));  // (B, T, H)
 }
@@ -385,6 +329,28 @@ at::Tensor LlamaModel::DecoderLayer(const at::Tensor& h_in, int64_t l, const at:
   at::Tensor gate = Linear(a, lin + static_cast<int64_t>(LinearKind::kGate));  // (B, T, F)
   at::Tensor up = Linear(a, lin + static_cast<int64_t>(LinearKind::kUp));      // (B, T, F)
   return h + Linear(at::silu(gate) * up, lin + static_cast<int64_t>(LinearKind::kDown));
+}
+
+void LlamaModel::HookState::Run(const LayerHook& hook, int64_t layer) {
+  if (!hook) return;
+  {
+    absl::MutexLock lock(&mu);
+    if (!status.ok()) return;
+  }
+  absl::Status s = hook(layer);  // Not under mu: a hook may read HookStatus().
+  if (s.ok()) return;
+  absl::MutexLock lock(&mu);
+  if (status.ok()) status = std::move(s);
+}
+
+absl::Status LlamaModel::HookStatus() const {
+  absl::MutexLock lock(&hook_state_->mu);
+  return hook_state_->status;
+}
+
+void LlamaModel::ClearHookStatus() {
+  absl::MutexLock lock(&hook_state_->mu);
+  hook_state_->status = absl::OkStatus();
 }
 
 void LlamaModel::SetLayerHooks(LayerHook pre_forward, LayerHook post_forward,
@@ -417,12 +383,8 @@ absl::Status LlamaModel::To(const at::Device& device) {
       // A tied lm_head shares embed's slot, so every tensor moves exactly once.
       moved.push_back(t.detach().to(device).requires_grad_(t.requires_grad()));
     }
-    auto projectors = projectors_;
-    for (auto& pq : projectors) {
-      if (pq.has_value()) pq = std::make_pair(pq->first.To(device), pq->second.To(device));
-    }
+    if (linear_impl_ != nullptr) RETURN_IF_ERROR(linear_impl_->To(device));
     tensors_ = std::move(moved);
-    projectors_ = std::move(projectors);
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot move the model to device '", device.str(), "': ", e.what_without_backtrace(),
@@ -496,42 +458,6 @@ void LlamaModel::SetLinearMode(int64_t i, LinearMode mode) {
 
 void LlamaModel::ZeroLinearGrads() {
   for (int64_t i = 0; i < num_linears(); ++i) LinearWeight(i).mutable_grad() = at::Tensor();
-}
-
-absl::Status LlamaModel::SetProjectors(int64_t i, lsp::SparseProjector P,
-                                       lsp::SparseProjector Q) {
-  if (i < 0 || i >= num_linears()) {
-    return absl::InvalidArgumentError(absl::StrCat("SetProjectors: linear index ", i,
-                                                   " is not in [0, ", num_linears(), ")"));
-  }
-  const at::Tensor& w = LinearWeight(i);
-  if (P.rows != w.size(0) || Q.rows != w.size(1) || P.d != Q.d || P.d <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "SetProjectors(", LinearName(i), "): W is (", w.size(0), ", ", w.size(1),
-        ") so P must be (", w.size(0), ", d) and Q (", w.size(1), ", d) with one d > 0; got P (",
-        P.rows, ", ", P.d, "), Q (", Q.rows, ", ", Q.d, ")"));
-  }
-  projectors_[static_cast<size_t>(i)] = std::make_pair(std::move(P), std::move(Q));
-  return absl::OkStatus();
-}
-
-bool LlamaModel::HasProjectors(int64_t i) const {
-  return i >= 0 && i < num_linears() && projectors_[static_cast<size_t>(i)].has_value();
-}
-
-absl::Status LlamaModel::ValidateLspReady() const {
-  for (int64_t i = 0; i < num_linears(); ++i) {
-    if (modes_[static_cast<size_t>(i)] == LinearMode::kLsp && !HasProjectors(i)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "linear ", i, " (", LinearName(i),
-          ") is in LinearMode::kLsp but has no projectors; call SetProjectors first"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-void LlamaModel::SetCompressedGradSink(CompressedGradSink sink) {
-  sink_->sink = std::move(sink);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedTensors() const {

@@ -1,5 +1,6 @@
-// Llama-family decoder (HF `LlamaForCausalLM` semantics) in LibTorch, with linear layers that
-// can be trained through LSP-Offload's compressed gradient S = P^T G Q.
+// Llama-family decoder (HF `LlamaForCausalLM` semantics) in LibTorch. How a trained linear
+// layer computes its backward is a seam (model/linear_impl.h): the model knows no training
+// method (LSP-Offload's compressed gradients are lsp/lsp_linear.h).
 //
 // Dimension legend (every tensor below carries one of these shape comments):
 //   B batch rows, T sequence length, N = B·T tokens (or K selected tokens), V vocab,
@@ -8,7 +9,7 @@
 //   m out-features and n in-features of a linear weight W (m, n) (HF layout: y = x W^T),
 //   d subspace dimension of the projectors P (m, d), Q (n, d).
 //
-// Forward (HF modeling_llama.py; formats.md §3/§5):
+// Forward (HF modeling_llama.py; docs/formats.md §3/§5):
 //   h0 = embed_tokens[ids]                                   (B, T, H)
 //   per layer: a = RMSNorm(h) ; q,k,v = a Wq^T, a Wk^T, a Wv^T ; RoPE(q, k) ;
 //              o = softmax(q k^T / sqrt(hd) + causal) v  (GQA: q head j uses kv head j / G) ;
@@ -22,15 +23,10 @@
 // for every real token, so no attention mask is taken. Left padding is NOT supported (the
 // pads would shift RoPE positions and be attended to).
 //
-// LSP linear (method.md "Math"): for a linear y = x W^T over N tokens with upstream gradient
-// dY (N, m), the weight gradient is G = dY^T X (m, n). In LinearMode::kLsp the forward saves
-// XQ = X Q (N, d) and the backward computes dX = dY W and S = (dY P)^T XQ = P^T G Q (d, d) fp32
-// (lsp::CompressFactored), hands S to the CompressedGradSink and returns NO weight gradient:
-// G is never materialised.
-//
 // Thread-safety: not thread-safe. One thread at a time may run forward/backward or mutate the
 // model; distinct models are independent. Intra-op parallelism follows at::get_num_threads()
-// (callers set it with at::set_num_threads). The sink runs on the thread that calls backward.
+// (callers set it with at::set_num_threads). Hooks and a LinearImpl's backward run on the
+// thread that calls backward.
 #ifndef LSPO_MODEL_LLAMA_H_
 #define LSPO_MODEL_LLAMA_H_
 
@@ -47,7 +43,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "lsp/projector.h"
+#include "absl/synchronization/mutex.h"
+#include "model/linear_impl.h"
 #include "model/llama_config.h"
 
 namespace lspo::model {
@@ -68,43 +65,26 @@ enum class LinearMode {
   // W.requires_grad() == true: autograd accumulates the full G (m, n) fp32 into W.grad()
   // (used for calibration gradients and the `zero`/`native` baselines).
   kDense,
-  // Custom autograd: forward saves XQ = X Q (N, d); backward returns dX = dY W and gives
-  // S = P^T G Q (d, d) fp32 to the sink. W.requires_grad() == false, W.grad() never formed.
-  // The backward node runs even when nothing upstream is trainable (e.g. layer 0 with a
-  // frozen embedding), so loss.backward() works with every parameter frozen. W must not be
-  // modified in place between a forward and its backward (the node saves W and checks its
-  // version, as autograd does: a violation throws c10::Error from backward()).
-  // Needs projectors (SetProjectors); a kLsp linear without projectors behaves as kFrozen
-  // (a warning is logged; ValidateLspReady() reports it).
-  kLsp,
+  // The installed LinearImpl computes the linear with grad mode on (SetLinearImpl), e.g. the
+  // LSP node (lsp/lsp_linear.h). W.requires_grad() == false. Under at::NoGradGuard, or with no
+  // LinearImpl installed, the linear computes as kFrozen.
+  kCustom,
 };
 
-// Receives S (d, d) fp32 of linear `linear_index` during backward (see
-// LlamaModel::SetCompressedGradSink).
-using CompressedGradSink =
-    std::function<void(int64_t linear_index, const at::Tensor& S /* (d, d) fp32 */)>;
-
-// Called with a decoder layer index (see LlamaModel::SetLayerHooks).
-using LayerHook = std::function<void(int64_t layer)>;
-
-namespace internal {
-// Shared between a model and the backward nodes it recorded (stable across model moves).
-struct SinkHolder {
-  CompressedGradSink sink;
-};
-}  // namespace internal
+// Called with a decoder layer index (see LlamaModel::SetLayerHooks). A hook that fails
+// returns a non-OK status: the model stops calling hooks for that pass, and the forward (or
+// the end of the backward) reports the first such status through HookStatus().
+using LayerHook = std::function<absl::Status(int64_t layer)>;
 
 class LlamaModel {
  public:
-  using CompressedGradSink = ::lspo::model::CompressedGradSink;
-
   LlamaModel(LlamaModel&&) = default;
   LlamaModel& operator=(LlamaModel&&) = default;
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
 
   // Loads a GGUF Llama checkpoint: config from LlamaConfigFromGguf, every tensor dequantised
-  // to fp32 on the CPU in HF names and layout (q/k un-permuted, formats.md §3).
+  // to fp32 on the CPU in HF names and layout (q/k un-permuted, docs/formats.md §3).
   // Errors: those of LlamaConfigFromGguf and LoadHfTensor (kUnimplemented architecture or
   // tensor type, kNotFound missing tensor, kDataLoss corrupt data); kInvalidArgument when a
   // tensor's shape differs from the config's.
@@ -159,7 +139,7 @@ class LlamaModel {
   const at::Tensor& LinearWeight(int64_t i) const;
 
   // Sets the mode of every linear (or of linear i). kDense sets W.requires_grad(true);
-  // kFrozen and kLsp set it false. W.grad() is left as is (see ZeroLinearGrads). Must not be
+  // kFrozen and kCustom set it false. W.grad() is left as is (see ZeroLinearGrads). Must not be
   // called between a forward and its backward.
   void SetLinearMode(LinearMode mode);
   void SetLinearMode(int64_t i, LinearMode mode);
@@ -168,25 +148,11 @@ class LlamaModel {
   // Resets W.grad() of every linear to undefined (dense-mode gradients accumulate otherwise).
   void ZeroLinearGrads();
 
-  // Installs the projectors of linear i: P (m, d), Q (n, d), both (d, r)-sparse with the same
-  // d (method.md "Math"). They are used by the next forward (a forward already recorded keeps
-  // the projectors it saw). Errors: kInvalidArgument for i out of range, P.rows != m,
-  // Q.rows != n, or P.d != Q.d.
-  absl::Status SetProjectors(int64_t i, lsp::SparseProjector P, lsp::SparseProjector Q);
-  bool HasProjectors(int64_t i) const;
-
-  // kFailedPrecondition naming the first kLsp linear without projectors; OK otherwise.
-  absl::Status ValidateLspReady() const;
-
-  // Sets the receiver of compressed gradients. During each backward of a graph built in
-  // kLsp mode it is called exactly ONCE PER kLsp LINEAR, from the autograd backward, in
-  // reverse layer order (all linears of layer l before any of layer l - 1; inside a layer the
-  // autograd engine's order, typically down, up/gate, o, v/k/q). S is a fresh (d, d) fp32
-  // tensor the sink may keep. A forward taken under at::NoGradGuard records nothing. Use
-  // loss.backward() (torch::autograd::grad restricted to other inputs may skip linears).
-  // Set it before the forward: a forward recorded with no sink set computes neither XQ nor S
-  // (dX still flows). The sink must not throw.
-  void SetCompressedGradSink(CompressedGradSink sink);
+  // Installs how kCustom linears compute (shared by all of them; null removes it). Takes
+  // effect at the next forward (a forward already recorded keeps the nodes it made). Must not
+  // be called between a forward and its backward.
+  void SetLinearImpl(std::shared_ptr<LinearImpl> impl) { linear_impl_ = std::move(impl); }
+  const std::shared_ptr<LinearImpl>& linear_impl() const { return linear_impl_; }
 
   // Per-layer callbacks (any may be empty), for the offload schedule and the timeline:
   //   pre_forward(l)   before decoder layer l's forward in Hidden() (not during an activation
@@ -197,8 +163,15 @@ class LlamaModel {
   //                    backward is done (autograd thread); not called for a layer whose input
   //                    needs no gradient (layer 0 with a frozen embedding: the end of
   //                    backward() marks it).
-  // Hooks must not throw. A forward under at::NoGradGuard calls pre/post_forward only.
+  // A forward under at::NoGradGuard calls pre/post_forward only. Hooks must not throw: a
+  // failure is a returned status. After the first failing hook of a pass no further hook
+  // runs until ClearHookStatus(); the forward still completes (its result must then be
+  // discarded) and HookStatus() returns that first failure with its code unchanged.
   void SetLayerHooks(LayerHook pre_forward, LayerHook post_forward, LayerHook post_backward);
+  // The first failure of a layer hook since the last ClearHookStatus() (OK if none).
+  // Thread-safe with respect to the autograd thread that runs post_backward.
+  absl::Status HookStatus() const;
+  void ClearHookStatus();
 
   // Activation checkpointing: when on, a forward with grad mode enabled keeps only each
   // decoder layer's input (B, T, H) and recomputes the layer inside the backward pass (a
@@ -214,7 +187,7 @@ class LlamaModel {
   // bf16) on CPUs without fast bf16 matmul. kInvalidArgument for other dtypes.
   absl::Status SetLinearStorageDtype(at::ScalarType dtype);
 
-  // Moves every model tensor and every installed projector to `device` (e.g. cuda:0),
+  // Moves every model tensor and the LinearImpl's tensors to `device` (e.g. cuda:0),
   // keeping dtypes and requires_grad flags; references from LinearWeight() taken before the
   // call are stale afterwards (re-fetch them; optimizers and hooks must be set up after).
   // Must not be called between a forward and its backward. On error the model is unchanged.
@@ -265,9 +238,17 @@ class LlamaModel {
   int64_t final_norm_slot_ = 0;
   int64_t lm_head_slot_ = 0;          // == embed_slot_ when tied.
   std::vector<LinearMode> modes_;
-  std::vector<std::optional<std::pair<lsp::SparseProjector, lsp::SparseProjector>>> projectors_;
-  std::shared_ptr<internal::SinkHolder> sink_ = std::make_shared<internal::SinkHolder>();
+  std::shared_ptr<LinearImpl> linear_impl_;
   LayerHook pre_forward_, post_forward_, post_backward_;
+  // First hook failure of the pass; shared with the backward hooks a forward registered
+  // (stable across model moves). Guarded by its own mutex (autograd thread vs caller).
+  struct HookState {
+    // Runs `hook(layer)` (if set) unless an earlier hook failed; records the first failure.
+    void Run(const LayerHook& hook, int64_t layer);
+    mutable absl::Mutex mu;
+    absl::Status status ABSL_GUARDED_BY(mu);
+  };
+  std::shared_ptr<HookState> hook_state_ = std::make_shared<HookState>();
   bool checkpointing_ = false;
 };
 

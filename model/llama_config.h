@@ -2,7 +2,7 @@
 // sliding window) and their two external spellings: GGUF metadata keys (read) and a
 // Hugging Face `config.json` (written).
 //
-// Sources: /work/shared/docs/formats.md §3 (GGUF `llama.*` keys -> HF names), §5 (values of
+// Sources: docs/formats.md §3 (GGUF `llama.*` keys -> HF names), §5 (values of
 // SmolLM2-135M-Instruct), §6 (config.json fields of a written checkpoint).
 //
 // Thread-safety: a plain value type.
@@ -47,7 +47,7 @@ struct LlamaConfig {
   // Number of parameters (embedding counted once when tied). 134,515,008 for SmolLM2-135M.
   int64_t NumParameters() const;
 
-  // HF `config.json` (formats.md §6): architectures ["LlamaForCausalLM"], model_type "llama",
+  // HF `config.json` (docs/formats.md §6): architectures ["LlamaForCausalLM"], model_type "llama",
   // sizes, head_dim, hidden_act "silu", rms_norm_eps, rope_theta, rope_scaling null,
   // attention_bias/mlp_bias false, tie_word_embeddings, bos/eos/pad token ids,
   // `torch_dtype` as given (e.g. "float32", "bfloat16"), use_cache true,
@@ -55,7 +55,7 @@ struct LlamaConfig {
   nlohmann::json ToHfConfigJson(absl::string_view torch_dtype) const;
 };
 
-// Reads the `llama.*` keys of a GGUF file (formats.md §3): context_length,
+// Reads the `llama.*` keys of a GGUF file (docs/formats.md §3): context_length,
 // embedding_length, block_count, feed_forward_length, attention.head_count,
 // attention.head_count_kv (defaults to head_count when absent), rope.freq_base (default
 // 10000 when absent), attention.layer_norm_rms_epsilon, vocab_size (falls back to the length

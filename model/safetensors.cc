@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "model/float16.h"
+#include "runtime/float16.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status_macros.h"
 
@@ -394,7 +394,7 @@ absl::StatusOr<std::vector<float>> SafetensorsFile::ReadF32(absl::string_view na
     const bool bf = t->dtype == "BF16";
     for (size_t i = 0; i < n; ++i) {
       const uint16_t h = static_cast<uint16_t>(src[2 * i] | (src[2 * i + 1] << 8));
-      out[i] = bf ? Bf16ToFp32(h) : Fp16ToFp32(h);
+      out[i] = bf ? runtime::Bf16ToFp32(h) : runtime::Fp16ToFp32(h);
     }
   } else if (t->dtype == "F64") {
     for (size_t i = 0; i < n; ++i) {

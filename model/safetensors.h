@@ -1,6 +1,6 @@
 // safetensors reader and crash-consistent writer (torch-free).
 //
-// Format (formats.md §6; huggingface/safetensors README, src/tensor.rs):
+// Format (docs/formats.md §6; huggingface/safetensors README, src/tensor.rs):
 //   u64 LE N | N bytes of UTF-8 JSON header | data
 //   header = {"__metadata__": {str: str, ...},
 //             name: {"dtype": "F32"|"BF16"|..., "shape": [d0, d1, ...],

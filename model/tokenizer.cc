@@ -1,4 +1,4 @@
-// Byte-level BPE tokenizer; see tokenizer.h and formats.md §4-§6.
+// Byte-level BPE tokenizer; see tokenizer.h and docs/formats.md §4-§6.
 #include "model/tokenizer.h"
 
 #include <unicode/uchar.h>
@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "model/gguf.h"
 #include "nlohmann/json.hpp"
+#include "runtime/file_io.h"
 #include "runtime/status_macros.h"
 
 namespace lspo::model {
@@ -174,38 +175,6 @@ void Gpt2Split(absl::string_view s, std::vector<DecodedChar>* scratch,
 }
 
 // ---------------------------------------------------------------------------------------------
-std::string LoadFile(const std::string& path, absl::Status* status) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::error_code ec;
-    bool exists = std::filesystem::exists(path, ec);
-    *status = exists ? absl::PermissionDeniedError(
-                           absl::StrCat("cannot read '", path, "'; check its permissions"))
-                     : absl::NotFoundError(absl::StrCat("file '", path,
-                                                        "' does not exist; check the path"));
-    return "";
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  *status = absl::OkStatus();
-  return ss.str();
-}
-
-absl::Status WriteFile(const std::filesystem::path& path, const std::string& content) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot open '", path.string(), "' for writing; check the directory"));
-  }
-  out.write(content.data(), static_cast<std::streamsize>(content.size()));
-  out.close();
-  if (!out) {
-    return absl::InternalError(
-        absl::StrCat("write to '", path.string(), "' failed (disk full?)"));
-  }
-  return absl::OkStatus();
-}
-
 uint64_t PairKey(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
@@ -392,11 +361,10 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::FromGguf(const GgufFile& gguf) {
 
 absl::StatusOr<BpeTokenizer> BpeTokenizer::FromGpt2Files(const std::string& vocab_json_path,
                                                          const std::string& merges_txt_path) {
-  absl::Status st;
-  std::string vocab_text = LoadFile(vocab_json_path, &st);
-  RETURN_IF_ERROR(st);
-  std::string merges_text = LoadFile(merges_txt_path, &st);
-  RETURN_IF_ERROR(st);
+  ASSIGN_OR_RETURN(std::string vocab_text,
+                   runtime::ReadFileToString(vocab_json_path, "GPT-2 vocab.json"));
+  ASSIGN_OR_RETURN(std::string merges_text,
+                   runtime::ReadFileToString(merges_txt_path, "GPT-2 merges.txt"));
 
   nlohmann::json vocab = nlohmann::json::parse(vocab_text, nullptr, /*allow_exceptions=*/false);
   if (vocab.is_discarded() || !vocab.is_object() || vocab.empty()) {
@@ -687,7 +655,7 @@ absl::Status BpeTokenizer::WriteHfFiles(const std::string& dir) const {
   cfg["eos_token"] = content_or_null(eos_id_);
   cfg["model_max_length"] = model_max_length_;
   cfg["pad_token"] = content_or_null(pad_id_);
-  // Not "GPT2Tokenizer" (formats.md §6 [I]): transformers 5.x rebuilds that class's backend
+  // Not "GPT2Tokenizer" (docs/formats.md §6 [I]): transformers 5.x rebuilds that class's backend
   // with a plain ByteLevel pre-tokenizer, dropping the Digits split; PreTrainedTokenizerFast
   // loads tokenizer.json verbatim in transformers 4.x and 5.x.
   cfg["tokenizer_class"] = "PreTrainedTokenizerFast";
@@ -706,10 +674,13 @@ absl::Status BpeTokenizer::WriteHfFiles(const std::string& dir) const {
 
   const auto kReplace = nlohmann::detail::error_handler_t::replace;
   fs::path base(dir);
-  RETURN_IF_ERROR(WriteFile(base / "tokenizer.json", tj.dump(2, ' ', false, kReplace)));
-  RETURN_IF_ERROR(WriteFile(base / "tokenizer_config.json", cfg.dump(2, ' ', false, kReplace)));
+  RETURN_IF_ERROR(runtime::WriteFileAtomically((base / "tokenizer.json").string(),
+                                               tj.dump(2, ' ', false, kReplace)));
+  RETURN_IF_ERROR(runtime::WriteFileAtomically((base / "tokenizer_config.json").string(),
+                                               cfg.dump(2, ' ', false, kReplace)));
   RETURN_IF_ERROR(
-      WriteFile(base / "special_tokens_map.json", stm.dump(2, ' ', false, kReplace)));
+      runtime::WriteFileAtomically((base / "special_tokens_map.json").string(),
+                                   stm.dump(2, ' ', false, kReplace)));
   return absl::OkStatus();
 }
 

@@ -1,7 +1,7 @@
 // Byte-level BPE tokenizer (GPT-2 family; SmolLM2 uses it with a digit-splitting
 // pre-tokenizer) plus export to Hugging Face tokenizer files. Torch-free.
 //
-// Spec: /work/shared/docs/formats.md §4 (algorithm), §5 (SmolLM2 specials), §6 (HF files);
+// Spec: docs/formats.md §4 (algorithm), §5 (SmolLM2 specials), §6 (HF files);
 // bytes_to_unicode and the split regex follow openai/gpt-2 src/encoder.py.
 //
 // Encode(text), in order:
@@ -48,7 +48,7 @@ enum class PreTokenizerKind {
   kSmolLm,  // single \p{N} code points first, then the GPT-2 regex (GGUF pre "smollm").
 };
 
-// GGUF tokenizer.ggml.token_type values (formats.md §4).
+// GGUF tokenizer.ggml.token_type values (docs/formats.md §4).
 enum TokenType : int32_t {
   kTokenNormal = 1,
   kTokenUnknown = 2,
@@ -126,7 +126,7 @@ class BpeTokenizer {
 
   // Writes tokenizer.json, tokenizer_config.json and special_tokens_map.json into `dir`
   // (created if missing), loadable by `tokenizers` / transformers AutoTokenizer
-  // (formats.md §6): BPE model with vocab + merges, added_tokens = the special ids
+  // (docs/formats.md §6): BPE model with vocab + merges, added_tokens = the special ids
   // (special=true, normalized=false), normalizer null, pre_tokenizer
   // Sequence[Digits(individual_digits=true), ByteLevel(add_prefix_space=false)] for kSmolLm or
   // ByteLevel alone for kGpt2, ByteLevel decoder and post-processor. tokenizer_config.json

@@ -23,6 +23,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/auth_metadata_processor.h"
 #include "runtime/status_macros.h"
+#include "runtime/file_io.h"
 
 namespace lspo::runtime {
 namespace {
@@ -80,14 +81,7 @@ class BearerTokenProcessor : public grpc::AuthMetadataProcessor {
 };
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(flag, "=", path, ": cannot read it: ", std::strerror(errno)));
-  }
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
+  return ReadFileToString(path, flag);
 }
 
 // The host part of host:port, [v6]:port, or "ipv4:"/"ipv6:"/"dns:" prefixed forms.

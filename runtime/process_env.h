@@ -9,7 +9,7 @@ namespace lspo::runtime {
 // re-executes the binary (/proc/self/exe, same argv) once with the variable set; it returns
 // normally when the variable was already set or the re-exec fails. Reason: the worker and
 // the optimizer share the host's cores, and spinning workers of one process slow the other
-// down by an order of magnitude (known-failures.md #16; measured 12 ms vs 0.16 ms per
+// down by an order of magnitude (docs/known-failures.md #16; measured 12 ms vs 0.16 ms per
 // element-wise op on a loaded 2-core machine). Call first thing in main().
 void UsePassiveOpenMpWaits(int argc, char** argv);
 

@@ -1,4 +1,5 @@
-// Small process utilities shared by the services: wall-clock intervals and directories.
+// Small process utilities shared by the services: directories and memory statistics (the
+// clock is runtime/clock.h, whole-file I/O runtime/file_io.h).
 #ifndef LSPO_RUNTIME_UTIL_H_
 #define LSPO_RUNTIME_UTIL_H_
 
@@ -9,11 +10,6 @@
 #include "absl/status/status.h"
 
 namespace lspo::runtime {
-
-// Seconds elapsed since `t0` on the monotonic clock.
-inline double SecondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // mkdir -p with mode 0755. kPermissionDenied naming the first component that could not be
 // created (with strerror), e.g. an unwritable output_dir.

@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <system_error>
 
@@ -20,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/match.h"
+#include "runtime/file_io.h"
 #include "runtime/status_macros.h"
 
 namespace lspo::scheduler {
@@ -31,47 +31,11 @@ constexpr char kChecksums[] = "checksums.sha256";
 constexpr char kTrainerState[] = "trainer_state.json";
 
 absl::Status ErrnoError(absl::string_view what, const std::string& path, int err) {
-  const std::string msg = absl::StrCat(what, " '", path, "': ", std::strerror(err));
-  if (err == ENOSPC || err == EFBIG || err == EDQUOT) {
-    return absl::ResourceExhaustedError(absl::StrCat(msg, " (free disk space)"));
-  }
-  if (err == EACCES || err == EPERM || err == EROFS) return absl::PermissionDeniedError(msg);
-  if (err == ENOENT) return absl::NotFoundError(msg);
-  return absl::InternalError(msg);
+  return runtime::FileErrnoStatus(what, path, err);
 }
 
 absl::Status FsyncPath(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open for fsync", path, errno);
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoError("fsync", path, err);
-  return absl::OkStatus();
-}
-
-// Writes `text` to `path` and fsyncs it.
-absl::Status WriteFileSynced(const std::string& path, const std::string& text) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("create", path, errno);
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      return ErrnoError("write", path, err);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    int err = errno;
-    ::close(fd);
-    return ErrnoError("fsync", path, err);
-  }
-  if (::close(fd) != 0) return ErrnoError("close", path, errno);
-  return absl::OkStatus();
+  return directory ? runtime::FsyncDir(path) : runtime::FsyncFile(path);
 }
 
 std::string StepName(int step) { return absl::StrFormat("step-%08d", step); }
@@ -112,7 +76,7 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
     return fail(absl::InvalidArgumentError("trainer_state has no integer 'step'"));
   }
   const int step = trainer_state["step"].get<int>();
-  absl::Status st = WriteFileSynced(tmp_dir + "/" + kTrainerState, trainer_state.dump(2) + "\n");
+  absl::Status st = runtime::WriteFileSynced(tmp_dir + "/" + kTrainerState, trainer_state.dump(2) + "\n");
   if (!st.ok()) return fail(st);
   // Checksums over every regular file (sorted for a stable manifest).
   std::vector<std::string> names;
@@ -131,7 +95,7 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
     if (!sum.ok()) return fail(sum.status());
     absl::StrAppend(&manifest, *sum, "  ", name, "\n");
   }
-  st = WriteFileSynced(tmp_dir + "/" + kChecksums, manifest);
+  st = runtime::WriteFileSynced(tmp_dir + "/" + kChecksums, manifest);
   if (!st.ok()) return fail(st);
   st = FsyncPath(tmp_dir, /*directory=*/true);
   if (!st.ok()) return fail(st);
@@ -188,14 +152,15 @@ absl::Status PruneCheckpoints(const std::string& output_dir, int keep) {
 
 absl::StatusOr<nlohmann::json> VerifyCheckpoint(const std::string& dir) {
   const std::string manifest_path = dir + "/" + kChecksums;
-  std::ifstream in(manifest_path);
-  if (!in) {
+  absl::StatusOr<std::string> manifest = runtime::ReadFileToString(manifest_path);
+  if (absl::IsNotFound(manifest.status())) {
     return absl::NotFoundError(absl::StrCat("'", manifest_path,
                                             "' is missing: not a complete checkpoint"));
   }
-  std::string line;
+  RETURN_IF_ERROR(manifest.status());
   bool saw_state = false;
-  while (std::getline(in, line)) {
+  for (absl::string_view line_view : absl::StrSplit(*manifest, '\n')) {
+    const std::string line(line_view);
     if (line.empty()) continue;
     std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits("  ", 1));
     if (parts.size() != 2 || parts[0].size() != 64 || parts[1].find('/') != std::string::npos) {
@@ -217,8 +182,11 @@ absl::StatusOr<nlohmann::json> VerifyCheckpoint(const std::string& dir) {
   if (!saw_state) {
     return absl::NotFoundError(absl::StrCat("checkpoint '", dir, "' lists no ", kTrainerState));
   }
-  std::ifstream ts(dir + "/" + kTrainerState);
-  nlohmann::json j = nlohmann::json::parse(ts, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> ts = runtime::ReadFileToString(dir + "/" + kTrainerState);
+  if (!ts.ok()) {
+    return absl::DataLossError(absl::StrCat("checkpoint '", dir, "': ", ts.status().message()));
+  }
+  nlohmann::json j = nlohmann::json::parse(*ts, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
       !j["step"].is_number_integer()) {
     return absl::DataLossError(absl::StrCat("'", dir, "/", kTrainerState,

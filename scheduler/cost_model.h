@@ -1,4 +1,4 @@
-// The per-layer offload schedule's cost model (method.md "Layer-wise schedule"; paper Sec. 4.3,
+// The per-layer offload schedule's cost model (docs/method.md "Layer-wise schedule"; paper Sec. 4.3,
 // whose reference implementation hand-tunes the split point per model — here it is chosen
 // from measured per-layer times).
 //

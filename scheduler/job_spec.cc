@@ -13,6 +13,8 @@
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
+#include "runtime/file_io.h"
+#include "runtime/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
 namespace lspo::scheduler {
@@ -110,16 +112,10 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, absl::string_vi
 }
 
 absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot read job spec file '", path, "': check the path"));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (absl::EndsWith(path, ".json")) return ParseJobSpecJson(ss.str(), path);
+  ASSIGN_OR_RETURN(std::string text, runtime::ReadFileToString(path, "job spec file"));
+  if (absl::EndsWith(path, ".json")) return ParseJobSpecJson(text, path);
   if (absl::EndsWith(path, ".yaml") || absl::EndsWith(path, ".yml")) {
-    return ParseJobSpecYaml(ss.str(), path);
+    return ParseJobSpecYaml(text, path);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("job spec file '", path, "': unknown extension, use .json, .yaml or .yml"));

@@ -9,14 +9,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
+#include "runtime/file_io.h"
 
 namespace lspo::scheduler {
 namespace {
@@ -28,12 +27,6 @@ bool ValidId(const std::string& id) {
   return std::all_of(id.begin(), id.end(), [](char c) {
     return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
   });
-}
-
-absl::Status Errno(absl::string_view what, const std::string& path, int err) {
-  const std::string msg = absl::StrCat(what, " '", path, "': ", std::strerror(err));
-  if (err == ENOSPC || err == EDQUOT || err == EFBIG) return absl::ResourceExhaustedError(msg);
-  return absl::InternalError(msg);
 }
 
 }  // namespace
@@ -63,37 +56,9 @@ absl::Status JobStore::Save(const lspo::v1::JobStatus& status) const {
   auto st = google::protobuf::util::MessageToJsonString(status, &json, o);
   if (!st.ok()) return absl::InternalError(std::string(st.message()));
   const std::string path = dir_ + "/" + status.job_id() + ".json";
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Errno("create", tmp, errno);
-  size_t done = 0;
-  while (done < json.size()) {
-    ssize_t n = ::write(fd, json.data() + done, json.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return Errno("write", tmp, err);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return Errno("fsync", tmp, err);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return Errno("rename", tmp, err);
-  }
-  int dfd = ::open(dir_.c_str(), O_DIRECTORY | O_RDONLY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return absl::OkStatus();
+  // Replaced atomically (temp file, fsync, rename, fsync of the directory); 0600: specs may
+  // name private paths.
+  return runtime::WriteFileAtomically(path, json, 0600);
 }
 
 std::vector<lspo::v1::JobStatus> JobStore::LoadAll(std::vector<std::string>* skipped) const {
@@ -106,19 +71,23 @@ std::vector<lspo::v1::JobStatus> JobStore::LoadAll(std::vector<std::string>* ski
   std::sort(files.begin(), files.end());
   std::vector<lspo::v1::JobStatus> out;
   for (const std::string& path : files) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
+    absl::StatusOr<std::string> text = runtime::ReadFileToString(path, "job store file");
     lspo::v1::JobStatus status;
-    google::protobuf::util::JsonParseOptions o;
-    o.ignore_unknown_fields = true;
-    auto st = google::protobuf::util::JsonStringToMessage(ss.str(), &status, o);
-    const std::string expect = fs::path(path).stem().string();
-    if (!st.ok() || status.job_id() != expect) {
-      if (skipped != nullptr) {
-        skipped->push_back(absl::StrCat(path, ": ", st.ok() ? "job id differs from the file name"
-                                                            : std::string(st.message())));
+    std::string error;
+    if (!text.ok()) {
+      error = std::string(text.status().message());
+    } else {
+      google::protobuf::util::JsonParseOptions o;
+      o.ignore_unknown_fields = true;
+      auto st = google::protobuf::util::JsonStringToMessage(*text, &status, o);
+      if (!st.ok()) {
+        error = std::string(st.message());
+      } else if (status.job_id() != fs::path(path).stem().string()) {
+        error = "job id differs from the file name";
       }
+    }
+    if (!error.empty()) {
+      if (skipped != nullptr) skipped->push_back(absl::StrCat(path, ": ", error));
       std::rename(path.c_str(), (path + ".corrupt").c_str());
       continue;
     }

@@ -17,7 +17,10 @@
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
-#include "proto/grpc_status.h"
+#include "offload/arena_layout.h"
+#include "runtime/rpc_status.h"
+#include "runtime/clock.h"
+#include "runtime/file_io.h"
 #include "runtime/status_macros.h"
 #include "runtime/util.h"
 #include "scheduler/checkpoint.h"
@@ -37,10 +40,7 @@ bool IsFinal(JobState s) {
 
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+double Now() { return runtime::MonotonicSeconds(); }
 
 
 nlohmann::json ToJson(const google::protobuf::Message& m) {
@@ -554,7 +554,10 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
   // Master-weight refresh (lsp): the optimizer writes each layer's fp32 master weights into
   // the arena staging region and the worker copies them in (or, measure_only, reports
   // max |W_worker - W_master| without copying). Returns that maximum over all layers.
-  const int num_layers = layout.linears_size() / 7;
+  int num_layers = 0;  // Decoder layers of the arena (lsp and zero); native has no arena.
+  if (offload) {
+    ASSIGN_OR_RETURN(num_layers, offload::NumLayers(layout));
+  }
   double last_drift = 0;  // max |W_worker - round(W_master)| of the last refresh call.
   auto refresh = [&](bool measure_only) -> absl::StatusOr<double> {
     double max_diff = 0;
@@ -903,15 +906,7 @@ absl::Status SchedulerCore::RunJob(const std::string& id, const JobSpec& spec) {
   }
   summary["wall_seconds"] = Now() - t_start;
   summary["output_dir"] = out_dir;
-  {
-    std::ofstream out(out_dir + "/summary.json.tmp", std::ios::trunc);
-    out << summary.dump(2) << "\n";
-    out.close();
-    if (!out.good() ||
-        std::rename((out_dir + "/summary.json.tmp").c_str(), (out_dir + "/summary.json").c_str()) != 0) {
-      return absl::InternalError(absl::StrCat("cannot write '", out_dir, "/summary.json'"));
-    }
-  }
+  RETURN_IF_ERROR(runtime::WriteFileAtomically(out_dir + "/summary.json", summary.dump(2) + "\n"));
   LOG(INFO) << "scheduler: " << id << ": summary " << summary.dump();
   return absl::OkStatus();
 }

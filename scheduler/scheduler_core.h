@@ -3,7 +3,7 @@
 // separate processes), issues the per-layer offload/update/upload tasks of every step, the
 // projector fits, evaluations and the final checkpoint, and keeps status for the status RPCs.
 //
-// One step in MODE_LSP / MODE_ZERO (method.md, "Layer-wise schedule"):
+// One step in MODE_LSP / MODE_ZERO (docs/method.md, "Layer-wise schedule"):
 //   serial  : worker.TrainStep (forward + backward, then every gradient into the arena) ->
 //             optimizer.Update (per-layer tasks, deepest layer first) -> worker.ApplyUpdates
 //   overlap : optimizer.Update(wait_for_grads) runs concurrently with worker.TrainStep: each

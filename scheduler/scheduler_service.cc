@@ -1,6 +1,6 @@
 #include "scheduler/scheduler_service.h"
 
-#include "proto/grpc_status.h"
+#include "runtime/rpc_status.h"
 
 namespace lspo::scheduler {
 

@@ -27,7 +27,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("LSPO_BUILD_DIR", os.path.join(ROOT, "build"))
 MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-TRAIN = "../shared/data/sms-spam/train.tsv"
+TRAIN = "datasets/sms-spam/train.tsv"
 
 # SmolLM2-135M linears per decoder layer, HF (m, n) = (out, in).
 SMOL_LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576),

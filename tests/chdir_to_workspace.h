@@ -2,7 +2,7 @@
 //
 // Every Bazel test links //tests:chdir_to_workspace (see tests/lspo_test.bzl). Its static
 // initializer runs before main() and chdir()s to the source root, so the tests' relative paths
-// ("models/...", "tests/oracle/data/...", "../shared/data/...") resolve exactly as under CTest
+// ("models/...", "tests/oracle/data/...", "datasets/...") resolve exactly as under CTest
 // (WORKING_DIRECTORY = the source root). CMake does not build this file.
 //
 // The source root is, in order: $BUILD_WORKSPACE_DIRECTORY (set by `bazel run`); else the

@@ -3,7 +3,7 @@
 One gtest binary linked with GoogleTest + GMock + gtest_main and //:base (lspo_base), plus
 LibTorch when torch = True. Unlike CTest, Bazel starts a test in its runfiles tree, so every
 test also links //tests:chdir_to_workspace, which chdir()s to the source root before main():
-the tests then read models/, tests/oracle/data/ and ../shared/data/ by the same relative paths.
+the tests then read models/, tests/oracle/data/ and datasets/ by the same relative paths.
 They read files outside the workspace, so they are tagged "local" (never sandboxed, cached
 remotely or executed remotely; nothing is downloaded).
 """

@@ -18,7 +18,7 @@ namespace lspo::lsp::cuda {
 int CudaDeviceCount();
 
 // Y (N, d) fp32 = X (N, rows) fp32 times the sparse projector (rows, d): Y = X P.
-// Used for XQ = X Q in the forward pass and dY P in the backward pass (method.md, "Math").
+// Used for XQ = X Q in the forward pass and dY P in the backward pass (docs/method.md, "Math").
 // Implemented with cuSPARSE SpMM: Y^T = op(P) X^T with P in CSR (rows x d, r non-zeros per
 // row, so row_ptr[i] = i r) and op = transpose; CSR arrays are built on the device (stream-
 // ordered allocations); the cuSPARSE handle is created once per host thread.

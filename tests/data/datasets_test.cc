@@ -1,4 +1,4 @@
-// Tests for data/datasets.h on the real files in ../shared/data (run from the repository root).
+// Tests for data/datasets.h on the real files in datasets/ (run from the repository root).
 #include "data/datasets.h"
 
 #include <filesystem>
@@ -22,9 +22,9 @@ namespace {
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-constexpr char kTrain[] = "../shared/data/sms-spam/train.tsv";
-constexpr char kTest[] = "../shared/data/sms-spam/test.tsv";
-constexpr char kMobyDick[] = "../shared/data/moby-dick/moby-dick.txt";
+constexpr char kTrain[] = "datasets/sms-spam/train.tsv";
+constexpr char kTest[] = "datasets/sms-spam/test.tsv";
+constexpr char kMobyDick[] = "datasets/moby-dick/moby-dick.txt";
 constexpr char kGgufPath[] = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 constexpr char kOraclePath[] = "tests/oracle/data/tokenizer_oracle.json";
 
@@ -74,7 +74,7 @@ TEST(LoadLabeledTsvTest, SmsSpamCountsMatchIndependentCount) {
   for (auto [path, rows] : {std::pair<const char*, size_t>{kTrain, 926}, {kTest, 398}}) {
     auto data = LoadLabeledTsv(path);
     ASSERT_TRUE(data.ok()) << data.status();
-    EXPECT_EQ(data->size(), rows) << path;  // ../shared/data/README.md
+    EXPECT_EQ(data->size(), rows) << path;  // datasets/README.md
     std::map<std::string, int> counts;
     for (const LabeledText& r : *data) {
       counts[r.label]++;
@@ -215,7 +215,7 @@ TEST(BuildClassificationChatTest, LossOnlyOnAnswerAndImEnd) {
       }
     }
     EXPECT_EQ(tok->Decode(answer), r.label + "<|im_end|>");
-    EXPECT_EQ(ex->input_ids.back(), 2);  // <|im_end|>, formats.md §5
+    EXPECT_EQ(ex->input_ids.back(), 2);  // <|im_end|>, docs/formats.md §5
     // The prompt part is exactly the tokenised ChatML text (independent rendering).
     std::string prompt = model::ApplyChatMlTemplate(
         {{"system", "You classify SMS messages."},

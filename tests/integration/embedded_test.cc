@@ -5,10 +5,10 @@
 #include <set>
 
 #include "client/embedded.h"
-#include "gpu_worker/job_assets.h"
+#include "offload/job_assets.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "proto/grpc_status.h"
+#include "runtime/rpc_status.h"
 #include "scheduler/job_spec.h"
 #include "tests/integration/test_jobs.h"
 
@@ -111,7 +111,7 @@ TEST(EmbeddedTest, MissingDataFileIsRejectedAtSubmit) {
 }
 
 // model.random_shape (scaling studies): the HF sizes give the published parameter counts
-// (SmolLM2-135M: 134,515,008, formats.md; SmolLM2-360M: 361,821,120, the HF model card's
+// (SmolLM2-135M: 134,515,008, docs/formats.md; SmolLM2-360M: 361,821,120, the HF model card's
 // 362M), and a bad shape is rejected naming the field.
 TEST(JobSpecTest, RandomShapeGivesTheRequestedLlamaConfig) {
   v1::LlamaShape s135;
@@ -120,7 +120,7 @@ TEST(JobSpecTest, RandomShapeGivesTheRequestedLlamaConfig) {
   s135.set_num_hidden_layers(30);
   s135.set_num_attention_heads(9);
   s135.set_num_key_value_heads(3);
-  auto c135 = worker::RandomLlamaConfig(s135, 49152);
+  auto c135 = offload::RandomLlamaConfig(s135, 49152);
   ASSERT_TRUE(c135.ok()) << c135.status();
   EXPECT_EQ(c135->head_dim, 64);
   EXPECT_EQ(c135->NumParameters(), 134515008);
@@ -130,15 +130,15 @@ TEST(JobSpecTest, RandomShapeGivesTheRequestedLlamaConfig) {
   s360.set_num_hidden_layers(32);
   s360.set_num_attention_heads(15);
   s360.set_num_key_value_heads(5);
-  auto c360 = worker::RandomLlamaConfig(s360, 49152);
+  auto c360 = offload::RandomLlamaConfig(s360, 49152);
   ASSERT_TRUE(c360.ok()) << c360.status();
   EXPECT_EQ(c360->NumParameters(), 361821120);
   // Unset = the tiny test config.
-  auto tiny = worker::RandomLlamaConfig(v1::LlamaShape(), 300);
+  auto tiny = offload::RandomLlamaConfig(v1::LlamaShape(), 300);
   ASSERT_TRUE(tiny.ok());
   EXPECT_EQ(tiny->hidden_size, 64);
   s360.set_num_key_value_heads(4);  // does not divide 15 heads
-  auto bad = worker::RandomLlamaConfig(s360, 49152);
+  auto bad = offload::RandomLlamaConfig(s360, 49152);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("model.random_shape"), std::string::npos)

@@ -343,7 +343,7 @@ TEST(MultiProcessTest, AsDeployedLspctlSubmitWatchesAJobToCompletion) {
   const std::string o = "127.0.0.1:" + std::to_string(FreePort());
   const std::string s = "127.0.0.1:" + std::to_string(FreePort());
   char shared[4096];
-  ASSERT_NE(realpath((repo + "/../shared/data").c_str(), shared), nullptr);
+  ASSERT_NE(realpath((repo + "/datasets").c_str(), shared), nullptr);
   const std::string roots = var + "," + repo + "/models," + shared;
   Process worker(LSPO_WORKER_BIN, {"--listen=" + w});
   Process optimizer(LSPO_OPTIMIZER_BIN, {"--listen=" + o});

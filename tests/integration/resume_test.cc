@@ -14,8 +14,9 @@
 #include <map>
 
 #include "client/embedded.h"
-#include "gpu_worker/arena_io.h"
-#include "gpu_worker/job_assets.h"
+#include "offload/arena_tensors.h"
+#include "offload/state_file.h"
+#include "offload/job_assets.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
@@ -48,7 +49,7 @@ RunResult RunToEnd(v1::Scheduler::Stub* stub, const v1::JobSpec& spec) {
 v1::JobSpec Spec(const std::string& out, v1::TrainingMode mode, int steps) {
   v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(out, mode, steps);
   spec.mutable_lsp()->set_check_freq(4);  // A refit at step 4: after the resume point (3).
-  spec.set_grad_accum(2);  // Offload + gradient accumulation (known-failures.md #7).
+  spec.set_grad_accum(2);  // Offload + gradient accumulation (docs/known-failures.md #7).
   spec.set_skip_initial_eval(true);
   spec.mutable_data()->set_max_eval_examples(2);
   return spec;
@@ -336,7 +337,7 @@ TEST(ResumeTest, ExportedSafetensorsGiveTheSameLogitsInTransformers) {
     // For the oracle script: the seeded initial weights, to measure how far training moved.
     v1::JobSpec init = spec;
     scheduler::ResolveDefaults(&init);
-    auto m0 = worker::LoadJobModel(init);
+    auto m0 = offload::LoadJobModel(init);
     ASSERT_TRUE(m0.ok()) << m0.status();
     std::vector<model::SafetensorsEntry> entries;
     std::vector<at::Tensor> keep_alive;
@@ -354,7 +355,7 @@ TEST(ResumeTest, ExportedSafetensorsGiveTheSameLogitsInTransformers) {
   // Our model on the exported weights: the seeded initial model, every tensor replaced by
   // the file's (so a missing or misnamed tensor fails here).
   scheduler::ResolveDefaults(&spec);
-  auto model = worker::LoadJobModel(spec);
+  auto model = offload::LoadJobModel(spec);
   ASSERT_TRUE(model.ok()) << model.status();
   auto file = model::SafetensorsFile::Open(dir + "/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
@@ -431,32 +432,32 @@ TEST(ResumeTest, NonFiniteStepsAreSkippedCountedAndFailTheJobAfterTheLimit) {
   for (const auto& [step, loss] : done.loss) EXPECT_TRUE(std::isfinite(loss)) << step;
 }
 
-// Poisoned state (known-failures.md #5): a NaN moment or a wrong shape in a state file is
+// Poisoned state (docs/known-failures.md #5): a NaN moment or a wrong shape in a state file is
 // refused naming the file and the tensor, before anything is restored.
 TEST(ResumeTest, PoisonedOrMismatchedStateTensorsAreRefused) {
   const std::string dir = testing_jobs::TempDir("poison");
   at::Tensor m = at::ones({4, 4});
   m[2][3] = std::numeric_limits<float>::quiet_NaN();
-  worker::NamedTensors tensors = {{"w.adam_m", m}, {"w.adam_v", at::ones({4, 4})},
+  offload::NamedTensors tensors = {{"w.adam_m", m}, {"w.adam_v", at::ones({4, 4})},
                                   {"w.adam_step", at::scalar_tensor(int64_t{3}, at::kLong)}};
   const std::string path = dir + "/optimizer_state.safetensors";
-  ASSERT_TRUE(worker::WriteTensorFile(path, tensors, {{"step", "3"}}).ok());
+  ASSERT_TRUE(offload::WriteTensorFile(path, tensors, {{"step", "3"}}).ok());
   auto file = model::SafetensorsFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
-  auto nan = worker::ReadStateTensor(*file, "state", "w.adam_m", at::kFloat, {4, 4});
+  auto nan = offload::ReadStateTensor(*file, "state", "w.adam_m", at::kFloat, {4, 4});
   ASSERT_FALSE(nan.ok());
   EXPECT_EQ(nan.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(nan.status().message().find("w.adam_m"), std::string::npos) << nan.status();
   EXPECT_NE(nan.status().message().find("NaN"), std::string::npos) << nan.status();
-  auto shape = worker::ReadStateTensor(*file, "state", "w.adam_v", at::kFloat, {4, 5});
+  auto shape = offload::ReadStateTensor(*file, "state", "w.adam_v", at::kFloat, {4, 5});
   EXPECT_EQ(shape.status().code(), absl::StatusCode::kDataLoss);
-  auto ok = worker::ReadStateTensor(*file, "state", "w.adam_v", at::kFloat, {4, 4});
+  auto ok = offload::ReadStateTensor(*file, "state", "w.adam_v", at::kFloat, {4, 4});
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->sum().item<float>(), 16.0f);
-  auto step = worker::ReadStateTensor(*file, "state", "w.adam_step", at::kLong, {});
+  auto step = offload::ReadStateTensor(*file, "state", "w.adam_step", at::kLong, {});
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_EQ(step->item<int64_t>(), 3);
-  EXPECT_EQ(worker::ReadStateTensor(*file, "state", "w.missing", at::kFloat, {1}).status().code(),
+  EXPECT_EQ(offload::ReadStateTensor(*file, "state", "w.missing", at::kFloat, {1}).status().code(),
             absl::StatusCode::kNotFound);
 }
 

@@ -22,7 +22,7 @@ inline constexpr char kNoModel[] =
 inline bool HaveModel() { return access(kModel, R_OK) == 0; }
 
 // The tiny jobs need only SmolLM2's tokenizer and Moby-Dick. On a GPU machine reached through
-// scripts/device-check neither models/ nor ../shared travels; `scripts/device-check download`
+// scripts/device-check models/ does not travel (datasets/ does, being tracked); `scripts/device-check download`
 // puts a tensor-free copy of the GGUF (tokenizer + metadata) and the text in .devdata/.
 inline std::string TinyTokenizerPath() {
   if (HaveModel()) return kModel;
@@ -31,7 +31,7 @@ inline std::string TinyTokenizerPath() {
              : kModel;
 }
 inline std::string MobyDickPath() {
-  const char* shared = "../shared/data/moby-dick/moby-dick.txt";
+  const char* shared = "datasets/moby-dick/moby-dick.txt";
   if (access(shared, R_OK) == 0) return shared;
   return access(".devdata/moby-dick.txt", R_OK) == 0 ? ".devdata/moby-dick.txt" : shared;
 }

@@ -271,6 +271,18 @@ TEST(NonFiniteError, NamesInputIndexAndFix) {
 
 TEST(AdamStep, ZeroLengthIsANoOp) {
   AdamHyper h;
+  // n = 0 touches nothing: sentinel buffers keep their bits (a NaN gradient would poison any
+  // element it reached), accumulating into `out` or not, and null pointers are accepted.
+  const float g[4] = {NAN, NAN, NAN, NAN};
+  float m[4] = {1.5f, -2.0f, 3.25f, 7.0f}, v[4] = {0.5f, 0.25f, 0.125f, 2.0f};
+  float out[4] = {9.0f, 8.0f, 7.0f, 6.0f};
+  const std::vector<float> m0(m, m + 4), v0(v, v + 4), out0(out, out + 4);
+  for (bool accumulate : {false, true}) {
+    AdamStep(h, 1, g, m, v, out, 0, accumulate);
+    EXPECT_EQ(std::vector<float>(m, m + 4), m0);
+    EXPECT_EQ(std::vector<float>(v, v + 4), v0);
+    EXPECT_EQ(std::vector<float>(out, out + 4), out0);
+  }
   AdamStep(h, 1, nullptr, nullptr, nullptr, nullptr, 0, false);
 }
 
@@ -384,7 +396,7 @@ TEST(SubspaceAdam, InvalidConstructionAndHyperAreRejected) {
 
 TEST(SubspaceAdam, StepCounterStaysExactBeyond2048) {
   // A 16-bit counter stops at 2048 (fp16) or 256 (bf16), freezing the bias correction
-  // (known-failures.md #13). 3000 steps with beta2 = 0.999 still depend on the correction.
+  // (docs/known-failures.md #13). 3000 steps with beta2 = 0.999 still depend on the correction.
   const int64_t d = 2;
   SubspaceAdam opt(d);
   AdamHyper h;

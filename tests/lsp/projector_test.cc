@@ -78,7 +78,7 @@ TEST(SparseProjectorRandom, ValueStdAndColumnUsageAreUniform) {
 }
 
 TEST(SparseProjectorRandom, ExpectationOfPPtIsIdentity) {
-  // E[P P^T] = I over draws (method.md): average P P^T over 3000 seeds.
+  // E[P P^T] = I over draws (docs/method.md): average P P^T over 3000 seeds.
   const int64_t rows = 8, d = 16, r = 4;
   at::Tensor sum = at::zeros({rows, rows}, at::kDouble);
   const int kDraws = 3000;
@@ -148,7 +148,7 @@ TEST(CheckProjectorShapes, AcceptsValidAndRejectsNonCompressingOrOversparse) {
   absl::Status st = CheckProjectorShapes(48, 40, 40, 4);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(st.message()), HasSubstr("choose d < min(m, n) = 40"));
-  // Wide 64 x 256 with d = 128 (known-failures.md #10).
+  // Wide 64 x 256 with d = 128 (docs/known-failures.md #10).
   st = CheckProjectorShapes(64, 256, 128, 8);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(st.message()), HasSubstr("choose d < min(m, n) = 64"));

@@ -1,5 +1,5 @@
-// Tests of model/dequant.h and model/float16.h against float64 references written here
-// independently from the formulas in formats.md §2 (element-indexed, not block-loop form).
+// Tests of model/dequant.h and runtime/float16.h against float64 references written here
+// independently from the formulas in docs/formats.md §2 (element-indexed, not block-loop form).
 #include "model/dequant.h"
 
 #include <algorithm>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "model/float16.h"
+#include "runtime/float16.h"
 
 namespace lspo::model {
 namespace {
@@ -279,13 +279,13 @@ TEST(DequantTest, F32F16Bf16Rows) {
 TEST(Float16Test, AllHalfPatternsDecodeExactly) {
   for (uint32_t u = 0; u < 65536; ++u) {
     const double want = HalfValue(static_cast<uint16_t>(u));
-    const float got = Fp16ToFp32(static_cast<uint16_t>(u));
+    const float got = runtime::Fp16ToFp32(static_cast<uint16_t>(u));
     if (std::isnan(want)) {
       EXPECT_TRUE(std::isnan(got)) << u;
     } else {
       ASSERT_EQ(static_cast<double>(got), want) << u;
       // Round trip back to the same bits (signed zeros included).
-      ASSERT_EQ(Fp32ToFp16(got), u) << u;
+      ASSERT_EQ(runtime::Fp32ToFp16(got), u) << u;
     }
   }
 }
@@ -328,11 +328,11 @@ TEST(Float16Test, Fp32ToFp16RoundsToNearestEven) {
           want = (lo->second & 1) == 0 ? lo->second : it->second;
       }
       if (sx < 0) want |= 0x8000;
-      ASSERT_EQ(Fp32ToFp16(sx), want) << sx;
+      ASSERT_EQ(runtime::Fp32ToFp16(sx), want) << sx;
     }
   }
-  EXPECT_TRUE(std::isnan(Fp16ToFp32(Fp32ToFp16(std::numeric_limits<float>::quiet_NaN()))));
-  EXPECT_EQ(Fp32ToFp16(std::numeric_limits<float>::infinity()), 0x7c00);
+  EXPECT_TRUE(std::isnan(runtime::Fp16ToFp32(runtime::Fp32ToFp16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(runtime::Fp32ToFp16(std::numeric_limits<float>::infinity()), 0x7c00);
 }
 
 // Fp32ToBf16: nearest bf16, ties to even, computed here from the float64 distance.
@@ -345,10 +345,10 @@ TEST(Float16Test, Fp32ToBf16RoundsToNearestEven) {
   xs.push_back(0x3f818000u);  // tie between 0x3f81 and 0x3f82 -> even 0x3f82
   xs.push_back(0x7f7fffffu);  // FLT_MAX rounds up to inf
   for (uint32_t u : xs) {
-    const float x = BitsToFloat(u);
-    const uint16_t got = Fp32ToBf16(x);
+    const float x = runtime::BitsToFloat(u);
+    const uint16_t got = runtime::Fp32ToBf16(x);
     if (std::isnan(x)) {
-      EXPECT_TRUE(std::isnan(Bf16ToFp32(got)));
+      EXPECT_TRUE(std::isnan(runtime::Bf16ToFp32(got)));
       continue;
     }
     if (std::isinf(x)) {
@@ -358,7 +358,7 @@ TEST(Float16Test, Fp32ToBf16RoundsToNearestEven) {
     const uint16_t lo = static_cast<uint16_t>(u >> 16);
     const uint16_t hi = static_cast<uint16_t>(lo + 1);
     const double dx = x;
-    const double vlo = Bf16ToFp32(lo);
+    const double vlo = runtime::Bf16ToFp32(lo);
     // The upper neighbour is computed in double so that it may exceed FLT_MAX (-> inf).
     const int biased_exp = std::max(static_cast<int>((u >> 23) & 255), 1);
     const double step = std::ldexp(1.0, biased_exp - 127 - 7);
@@ -370,7 +370,7 @@ TEST(Float16Test, Fp32ToBf16RoundsToNearestEven) {
 }
 
 TEST(DequantTest, TypeTablesMatchSpec) {
-  // formats.md §2 table: (id, block elements, bytes).
+  // docs/formats.md §2 table: (id, block elements, bytes).
   const struct {
     uint32_t id;
     int64_t blk, bytes;
@@ -389,7 +389,7 @@ TEST(DequantTest, TypeTablesMatchSpec) {
   }
   for (uint32_t id : {4u, 5u, 9u, 16u, 29u, 31u, 99u}) EXPECT_FALSE(IsKnownGgmlType(id)) << id;
   EXPECT_EQ(GgmlTypeName(static_cast<GgmlType>(99)), "UNKNOWN");
-  EXPECT_EQ(*GgmlRowBytes(GgmlType::kQ4_1, 576), 360u);  // formats.md §3: 360 B rows
+  EXPECT_EQ(*GgmlRowBytes(GgmlType::kQ4_1, 576), 360u);  // docs/formats.md §3: 360 B rows
   EXPECT_EQ(*GgmlRowBytes(GgmlType::kQ8_0, 576), 612u);
   EXPECT_EQ(GgmlRowBytes(GgmlType::kQ4_1, 48).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(GgmlRowBytes(static_cast<GgmlType>(99), 32).status().code(),

@@ -1,6 +1,6 @@
 // Tests of model/gguf.h and model/hf_names.h: a synthetic GGUF written by a small writer
-// below (formats.md §1), one corrupt-file test per failure mode, the real SmolLM2 file
-// (formats.md §5) and oracle values from tests/oracle/make_gguf_oracle.py (gguf-py +
+// below (docs/formats.md §1), one corrupt-file test per failure mode, the real SmolLM2 file
+// (docs/formats.md §5) and oracle values from tests/oracle/make_gguf_oracle.py (gguf-py +
 // transformers).
 #include "model/gguf.h"
 
@@ -32,7 +32,7 @@ constexpr char kModelPath[] = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 constexpr char kOraclePath[] = "tests/oracle/data/gguf_oracle.json";
 
 // ---------------------------------------------------------------------------------------
-// A minimal GGUF writer (formats.md §1), independent of the reader.
+// A minimal GGUF writer (docs/formats.md §1), independent of the reader.
 
 struct Bytes {
   std::vector<uint8_t> b;
@@ -666,7 +666,7 @@ TEST(HfNamesTest, MapsEveryLlamaNameBothWays) {
     gguf.insert(*g);
   }
   EXPECT_EQ(gguf.size(), 272u);
-  // formats.md §3 table.
+  // docs/formats.md §3 table.
   const std::map<std::string, std::string> table = {
       {"model.embed_tokens.weight", "token_embd.weight"},
       {"model.layers.12.input_layernorm.weight", "blk.12.attn_norm.weight"},
@@ -769,7 +769,7 @@ TEST(HfNamesTest, UnpermutesSyntheticQAndK) {
             absl::StatusCode::kInvalidArgument);  // size mismatch
 }
 
-// Quantised rows move whole (formats.md §3): un-permuting the dequantised Q4_1 tensor equals
+// Quantised rows move whole (docs/formats.md §3): un-permuting the dequantised Q4_1 tensor equals
 // dequantising the rows in un-permuted order.
 TEST(HfNamesTest, UnpermutesQuantizedRows) {
   const int64_t n_head = 2, hd = 4, cols = 64;  // 8 rows of 2 Q4_1 blocks
@@ -868,7 +868,7 @@ TEST_F(RealModelTest, StructureAndMetadata) {
   EXPECT_EQ(counts[GgmlType::kF32], 61);
   EXPECT_EQ(counts[GgmlType::kQ4_1], 210);
   EXPECT_EQ(counts[GgmlType::kQ8_0], 1);
-  EXPECT_EQ(params, 134515008);  // formats.md §5
+  EXPECT_EQ(params, 134515008);  // docs/formats.md §5
   const GgufTensorInfo* emb = f.FindTensor("token_embd.weight");
   ASSERT_NE(emb, nullptr);
   EXPECT_EQ(emb->type, GgmlType::kQ8_0);
@@ -957,7 +957,7 @@ TEST_F(RealModelTest, HfLayoutMatchesTransformersOracle) {
 
 TEST_F(RealModelTest, EveryHfTensorLoadsWithItsShape) {
   const std::map<std::string, std::vector<int64_t>> shapes = {
-      // formats.md §3
+      // docs/formats.md §3
       {"self_attn.q_proj.weight", {576, 576}},   {"self_attn.k_proj.weight", {192, 576}},
       {"self_attn.v_proj.weight", {192, 576}},   {"self_attn.o_proj.weight", {576, 576}},
       {"mlp.gate_proj.weight", {1536, 576}},     {"mlp.up_proj.weight", {1536, 576}},

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "gtest/gtest.h"
+#include "lsp/lsp_linear.h"
 #include "lsp/projector.h"
 #include "model/llama.h"
 #include "model/llama_config.h"
@@ -55,17 +56,19 @@ TEST_F(LlamaFeaturesTest, CheckpointingGivesBitwiseSameDenseGradients) {
 }
 
 TEST_F(LlamaFeaturesTest, CheckpointingGivesBitwiseSameCompressedGradients) {
+  auto lsp_linears = std::make_shared<lsp::LspLinears>(*model_);
+  model_->SetLinearImpl(lsp_linears);
   for (int64_t i = 0; i < model_->num_linears(); ++i) {
     const at::Tensor& w = model_->LinearWeight(i);
     auto p = lsp::SparseProjector::Random(w.size(0), 8, 2, 100 + i);
     auto q = lsp::SparseProjector::Random(w.size(1), 8, 2, 200 + i);
     ASSERT_TRUE(p.ok() && q.ok());
-    ASSERT_TRUE(model_->SetProjectors(i, *p, *q).ok());
+    ASSERT_TRUE(lsp_linears->SetProjectors(i, *p, *q).ok());
   }
-  model_->SetLinearMode(LinearMode::kLsp);
+  model_->SetLinearMode(LinearMode::kCustom);
   std::map<int64_t, at::Tensor> s_plain, s_ckpt;
   std::map<int64_t, at::Tensor>* target = &s_plain;
-  model_->SetCompressedGradSink([&](int64_t i, const at::Tensor& s) { (*target)[i] = s; });
+  lsp_linears->SetSink([&](int64_t i, const at::Tensor& s) { (*target)[i] = s; });
   model_->SetActivationCheckpointing(false);
   model_->CausalLmLoss(ids_, ids_).backward();
   target = &s_ckpt;
@@ -146,13 +149,62 @@ TEST_F(LlamaFeaturesTest, ToCudaMovesEveryTensorAndKeepsTheLogits) {
 
 TEST_F(LlamaFeaturesTest, LayerHooksRunInForwardAndBackwardOrder) {
   std::vector<std::string> calls;
-  model_->SetLayerHooks([&](int64_t l) { calls.push_back("pre" + std::to_string(l)); },
-                        [&](int64_t l) { calls.push_back("post" + std::to_string(l)); },
-                        [&](int64_t l) { calls.push_back("bwd" + std::to_string(l)); });
+  auto record = [&calls](const char* what) {
+    return [&calls, what](int64_t l) {
+      calls.push_back(what + std::to_string(l));
+      return absl::OkStatus();
+    };
+  };
+  model_->SetLayerHooks(record("pre"), record("post"), record("bwd"));
   model_->SetLinearMode(LinearMode::kDense);
   model_->CausalLmLoss(ids_, ids_).backward();
   // TinyLlamaConfig has 2 layers; layer 0's input (the frozen embedding) needs no gradient.
   EXPECT_EQ(calls, (std::vector<std::string>{"pre0", "post0", "pre1", "post1", "bwd1"}));
+  EXPECT_TRUE(model_->HookStatus().ok());
+}
+
+// A failing hook reports its status with its code (no exception crosses the model): the
+// forward completes, no later hook of the pass runs, and HookStatus() keeps the first failure
+// until it is cleared.
+TEST_F(LlamaFeaturesTest, AFailingHookKeepsItsCodeAndStopsLaterHooks) {
+  std::vector<std::string> calls;
+  model_->SetLayerHooks(
+      [&](int64_t l) -> absl::Status {
+        calls.push_back("pre" + std::to_string(l));
+        if (l == 1) return absl::DeadlineExceededError("pending update of layer 1 timed out");
+        return absl::OkStatus();
+      },
+      [&](int64_t l) -> absl::Status {
+        calls.push_back("post" + std::to_string(l));
+        return absl::DataLossError("never reported: the first failure wins");
+      },
+      [&](int64_t l) -> absl::Status {
+        calls.push_back("bwd" + std::to_string(l));
+        return absl::OkStatus();
+      });
+  model_->SetLinearMode(LinearMode::kDense);
+  at::Tensor loss = model_->CausalLmLoss(ids_, ids_);
+  EXPECT_TRUE(std::isfinite(loss.item<double>()));
+  // post0 fails first (DataLoss); pre1 and everything after are skipped.
+  EXPECT_EQ(calls, (std::vector<std::string>{"pre0", "post0"}));
+  EXPECT_EQ(model_->HookStatus().code(), absl::StatusCode::kDataLoss);
+  loss.backward();
+  EXPECT_EQ(calls.size(), 2u);  // the backward hook is skipped too
+  EXPECT_EQ(model_->HookStatus().code(), absl::StatusCode::kDataLoss);
+
+  model_->ClearHookStatus();
+  calls.clear();
+  model_->SetLayerHooks(
+      [&](int64_t l) -> absl::Status {
+        calls.push_back("pre" + std::to_string(l));
+        if (l == 1) return absl::DeadlineExceededError("pending update of layer 1 timed out");
+        return absl::OkStatus();
+      },
+      nullptr, nullptr);
+  model_->CausalLmLoss(ids_, ids_);
+  EXPECT_EQ(calls, (std::vector<std::string>{"pre0", "pre1"}));
+  EXPECT_EQ(model_->HookStatus().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(model_->HookStatus().message(), "pending update of layer 1 timed out");
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Tests of model/llama_config.h and model/llama.h.
 // References: tests/oracle/data/logits_oracle.json (made by tests/oracle/make_logits_oracle.py
-// with Hugging Face transformers on the same GGUF), formats.md §5 values, and float64
+// with Hugging Face transformers on the same GGUF), docs/formats.md §5 values, and float64
 // recomputations of S = P^T G Q from dense autograd gradients.
 #include "model/llama.h"
 
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "lsp/lsp_linear.h"
 #include "model/gguf.h"
 #include "model/llama_config.h"
 #include "nlohmann/json.hpp"
@@ -57,7 +58,7 @@ TEST(LlamaConfigTest, FromRealGgufMatchesFormatsDoc) {
   ASSERT_TRUE(gguf.ok()) << gguf.status();
   auto c = LlamaConfigFromGguf(*gguf);
   ASSERT_TRUE(c.ok()) << c.status();
-  // formats.md §5 (SmolLM2-135M config.json).
+  // docs/formats.md §5 (SmolLM2-135M config.json).
   EXPECT_EQ(c->vocab_size, 49152);
   EXPECT_EQ(c->hidden_size, 576);
   EXPECT_EQ(c->num_layers, 30);
@@ -76,7 +77,7 @@ TEST(LlamaConfigTest, FromRealGgufMatchesFormatsDoc) {
   EXPECT_TRUE(c->Validate().ok());
 }
 
-// A GGUF v3 with no tensors and one string key, built byte by byte (formats.md §1).
+// A GGUF v3 with no tensors and one string key, built byte by byte (docs/formats.md §1).
 std::vector<uint8_t> MinimalGguf(const std::string& key, const std::string& value) {
   std::vector<uint8_t> b;
   auto put = [&b](uint64_t v, int bytes) {
@@ -228,16 +229,20 @@ TEST(LlamaRealModelTest, LogitsAndLossMatchHuggingFace) {
   EXPECT_LE(std::abs(loss - hf_loss) / hf_loss, 1e-4);
 }
 
-// Installs random (d = min(m, n) / 2, r = 8) projectors on every linear of `model`.
-void InstallRandomProjectors(LlamaModel& model) {
+// Installs an LSP LinearImpl with random (d = min(m, n) / 2, r = 8) projectors on every
+// linear of `model`.
+std::shared_ptr<lsp::LspLinears> InstallRandomProjectors(LlamaModel& model) {
+  auto lsp_linears = std::make_shared<lsp::LspLinears>(model);
+  model.SetLinearImpl(lsp_linears);
   for (int64_t i = 0; i < model.num_linears(); ++i) {
     const at::Tensor& w = model.LinearWeight(i);
     const int64_t d = std::min(w.size(0), w.size(1)) / 2;
     auto P = lsp::SparseProjector::Random(w.size(0), d, 8, 1000 + 2 * i);
     auto Q = lsp::SparseProjector::Random(w.size(1), d, 8, 1001 + 2 * i);
-    ASSERT_TRUE(P.ok() && Q.ok());
-    ASSERT_TRUE(model.SetProjectors(i, *P, *Q).ok());
+    EXPECT_TRUE(P.ok() && Q.ok());
+    EXPECT_TRUE(lsp_linears->SetProjectors(i, *P, *Q).ok());
   }
+  return lsp_linears;
 }
 
 // A training step's shape on the real model in LSP mode: every linear delivers one S in
@@ -248,11 +253,11 @@ TEST(LlamaRealModelTest, LspBackwardDeliversOneSPerLinear) {
   ASSERT_TRUE(gguf.ok()) << gguf.status();
   auto model = LlamaModel::FromGguf(*gguf);
   ASSERT_TRUE(model.ok()) << model.status();
-  InstallRandomProjectors(*model);
-  model->SetLinearMode(LinearMode::kLsp);
-  ASSERT_TRUE(model->ValidateLspReady().ok());
+  auto lsp_linears = InstallRandomProjectors(*model);
+  model->SetLinearMode(LinearMode::kCustom);
+  ASSERT_TRUE(lsp_linears->ValidateReady(*model).ok());
   std::vector<int64_t> order;
-  model->SetCompressedGradSink([&order, &model](int64_t i, const at::Tensor& S) {
+  lsp_linears->SetSink([&order, &model](int64_t i, const at::Tensor& S) {
     const at::Tensor& w = model->LinearWeight(i);
     const int64_t d = std::min(w.size(0), w.size(1)) / 2;
     EXPECT_EQ(S.sizes(), at::IntArrayRef({d, d}));
@@ -279,59 +284,6 @@ TEST(LlamaRealModelTest, LspBackwardDeliversOneSPerLinear) {
     EXPECT_FALSE(model->LinearWeight(i).grad().defined());
     EXPECT_FALSE(model->LinearWeight(i).requires_grad());
   }
-}
-
-// Timing of forward+backward on the real model with 2 intra-op threads. Opt-in (slow):
-// LSPO_LLAMA_BENCH=1 [LSPO_LLAMA_BENCH_B=8 LSPO_LLAMA_BENCH_T=80 LSPO_LLAMA_BENCH_MODES=lsp,dense,frozen]
-// "frozen" trains only the embedding (so backward runs through every layer without weight
-// gradients); "dense" forms all 210 weight gradients; "lsp" forms S with d = min(m,n)/2, r = 8.
-TEST(LlamaRealModelTest, FwdBwdTiming) {
-  SKIP_IF_NO_MODEL();
-  if (std::getenv("LSPO_LLAMA_BENCH") == nullptr) GTEST_SKIP() << "set LSPO_LLAMA_BENCH=1";
-  auto gguf = GgufFile::Open(kGgufPath);
-  ASSERT_TRUE(gguf.ok()) << gguf.status();
-  auto model = LlamaModel::FromGguf(*gguf);
-  ASSERT_TRUE(model.ok()) << model.status();
-  InstallRandomProjectors(*model);
-  int64_t calls = 0;
-  model->SetCompressedGradSink([&calls](int64_t, const at::Tensor&) { ++calls; });
-  const char* env_b = std::getenv("LSPO_LLAMA_BENCH_B");
-  const char* env_t = std::getenv("LSPO_LLAMA_BENCH_T");
-  const char* env_modes = std::getenv("LSPO_LLAMA_BENCH_MODES");
-  const int64_t B = env_b ? std::atoll(env_b) : 8, T = env_t ? std::atoll(env_t) : 80;
-  const std::string modes = env_modes ? env_modes : "lsp,dense,frozen";
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
-  at::Tensor ids = at::randint(3, 49152, {B, T}, gen, at::TensorOptions().dtype(at::kLong));
-  at::Tensor labels = ids.clone();
-  labels.narrow(1, 0, T / 4).fill_(-100);
-  at::Tensor embed = *model->GetTensor("model.embed_tokens.weight");
-  const int old_threads = at::get_num_threads();
-  at::set_num_threads(2);
-  for (const char* mode : {"lsp", "dense", "frozen"}) {
-    if (modes.find(mode) == std::string::npos) continue;
-    const std::string m = mode;
-    model->SetLinearMode(m == "lsp" ? LinearMode::kLsp
-                                    : m == "dense" ? LinearMode::kDense : LinearMode::kFrozen);
-    embed.requires_grad_(m == "frozen");
-    for (int rep = 0; rep < 2; ++rep) {
-      calls = 0;
-      auto t0 = std::chrono::steady_clock::now();
-      at::Tensor loss = model->CausalLmLoss(ids, labels);
-      auto t1 = std::chrono::steady_clock::now();
-      loss.backward();
-      auto t2 = std::chrono::steady_clock::now();
-      std::printf("B=%lld T=%lld mode=%s rep=%d: forward %.2f s, backward %.2f s, total %.2f s"
-                  " (loss %.4f, S delivered %lld)\n",
-                  static_cast<long long>(B), static_cast<long long>(T), mode, rep,
-                  std::chrono::duration<double>(t1 - t0).count(),
-                  std::chrono::duration<double>(t2 - t1).count(),
-                  std::chrono::duration<double>(t2 - t0).count(), loss.item<double>(),
-                  static_cast<long long>(calls));
-      model->ZeroLinearGrads();
-      embed.mutable_grad() = at::Tensor();
-    }
-  }
-  at::set_num_threads(old_threads);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -484,7 +436,7 @@ struct Projectors {
   lsp::SparseProjector P, Q;
 };
 
-// The core LSP property: in kLsp mode the sink receives S = P^T G Q for every linear, where G
+// The core LSP property: with the LSP LinearImpl (kCustom) the sink receives S = P^T G Q for every linear, where G
 // is the dense autograd gradient of the same loss (checked in float64), and dX (here: the
 // gradient reaching the embedding table, which sums every dX path) equals the dense run's.
 TEST_F(TinyLlamaTest, LspCompressedGradientEqualsProjectedDenseGradient) {
@@ -505,6 +457,8 @@ TEST_F(TinyLlamaTest, LspCompressedGradientEqualsProjectedDenseGradient) {
   embed.mutable_grad() = at::Tensor();
 
   // LSP run with random projectors (d = 8 or 12 < min(m, n), r = 4; sizes hit odd d).
+  auto lsp_linears = std::make_shared<lsp::LspLinears>(*model_);
+  model_->SetLinearImpl(lsp_linears);
   std::vector<Projectors> proj;
   for (int64_t i = 0; i < 14; ++i) {
     const at::Tensor& w = model_->LinearWeight(i);
@@ -513,12 +467,12 @@ TEST_F(TinyLlamaTest, LspCompressedGradientEqualsProjectedDenseGradient) {
     auto Q = lsp::SparseProjector::Random(w.size(1), d, 4, 200 + i);
     ASSERT_TRUE(P.ok() && Q.ok());
     proj.push_back({*P, *Q});
-    ASSERT_TRUE(model_->SetProjectors(i, *P, *Q).ok());
+    ASSERT_TRUE(lsp_linears->SetProjectors(i, *P, *Q).ok());
   }
-  model_->SetLinearMode(LinearMode::kLsp);
+  model_->SetLinearMode(LinearMode::kCustom);
   std::map<int64_t, at::Tensor> got;
   std::vector<int64_t> order;
-  model_->SetCompressedGradSink([&](int64_t i, const at::Tensor& S) {
+  lsp_linears->SetSink([&](int64_t i, const at::Tensor& S) {
     EXPECT_EQ(got.count(i), 0u) << "S delivered twice for linear " << i;
     got[i] = S;
     order.push_back(i);
@@ -529,7 +483,7 @@ TEST_F(TinyLlamaTest, LspCompressedGradientEqualsProjectedDenseGradient) {
   ASSERT_EQ(got.size(), 14u);
   for (size_t k = 1; k < order.size(); ++k) EXPECT_LE(order[k] / 7, order[k - 1] / 7);
   for (int64_t i = 0; i < 14; ++i) {
-    EXPECT_FALSE(model_->LinearWeight(i).grad().defined()) << "kLsp formed a weight grad";
+    EXPECT_FALSE(model_->LinearWeight(i).grad().defined()) << "LSP formed a weight grad";
     const Projectors& pq = proj[static_cast<size_t>(i)];
     at::Tensor ref = pq.P.Dense().to(at::kDouble).t().matmul(G[static_cast<size_t>(i)].to(
                          at::kDouble)).matmul(pq.Q.Dense().to(at::kDouble));  // (d, d)
@@ -567,11 +521,13 @@ TEST_F(TinyLlamaTest, MixedModesPerLinear) {
   auto P = lsp::SparseProjector::Random(64, 8, 2, 5);
   auto Q = lsp::SparseProjector::Random(128, 8, 2, 6);
   ASSERT_TRUE(P.ok() && Q.ok());
-  ASSERT_TRUE(model_->SetProjectors(13, *P, *Q).ok());
-  model_->SetLinearMode(13, LinearMode::kLsp);
+  auto lsp_linears = std::make_shared<lsp::LspLinears>(*model_);
+  model_->SetLinearImpl(lsp_linears);
+  ASSERT_TRUE(lsp_linears->SetProjectors(13, *P, *Q).ok());
+  model_->SetLinearMode(13, LinearMode::kCustom);
   model_->SetLinearMode(0, LinearMode::kDense);
   int calls = 0;
-  model_->SetCompressedGradSink([&](int64_t i, const at::Tensor&) {
+  lsp_linears->SetSink([&](int64_t i, const at::Tensor&) {
     EXPECT_EQ(i, 13);
     ++calls;
   });
@@ -581,7 +537,7 @@ TEST_F(TinyLlamaTest, MixedModesPerLinear) {
   EXPECT_FALSE(model_->LinearWeight(1).grad().defined());
   EXPECT_TRUE(model_->LinearWeight(0).requires_grad());
   EXPECT_FALSE(model_->LinearWeight(13).requires_grad());
-  EXPECT_EQ(model_->linear_mode(13), LinearMode::kLsp);
+  EXPECT_EQ(model_->linear_mode(13), LinearMode::kCustom);
 }
 
 TEST_F(TinyLlamaTest, ErrorsAreStatuses) {
@@ -589,11 +545,18 @@ TEST_F(TinyLlamaTest, ErrorsAreStatuses) {
   auto P = lsp::SparseProjector::Random(64, 8, 2, 5);
   auto Q = lsp::SparseProjector::Random(64, 8, 2, 6);
   ASSERT_TRUE(P.ok() && Q.ok());
-  EXPECT_EQ(model_->SetProjectors(6, *P, *Q).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(model_->SetProjectors(14, *P, *Q).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(model_->SetProjectors(0, *P, *Q).ok());
-  model_->SetLinearMode(LinearMode::kLsp);
-  EXPECT_EQ(model_->ValidateLspReady().code(), absl::StatusCode::kFailedPrecondition);
+  lsp::LspLinears lsp_linears(*model_);
+  EXPECT_EQ(lsp_linears.SetProjectors(6, *P, *Q).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(lsp_linears.SetProjectors(14, *P, *Q).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(lsp_linears.SetProjectors(-1, *P, *Q).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(lsp_linears.SetProjectors(0, *P, *Q).ok());
+  EXPECT_TRUE(lsp_linears.HasProjectors(0));
+  EXPECT_FALSE(lsp_linears.HasProjectors(1));
+  model_->SetLinearMode(LinearMode::kCustom);
+  EXPECT_EQ(lsp_linears.ValidateReady(*model_).code(), absl::StatusCode::kFailedPrecondition);
+  model_->SetLinearMode(LinearMode::kFrozen);
+  model_->SetLinearMode(0, LinearMode::kCustom);
+  EXPECT_TRUE(lsp_linears.ValidateReady(*model_).ok());
 
   // Tensors.
   EXPECT_EQ(model_->SetTensor("model.norm.weight", at::ones({63})).code(),

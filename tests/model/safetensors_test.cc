@@ -1,4 +1,4 @@
-// Tests of model/safetensors.h: round trips, the on-disk layout (formats.md §6), a file
+// Tests of model/safetensors.h: round trips, the on-disk layout (docs/formats.md §6), a file
 // written by the reference `safetensors` package (tests/oracle/make_safetensors_oracle.py),
 // and one corrupt-header test per failure mode.
 #include "model/safetensors.h"
@@ -17,7 +17,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/float16.h"
+#include "runtime/float16.h"
 #include "nlohmann/json.hpp"
 
 namespace lspo::model {
@@ -65,7 +65,7 @@ struct Fixture {
 Fixture MakeFixture() {
   Fixture f;
   f.a = {1.f, -2.5f, 3.25f, 1e-30f, -0.f, 65504.f};
-  for (float v : {1.f, -0.15625f, 3.0e38f, 1.0078125f}) f.b.push_back(Fp32ToBf16(v));
+  for (float v : {1.f, -0.15625f, 3.0e38f, 1.0078125f}) f.b.push_back(runtime::Fp32ToBf16(v));
   f.c = {0x3c00, 0xc000, 0x0001};  // 1, -2, 2^-24
   return f;
 }

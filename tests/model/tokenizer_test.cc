@@ -1,6 +1,6 @@
 // Tests for model/tokenizer.h and model/chat_template.h against oracle ids made by
 // tests/oracle/make_tokenizer_oracle.py (HF tokenizers / transformers) and the GPT-2 ids listed
-// in ../shared/data/README.md. Run from the repository root.
+// in datasets/README.md. Run from the repository root.
 #include "model/tokenizer.h"
 
 #include <chrono>
@@ -27,9 +27,9 @@ using ::testing::HasSubstr;
 
 constexpr char kGgufPath[] = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 constexpr char kOraclePath[] = "tests/oracle/data/tokenizer_oracle.json";
-constexpr char kGpt2Vocab[] = "../shared/data/gpt2-tokenizer/vocab.json";
-constexpr char kGpt2Merges[] = "../shared/data/gpt2-tokenizer/merges.txt";
-constexpr char kMobyDick[] = "../shared/data/moby-dick/moby-dick.txt";
+constexpr char kGpt2Vocab[] = "datasets/gpt2-tokenizer/vocab.json";
+constexpr char kGpt2Merges[] = "datasets/gpt2-tokenizer/merges.txt";
+constexpr char kMobyDick[] = "datasets/moby-dick/moby-dick.txt";
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -146,7 +146,7 @@ TEST(SmolLmTokenizerTest, ChatTemplateMatchesOracle) {
 }
 
 TEST(ChatTemplateTest, EmptyConversationAndCustomSystem) {
-  // Template semantics (formats.md §5): no messages -> no system turn.
+  // Template semantics (docs/formats.md §5): no messages -> no system turn.
   EXPECT_EQ(ApplyChatMlTemplate({}, false), "");
   EXPECT_EQ(ApplyChatMlTemplate({}, true), "<|im_start|>assistant\n");
   std::vector<ChatMessage> m = {{"user", "hi"}};
@@ -207,11 +207,11 @@ TEST(SmolLmTokenizerTest, WriteHfFilesProducesLoadableLayout) {
   auto tj = nlohmann::json::parse(ReadAll(dir + "/tokenizer.json"), nullptr, false);
   ASSERT_FALSE(tj.is_discarded());
   EXPECT_EQ(tj["model"]["type"], "BPE");
-  EXPECT_EQ(tj["model"]["vocab"].size(), 49152u);       // formats.md §5
-  EXPECT_EQ(tj["model"]["merges"].size(), 48900u);      // formats.md §5
+  EXPECT_EQ(tj["model"]["vocab"].size(), 49152u);       // docs/formats.md §5
+  EXPECT_EQ(tj["model"]["merges"].size(), 48900u);      // docs/formats.md §5
   EXPECT_EQ(tj["model"]["vocab"]["<|im_end|>"], 2);
   EXPECT_EQ(tj["model"]["merges"][0], tok->IdToToken(tok->TokenToId("Ġ")) + " t");
-  ASSERT_EQ(tj["added_tokens"].size(), 17u);            // ids 0-16 (formats.md §5)
+  ASSERT_EQ(tj["added_tokens"].size(), 17u);            // ids 0-16 (docs/formats.md §5)
   for (int i = 0; i < 17; ++i) {
     EXPECT_EQ(tj["added_tokens"][i]["id"], i);
     EXPECT_EQ(tj["added_tokens"][i]["special"], true);
@@ -319,7 +319,7 @@ TEST(BpeTokenizerTest, CreateRejectsBadSpecs) {
   EXPECT_EQ(BpeTokenizer::Create(merge).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Minimal GGUF v3 writer for metadata-only files (formats.md §1).
+// Minimal GGUF v3 writer for metadata-only files (docs/formats.md §1).
 class GgufBuilder {
  public:
   void AddString(const std::string& key, const std::string& value) {

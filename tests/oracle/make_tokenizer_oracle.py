@@ -16,7 +16,7 @@ Reference tokenizer (SmolLM2-135M-Instruct, from the GGUF):
   "Ġ","Ġ","2", the smollm split gives "ĠĠ","2"); the JSON lists the cases that differ under
   "differs_from_transformers_gguf_loader".
 
-GPT-2 cases: a `tokenizers` BPE built from ../shared/data/gpt2-tokenizer/{vocab.json,merges.txt}
+GPT-2 cases: a `tokenizers` BPE built from datasets/gpt2-tokenizer/{vocab.json,merges.txt}
 with the ByteLevel pre-tokenizer (the layout of the Hub gpt2 tokenizer.json).
 
 Optional check of the C++ exporter (BpeTokenizer::WriteHfFiles):
@@ -34,7 +34,7 @@ from tokenizers.models import BPE
 from transformers import AutoTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SHARED = os.path.join(ROOT, "..", "shared", "data")
+SHARED = os.path.join(ROOT, "datasets")
 OUT = os.path.join(ROOT, "tests", "oracle", "data", "tokenizer_oracle.json")
 
 STRINGS = [

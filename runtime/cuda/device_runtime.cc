@@ -1,4 +1,4 @@
-#include "lsp/cuda/device_runtime.h"
+#include "runtime/cuda/device_runtime.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -7,7 +7,7 @@
 #include <cuda_runtime.h>
 #endif
 
-namespace lspo::lsp::cuda {
+namespace lspo::runtime::cuda {
 namespace {
 
 #if LSPO_HAS_CUDA
@@ -237,4 +237,4 @@ absl::StatusOr<std::string> DeviceDescription(int device) {
 #endif
 }
 
-}  // namespace lspo::lsp::cuda
+}  // namespace lspo::runtime::cuda

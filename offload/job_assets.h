@@ -1,15 +1,15 @@
 // Loading what a job names: the model (GGUF or seeded tiny random Llama) and its tokenizer.
 // Shared by the worker (training copy) and the optimizer service (fp32 master weights), so
 // both start from bit-identical W0.
-#ifndef LSPO_GPU_WORKER_JOB_ASSETS_H_
-#define LSPO_GPU_WORKER_JOB_ASSETS_H_
+#ifndef LSPO_OFFLOAD_JOB_ASSETS_H_
+#define LSPO_OFFLOAD_JOB_ASSETS_H_
 
 #include "absl/status/statusor.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "proto/lsp_offload.pb.h"
 
-namespace lspo::worker {
+namespace lspo::offload {
 
 // The tokenizer of spec.model.tokenizer_path (a GGUF file).
 // Errors: those of GgufFile::Open and BpeTokenizer::FromGguf, prefixed with the path.
@@ -27,6 +27,6 @@ absl::StatusOr<model::LlamaConfig> RandomLlamaConfig(const lspo::v1::LlamaShape&
 // Errors: kInvalidArgument (unknown format), file errors prefixed with the path.
 absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec);
 
-}  // namespace lspo::worker
+}  // namespace lspo::offload
 
-#endif  // LSPO_GPU_WORKER_JOB_ASSETS_H_
+#endif  // LSPO_OFFLOAD_JOB_ASSETS_H_

@@ -1,6 +1,6 @@
 // Converts LibTorch exceptions into absl::Status at the service boundary.
-#ifndef LSPO_GPU_WORKER_TORCH_CALL_H_
-#define LSPO_GPU_WORKER_TORCH_CALL_H_
+#ifndef LSPO_OFFLOAD_TORCH_CALL_H_
+#define LSPO_OFFLOAD_TORCH_CALL_H_
 
 #include <exception>
 
@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
-namespace lspo::worker {
+namespace lspo::offload {
 
 // Runs `fn` (returning absl::Status); a c10::Error or std::exception thrown inside (bad
 // shapes, allocation failure) becomes kInternal naming `what`. No exception escapes.
@@ -25,6 +25,6 @@ absl::Status TorchCall(absl::string_view what, Fn&& fn) {
   }
 }
 
-}  // namespace lspo::worker
+}  // namespace lspo::offload
 
-#endif  // LSPO_GPU_WORKER_TORCH_CALL_H_
+#endif  // LSPO_OFFLOAD_TORCH_CALL_H_

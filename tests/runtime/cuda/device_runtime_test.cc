@@ -1,7 +1,7 @@
 // lsp/cuda/device_runtime: without a device (this project's CI) every call must fail with a
 // clear status and never crash; with a device, pinned round trips through the two kinds of
 // stream must return exactly the random bytes sent, and events must time them.
-#include "lsp/cuda/device_runtime.h"
+#include "runtime/cuda/device_runtime.h"
 
 #include <cmath>
 #include <cstdio>
@@ -16,7 +16,7 @@
 #include <cuda_runtime.h>
 #endif
 
-namespace lspo::lsp::cuda {
+namespace lspo::runtime::cuda {
 namespace {
 
 using ::testing::AnyOf;
@@ -89,4 +89,4 @@ TEST(DeviceRuntimeTest, PinnedRoundTripOnNonBlockingStreamsIsExactAndTimed) {
 #endif
 
 }  // namespace
-}  // namespace lspo::lsp::cuda
+}  // namespace lspo::runtime::cuda

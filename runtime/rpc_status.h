@@ -1,6 +1,6 @@
 // absl::Status <-> grpc::Status, code for code (both use the canonical google.rpc codes).
-#ifndef LSPO_PROTO_GRPC_STATUS_H_
-#define LSPO_PROTO_GRPC_STATUS_H_
+#ifndef LSPO_RUNTIME_RPC_STATUS_H_
+#define LSPO_RUNTIME_RPC_STATUS_H_
 
 #include <string>
 #include <utility>
@@ -38,4 +38,4 @@ grpc::Status Reply(absl::StatusOr<T> r, Out* out) {
 
 }  // namespace lspo::rpc
 
-#endif  // LSPO_PROTO_GRPC_STATUS_H_
+#endif  // LSPO_RUNTIME_RPC_STATUS_H_

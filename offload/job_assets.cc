@@ -1,11 +1,11 @@
-#include "gpu_worker/job_assets.h"
+#include "offload/job_assets.h"
 
 #include "absl/strings/str_cat.h"
 #include "model/gguf.h"
 #include "model/llama_config.h"
 #include "runtime/status_macros.h"
 
-namespace lspo::worker {
+namespace lspo::offload {
 namespace {
 
 absl::Status Prefix(const absl::Status& s, absl::string_view what, const std::string& path) {
@@ -66,4 +66,4 @@ absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec) {
       "job spec field model.format = ", m.format(), ": use \"gguf\" or \"tiny-random\""));
 }
 
-}  // namespace lspo::worker
+}  // namespace lspo::offload

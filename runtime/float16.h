@@ -2,16 +2,16 @@
 // exact. Header-only so that torch-free readers/writers (GGUF, safetensors) share them.
 //
 // Sources: IEEE 754-2008 §3.6 (binary16 layout: 1 sign, 5 exponent (bias 15), 10 mantissa);
-// bf16 = the high 16 bits of an f32 (formats.md §2: "f32 bits = b<<16").
+// bf16 = the high 16 bits of an f32 (docs/formats.md §2: "f32 bits = b<<16").
 // Thread-safety: pure functions.
-#ifndef LSPO_MODEL_FLOAT16_H_
-#define LSPO_MODEL_FLOAT16_H_
+#ifndef LSPO_RUNTIME_FLOAT16_H_
+#define LSPO_RUNTIME_FLOAT16_H_
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-namespace lspo::model {
+namespace lspo::runtime {
 
 // The bit helpers below are always_inline so that they also inline into the per-ISA clones of
 // vectorised kernels (lsp/adam.cc: GCC does not inline plain functions across target arches).
@@ -80,6 +80,6 @@ LSPO_FLOAT16_INLINE uint16_t Fp32ToBf16(float f) {
   return static_cast<uint16_t>(rounded >> 16);
 }
 
-}  // namespace lspo::model
+}  // namespace lspo::runtime
 
-#endif  // LSPO_MODEL_FLOAT16_H_
+#endif  // LSPO_RUNTIME_FLOAT16_H_

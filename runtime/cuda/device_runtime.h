@@ -16,8 +16,8 @@
 // Errors: every Status names the CUDA call and cudaGetErrorString's text. Thread-safety: the
 // objects are move-only handles; CUDA itself allows concurrent use of streams and events from
 // several host threads.
-#ifndef LSPO_LSP_CUDA_DEVICE_RUNTIME_H_
-#define LSPO_LSP_CUDA_DEVICE_RUNTIME_H_
+#ifndef LSPO_RUNTIME_CUDA_DEVICE_RUNTIME_H_
+#define LSPO_RUNTIME_CUDA_DEVICE_RUNTIME_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -26,7 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace lspo::lsp::cuda {
+namespace lspo::runtime::cuda {
 
 // Number of visible CUDA devices; 0 without a device, a driver or a CUDA build. Never fails.
 int DeviceCount();
@@ -124,6 +124,6 @@ absl::StatusOr<MemoryInfo> GetMemoryInfo();
 // CUDA, kInternal on a runtime error.
 absl::StatusOr<std::string> DeviceDescription(int device);
 
-}  // namespace lspo::lsp::cuda
+}  // namespace lspo::runtime::cuda
 
-#endif  // LSPO_LSP_CUDA_DEVICE_RUNTIME_H_
+#endif  // LSPO_RUNTIME_CUDA_DEVICE_RUNTIME_H_

@@ -1,0 +1,140 @@
+// The LSP linear autograd node. Legend and formulas: lsp_linear.h.
+#include "lsp/lsp_linear.h"
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace lspo::lsp {
+namespace {
+
+using torch::autograd::variable_list;
+
+// Backward node of an LSP linear y = x W^T over N tokens (docs/method.md "Math").
+// Input: dY (N, m). Output: dX = dY W (N, n), only when x needs a gradient.
+// Side effect: S = (dY P)^T XQ = P^T G Q (d, d) fp32 handed to the sink. No weight gradient.
+struct LspLinearBackward : public torch::autograd::Node {
+  variable_list apply(variable_list&& grads) override {
+    const at::Tensor& dy = grads[0];  // (N, m)
+    at::Tensor dx;                    // (N, n)
+    if (dy.defined()) {
+      at::Tensor w = weight.unpack();  // (m, n); throws if W was modified after the forward
+      if (task_should_compute_output(0)) dx = at::mm(dy, w);
+      if (sink != nullptr && sink->sink) {
+        at::Tensor s = CompressFactored(dy, xq, p);  // (d, d) fp32
+        sink->sink(linear_index, s);
+      }
+    }
+    return {dx};
+  }
+  void release_variables() override {
+    weight.reset_data();
+    xq = at::Tensor();
+  }
+  std::string name() const override { return "LspLinearBackward"; }
+
+  torch::autograd::SavedVariable weight;  // W (m, n) fp32
+  at::Tensor xq;                           // X Q (N, d) fp32
+  SparseProjector p;                       // P (m, d)
+  int64_t linear_index = 0;
+  std::shared_ptr<LspLinears::SinkHolder> sink;
+};
+
+// y = x W^T recorded with an LspLinearBackward node. x2d (N, n), w (m, n) -> (N, m).
+at::Tensor LspLinearForward(const at::Tensor& x2d, const at::Tensor& w, int64_t linear_index,
+                            const SparseProjector& p, const SparseProjector& q,
+                            const std::shared_ptr<LspLinears::SinkHolder>& sink) {
+  at::Tensor y;   // (N, m)
+  at::Tensor xq;  // (N, d)
+  {
+    at::NoGradGuard no_grad;
+    y = at::mm(x2d, w.t());
+    if (sink->sink) xq = ProjectRows(x2d, q);
+  }
+  auto node = std::shared_ptr<LspLinearBackward>(new LspLinearBackward(),
+                                                 torch::autograd::deleteNode);
+  node->weight = torch::autograd::SavedVariable(w, /*is_output=*/false);
+  node->xq = xq;
+  node->p = p;
+  node->linear_index = linear_index;
+  node->sink = xq.defined() ? sink : nullptr;
+  node->set_next_edges(torch::autograd::collect_next_edges(x2d));
+  torch::autograd::create_gradient_edge(y, std::move(node));
+  return y;
+}
+
+}  // namespace
+
+LspLinears::LspLinears(const model::LlamaModel& model) {
+  slots_.resize(static_cast<size_t>(model.num_linears()));
+  for (int64_t i = 0; i < model.num_linears(); ++i) {
+    Slot& s = slots_[static_cast<size_t>(i)];
+    s.name = model.LinearName(i);
+    s.m = model.LinearWeight(i).size(0);
+    s.n = model.LinearWeight(i).size(1);
+  }
+}
+
+absl::Status LspLinears::SetProjectors(int64_t i, SparseProjector P, SparseProjector Q) {
+  const int64_t count = static_cast<int64_t>(slots_.size());
+  if (i < 0 || i >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("SetProjectors: linear index ", i,
+                                                   " is not in [0, ", count, ")"));
+  }
+  Slot& s = slots_[static_cast<size_t>(i)];
+  if (P.rows != s.m || Q.rows != s.n || P.d != Q.d || P.d <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SetProjectors(", s.name, "): W is (", s.m, ", ", s.n, ") so P must be (", s.m,
+        ", d) and Q (", s.n, ", d) with one d > 0; got P (", P.rows, ", ", P.d, "), Q (",
+        Q.rows, ", ", Q.d, ")"));
+  }
+  s.pq = std::make_pair(std::move(P), std::move(Q));
+  return absl::OkStatus();
+}
+
+bool LspLinears::HasProjectors(int64_t i) const {
+  return i >= 0 && i < static_cast<int64_t>(slots_.size()) &&
+         slots_[static_cast<size_t>(i)].pq.has_value();
+}
+
+absl::Status LspLinears::ValidateReady(const model::LlamaModel& model) const {
+  for (int64_t i = 0; i < model.num_linears(); ++i) {
+    if (model.linear_mode(i) == model::LinearMode::kCustom && !HasProjectors(i)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "linear ", i, " (", model.LinearName(i),
+          ") is trained by LSP but has no projectors; call SetProjectors first"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void LspLinears::SetSink(CompressedGradSink sink) { sink_->sink = std::move(sink); }
+
+at::Tensor LspLinears::Forward(const at::Tensor& x2d, const at::Tensor& w, int64_t i) {
+  const Slot& s = slots_[static_cast<size_t>(i)];
+  if (s.pq.has_value()) return LspLinearForward(x2d, w, i, s.pq->first, s.pq->second, sink_);
+  LOG_FIRST_N(WARNING, 8) << "LspLinears: linear " << s.name
+                          << " has no projectors; treated as frozen (call SetProjectors first)";
+  return at::mm(x2d, w.t());  // (N, m); dX still flows, W gets no gradient
+
+}
+
+absl::Status LspLinears::To(const at::Device& device) {
+  try {
+    std::vector<std::optional<std::pair<SparseProjector, SparseProjector>>> moved;
+    moved.reserve(slots_.size());
+    for (const Slot& s : slots_) {
+      moved.push_back(s.pq.has_value() ? std::make_optional(std::make_pair(
+                                             s.pq->first.To(device), s.pq->second.To(device)))
+                                       : std::nullopt);
+    }
+    for (size_t k = 0; k < slots_.size(); ++k) slots_[k].pq = std::move(moved[k]);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot move the projectors to device '",
+                                                   device.str(), "': ",
+                                                   e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace lspo::lsp

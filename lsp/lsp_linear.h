@@ -1,0 +1,93 @@
+// The LSP linear layer (docs/method.md "Math"): a model::LinearImpl that trains a model's
+// linears through the compressed gradient S = P^T G Q instead of G.
+//
+// Legend: N tokens, m out-features and n in-features of W (m, n) (HF layout: y = x W^T),
+// d subspace dimension of the projectors P (m, d), Q (n, d), r non-zeros per projector row.
+//
+// For y = x W^T with upstream gradient dY (N, m) the weight gradient is G = dY^T X (m, n).
+// The forward saves XQ = X Q (N, d); the backward computes dX = dY W and
+// S = (dY P)^T XQ = P^T G Q (d, d) fp32 (lsp::CompressFactored), hands S to the sink and
+// returns NO weight gradient: G is never materialised. The backward node runs even when
+// nothing upstream is trainable (e.g. layer 0 with a frozen embedding), so loss.backward()
+// works with every parameter frozen. W must not be modified in place between a forward and its
+// backward (the node saves W and checks its version, as autograd does: a violation throws
+// c10::Error from backward()). A linear without projectors computes as frozen (a warning is
+// logged; ValidateReady reports it).
+//
+// Thread-safety: not thread-safe; used by one model, from the thread running its forward. The
+// sink runs on the thread that calls backward.
+#ifndef LSPO_LSP_LSP_LINEAR_H_
+#define LSPO_LSP_LSP_LINEAR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/status.h"
+#include "lsp/projector.h"
+#include "model/linear_impl.h"
+#include "model/llama.h"
+
+namespace lspo::lsp {
+
+// Receives S (d, d) fp32 of linear `linear_index` during backward. S is a fresh tensor the sink
+// may keep. The sink must not throw.
+using CompressedGradSink =
+    std::function<void(int64_t linear_index, const at::Tensor& S /* (d, d) fp32 */)>;
+
+class LspLinears : public model::LinearImpl {
+ public:
+  // Projector slots for every linear of `model` (names and (m, n) recorded from it). The
+  // caller installs the result with model.SetLinearImpl and sets the linears it trains to
+  // model::LinearMode::kCustom.
+  explicit LspLinears(const model::LlamaModel& model);
+
+  // Installs the projectors of linear i: P (m, d), Q (n, d), both (d, r)-sparse with the same
+  // d. They are used by the next forward (a forward already recorded keeps the projectors it
+  // saw). Errors: kInvalidArgument for i out of range, P.rows != m, Q.rows != n, or
+  // P.d != Q.d.
+  absl::Status SetProjectors(int64_t i, SparseProjector P, SparseProjector Q);
+  bool HasProjectors(int64_t i) const;
+
+  // kFailedPrecondition naming the first kCustom linear of `model` without projectors.
+  absl::Status ValidateReady(const model::LlamaModel& model) const;
+
+  // Sets the receiver of compressed gradients. During each backward of a graph built with
+  // kCustom linears it is called exactly ONCE PER such linear, from the autograd backward, in
+  // reverse layer order (all linears of layer l before any of layer l - 1; inside a layer the
+  // autograd engine's order, typically down, up/gate, o, v/k/q). A forward taken under
+  // at::NoGradGuard records nothing. Use loss.backward() (torch::autograd::grad restricted to
+  // other inputs may skip linears). Set it before the forward: a forward recorded with no sink
+  // set computes neither XQ nor S (dX still flows).
+  void SetSink(CompressedGradSink sink);
+
+  // model::LinearImpl: x2d (N, n) fp32, w (m, n) fp32 -> y (N, m) fp32, recorded with the LSP
+  // backward node.
+  at::Tensor Forward(const at::Tensor& x2d, const at::Tensor& w, int64_t linear_index) override;
+  // Moves every installed projector. kInvalidArgument naming the device; nothing moved then.
+  absl::Status To(const at::Device& device) override;
+
+  // Shared between this object and the backward nodes it recorded.
+  struct SinkHolder {
+    CompressedGradSink sink;
+  };
+
+ private:
+  struct Slot {
+    std::string name;
+    int64_t m = 0, n = 0;
+    std::optional<std::pair<SparseProjector, SparseProjector>> pq;
+  };
+  std::vector<Slot> slots_;
+  std::shared_ptr<SinkHolder> sink_ = std::make_shared<SinkHolder>();
+};
+
+}  // namespace lspo::lsp
+
+#endif  // LSPO_LSP_LSP_LINEAR_H_

@@ -1,0 +1,44 @@
+// The seam through which a training method decides how a linear layer of the model computes
+// its forward and its backward, so that model/ knows nothing of any method (LSP's compressed
+// gradients live in lsp/lsp_linear.h; a LoRA or GaLore path would be another LinearImpl).
+//
+// Legend: N tokens, m out-features, n in-features of W (m, n) (HF layout: y = x W^T).
+#ifndef LSPO_MODEL_LINEAR_IMPL_H_
+#define LSPO_MODEL_LINEAR_IMPL_H_
+
+#include <cstdint>
+
+#include <torch/torch.h>
+
+#include "absl/status/status.h"
+
+namespace lspo::model {
+
+// How a linear layer y = x W^T computes when it is in LinearMode::kCustom
+// (LlamaModel::SetLinearImpl). Implementations record their own autograd node, so they decide
+// what the backward produces (dX, and whatever they do with the weight gradient).
+//
+// Thread-safety: called from the thread that runs the model's forward (Forward) and from the
+// autograd thread (whatever Forward's node does in backward); one model at a time.
+class LinearImpl {
+ public:
+  virtual ~LinearImpl() = default;
+
+  // y = x2d W^T for linear `linear_index`, recorded for backward. Called only with grad mode
+  // enabled (under at::NoGradGuard the model computes x2d W^T itself).
+  //   x2d (N, n) in the compute dtype (fp32), w (m, n) in the same dtype (an upcast copy when
+  //   the model stores bf16 weights) -> y (N, m) in that dtype.
+  // Must not throw for well-formed inputs (shapes are the model's own); c10::Error from
+  // LibTorch (e.g. out of memory) propagates to the caller of the forward, as any op's would.
+  virtual at::Tensor Forward(const at::Tensor& x2d, const at::Tensor& w,
+                             int64_t linear_index) = 0;
+
+  // Moves the implementation's own tensors to `device` (LlamaModel::To calls it before it
+  // commits its own move). On error nothing may have moved. Errors: kInvalidArgument naming
+  // the device.
+  virtual absl::Status To(const at::Device& device) = 0;
+};
+
+}  // namespace lspo::model
+
+#endif  // LSPO_MODEL_LINEAR_IMPL_H_

@@ -1,0 +1,137 @@
+#include "offload/arena_layout.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/shm_arena.h"
+#include "runtime/status_macros.h"
+
+namespace lspo::offload {
+namespace {
+
+using lspo::v1::TensorRef;
+
+uint64_t ElementBytes(lspo::v1::DType dtype) { return dtype == lspo::v1::BF16 ? 2 : 4; }
+
+TensorRef MakeRef(uint64_t* cursor, lspo::v1::DType dtype, std::vector<int64_t> shape) {
+  TensorRef ref;
+  ref.set_offset(*cursor);
+  ref.set_dtype(dtype);
+  uint64_t numel = 1;
+  for (int64_t s : shape) {
+    ref.add_shape(s);
+    numel *= static_cast<uint64_t>(s);
+  }
+  *cursor += runtime::AlignUp64(numel * ElementBytes(dtype));
+  return ref;
+}
+
+// A new slot of `layout` naming linear `l` (index, HF name, m, n); regions are added by the
+// caller.
+lspo::v1::LinearSlot* AddSlot(const LinearShape& l, lspo::v1::ArenaLayout* layout) {
+  auto* slot = layout->add_linears();
+  slot->set_index(l.index);
+  slot->set_name(l.name);
+  slot->set_m(l.m);
+  slot->set_n(l.n);
+  return slot;
+}
+
+// The completion flags: 1 + 2 L uint32 words.
+void AddFlags(const std::vector<LinearShape>& linears, lspo::v1::ArenaLayout* layout,
+              uint64_t* cursor) {
+  *layout->mutable_flags() =
+      MakeRef(cursor, lspo::v1::I32, {1 + 2 * static_cast<int64_t>(linears.size())});
+}
+
+// The one-layer fp32 staging region (`per_layer` matrices in linear order).
+void AddStaging(const std::vector<LinearShape>& linears, size_t per_layer,
+                lspo::v1::ArenaLayout* layout, uint64_t* cursor) {
+  int64_t largest_layer = 0;
+  for (size_t s = 0; s < linears.size(); s += per_layer) {
+    int64_t layer = 0;
+    for (size_t k = s; k < std::min(linears.size(), s + per_layer); ++k) {
+      layer += linears[k].m * linears[k].n;
+    }
+    largest_layer = std::max(largest_layer, layer);
+  }
+  *layout->mutable_staging() = MakeRef(cursor, lspo::v1::F32, {std::max<int64_t>(largest_layer, 1)});
+}
+
+absl::Status CheckPerLayer(const std::vector<LinearShape>& linears, int32_t per_layer) {
+  if (per_layer < 1 || linears.size() % static_cast<size_t>(per_layer) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "arena layout: ", linears.size(), " trained matrices do not split into decoder layers of ",
+        per_layer, " matrices each"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(const std::vector<LinearShape>& linears,
+                                                       int32_t linears_per_layer, int32_t d,
+                                                       int32_t r, const std::string& name) {
+  RETURN_IF_ERROR(CheckPerLayer(linears, linears_per_layer));
+  if (d < 1 || r < 1 || r > d) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("arena layout: need 1 <= r <= d, got d = ", d, ", r = ", r));
+  }
+  lspo::v1::ArenaLayout layout;
+  layout.set_name(name);
+  layout.set_linears_per_layer(linears_per_layer);
+  layout.set_d(d);
+  layout.set_r(r);
+  uint64_t cursor = 0;
+  for (const LinearShape& l : linears) {
+    auto* slot = AddSlot(l, &layout);
+    *slot->mutable_grad() = MakeRef(&cursor, lspo::v1::F32, {d, d});
+    *slot->mutable_step() = MakeRef(&cursor, lspo::v1::F32, {d, d});
+    *slot->mutable_p_index() = MakeRef(&cursor, lspo::v1::I32, {l.m, r});
+    *slot->mutable_p_value() = MakeRef(&cursor, lspo::v1::F32, {l.m, r});
+    *slot->mutable_q_index() = MakeRef(&cursor, lspo::v1::I32, {l.n, r});
+    *slot->mutable_q_value() = MakeRef(&cursor, lspo::v1::F32, {l.n, r});
+  }
+  AddFlags(linears, &layout, &cursor);
+  AddStaging(linears, static_cast<size_t>(linears_per_layer), &layout, &cursor);
+  layout.set_mode("lsp");
+  layout.set_bytes(std::max<uint64_t>(cursor, 64));
+  return layout;
+}
+
+absl::StatusOr<lspo::v1::ArenaLayout> BuildZeroArenaLayout(
+    const std::vector<LinearShape>& linears, int32_t linears_per_layer, const std::string& name) {
+  RETURN_IF_ERROR(CheckPerLayer(linears, linears_per_layer));
+  lspo::v1::ArenaLayout layout;
+  layout.set_name(name);
+  layout.set_linears_per_layer(linears_per_layer);
+  uint64_t cursor = 0;
+  for (const LinearShape& l : linears) {
+    auto* slot = AddSlot(l, &layout);
+    *slot->mutable_full_grad() = MakeRef(&cursor, lspo::v1::BF16, {l.m, l.n});
+    *slot->mutable_param() = MakeRef(&cursor, lspo::v1::BF16, {l.m, l.n});
+  }
+  AddFlags(linears, &layout, &cursor);
+  layout.set_mode("zero");
+  layout.set_bytes(std::max<uint64_t>(cursor, 64));
+  return layout;
+}
+
+absl::StatusOr<int32_t> NumLayers(const lspo::v1::ArenaLayout& layout) {
+  const int32_t k = layout.linears_per_layer();
+  if (k < 1 || layout.linears_size() % k != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "arena layout ", layout.name(), ": linears_per_layer = ", k, " does not split its ",
+        layout.linears_size(), " matrices into layers (worker and optimizer of different "
+        "versions?)"));
+  }
+  return layout.linears_size() / k;
+}
+
+int64_t Numel(const lspo::v1::TensorRef& ref) {
+  int64_t n = 1;
+  for (int64_t s : ref.shape()) n *= s;
+  return n;
+}
+
+}  // namespace lspo::offload

@@ -1,0 +1,45 @@
+// Zero-copy LibTorch views of the slots of a job's shared-memory arena (offload/arena_layout.h)
+// and the projector slots (int32 positions + fp32 values). Used by the worker and the optimizer.
+// Thread-safety: the functions are stateless; the views alias shared memory, so concurrent
+// writers of one slot must be ordered by the completion flags (runtime/completion_flags.h).
+#ifndef LSPO_OFFLOAD_ARENA_TENSORS_H_
+#define LSPO_OFFLOAD_ARENA_TENSORS_H_
+
+#include <cstdint>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "lsp/projector.h"
+#include "offload/arena_layout.h"
+#include "proto/lsp_offload.pb.h"
+#include "runtime/completion_flags.h"
+#include "runtime/shm_arena.h"
+
+namespace lspo::offload {
+
+// A CPU bf16 tensor viewing the slot `ref`. Errors as ArenaF32 (dtype must be BF16).
+absl::StatusOr<at::Tensor> ArenaBf16(const runtime::ShmArena& arena, const lspo::v1::TensorRef& ref);
+
+// The completion flags of `layout` inside `arena`. kInvalidArgument if the flags region does
+// not hold 1 + 2 L words; kOutOfRange if it lies outside the arena.
+absl::StatusOr<runtime::CompletionFlags> ArenaFlags(const runtime::ShmArena& arena,
+                                                    const lspo::v1::ArenaLayout& layout);
+
+// A CPU fp32 tensor viewing the slot `ref` (no copy; valid while the arena lives).
+// Errors: kInvalidArgument (dtype is not F32), kOutOfRange (outside the arena).
+absl::StatusOr<at::Tensor> ArenaF32(const runtime::ShmArena& arena, const lspo::v1::TensorRef& ref);
+
+// Copies P (index as i32, value f32) into the slots. kInvalidArgument on a shape mismatch.
+absl::Status WriteProjector(const runtime::ShmArena& arena, const lspo::v1::TensorRef& index,
+                            const lspo::v1::TensorRef& value, const lsp::SparseProjector& p);
+
+// Reads a projector with `d` columns back (index widened to int64). kDataLoss if a position
+// is outside [0, d).
+absl::StatusOr<lsp::SparseProjector> ReadProjector(const runtime::ShmArena& arena,
+                                                   const lspo::v1::TensorRef& index,
+                                                   const lspo::v1::TensorRef& value, int64_t d);
+
+}  // namespace lspo::offload
+
+#endif  // LSPO_OFFLOAD_ARENA_TENSORS_H_

@@ -1,0 +1,50 @@
+// The one seam for whole-file I/O (in the manner of leveldb's Env helpers): read a file into a
+// string, write one durably, fsync a directory. Every error is a canonical absl status that
+// names the path and says what to do:
+//   kNotFound          the path (or a parent directory) does not exist
+//   kPermissionDenied  the process may not read / write it
+//   kInvalidArgument   the path is a directory where a file was expected
+//   kResourceExhausted the disk or quota is full, or the file too large (ENOSPC, EDQUOT, EFBIG)
+//   other codes        absl::ErrnoToStatusCode of the failing call (EIO -> kUnavailable ...)
+// Thread-safety: stateless functions; concurrent writers of one path race as the OS lets them
+// (WriteFileAtomically's rename makes the last one win, never a mix).
+#ifndef LSPO_RUNTIME_FILE_IO_H_
+#define LSPO_RUNTIME_FILE_IO_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace lspo::runtime {
+
+// The whole contents of the regular file `path` (bytes, no decoding). `what` describes the
+// file in messages ("job spec", "data.train_path", ...); empty means "file".
+absl::StatusOr<std::string> ReadFileToString(const std::string& path,
+                                             absl::string_view what = "");
+
+// Creates or truncates `path`, writes `contents`, fsyncs and closes it. Not atomic: a crash
+// may leave a partial file (use inside a temporary directory that is renamed when complete,
+// as checkpoints do, or use WriteFileAtomically).
+// `mode`: permission bits of a created file (0600 for files that hold specs or secrets).
+absl::Status WriteFileSynced(const std::string& path, absl::string_view contents,
+                             int mode = 0644);
+
+// Replaces `path` atomically and durably: writes `path`.tmp-<pid>, fsyncs it, renames it over
+// `path` and fsyncs the parent directory, so a crash leaves the old or the new file, whole.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents,
+                                 int mode = 0644);
+
+// fsyncs the directory `dir` (makes renames and creations inside it durable).
+absl::Status FsyncDir(const std::string& dir);
+// fsyncs the file `path` (opened read-only).
+absl::Status FsyncFile(const std::string& path);
+
+// The canonical status (see the file comment) of the system call `op` ("create", "rename",
+// ...) on `path` failing with errno `err`, for file code that makes its own system calls.
+absl::Status FileErrnoStatus(absl::string_view op, const std::string& path, int err);
+
+}  // namespace lspo::runtime
+
+#endif  // LSPO_RUNTIME_FILE_IO_H_
