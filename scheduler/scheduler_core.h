@@ -1,32 +1,8 @@
-// The scheduler's core (no server): a job queue and a runner thread that drives each job
-// through the worker and optimizer services (their gRPC stubs, so they may be in-process or
-// separate processes), issues the per-layer offload/update/upload tasks of every step, the
-// projector fits, evaluations and the final checkpoint, and keeps status for the status RPCs.
-//
-// One step in MODE_LSP / MODE_ZERO (docs/method.md, "Layer-wise schedule"):
-//   serial  : worker.TrainStep (forward + backward, then every gradient into the arena) ->
-//             optimizer.Update (per-layer tasks, deepest layer first) -> worker.ApplyUpdates
-//   overlap : optimizer.Update(wait_for_grads) runs concurrently with worker.TrainStep: each
-//             layer's gradient is published during the backward, the optimizer updates it at
-//             once (first come first served) and publishes the step; the worker applies layers
-//             >= split right after its backward and the others just before their next forward.
-//             The split comes from LayerCostModel (scheduler/cost_model.h), fed by the measured
-//             per-layer timeline of the previous steps; step 1 runs serially to measure it.
-// Either way the trained weights are bitwise the same (each layer's update depends only on
-// its own gradient and state). With optim.max_grad_norm the optimizer first waits for every
-// gradient (the global norm), so only the transfers overlap the backward.
-// MODE_LSP also fits projectors before step 1 and every lsp.check_freq steps, and after each
-// such check refreshes the worker's weights from the optimizer's fp32 master weights
-// (lsp.master_refresh); the final drift max |W_worker - W_master| goes to summary.json.
-// Outputs in the job's output directory: metrics.jsonl (one JSON object per step and per
-// evaluation), timeline.jsonl (per step: the plan and every per-layer event, CLOCK_MONOTONIC
-// seconds; scripts/plot_timeline.py renders it), summary.json, and the HF-style checkpoint
-// (model.safetensors, config.json, tokenizer files).
-// Checkpoints and resume: every spec.checkpoint_every steps and after the last step a training
-// checkpoint (scheduler/checkpoint.h) goes to output_dir/checkpoints/step-N (the newest
-// spec.keep_checkpoints kept); a write error is reported in JobStatus.last_error and training
-// goes on with the previous checkpoint kept. spec.resume_from restores one (checksums and the
-// TrainingFingerprint verified) and continues at step N + 1, bitwise as if never stopped.
+// The scheduler's core (no server): the job queue, the job store and the status RPCs' data,
+// and a runner thread that runs one job at a time through the worker and the optimizer
+// (scheduler/job_runner.h: cadences, resume, checkpoints, the run log; step_executor.h: the
+// serial and overlapped step). The peers are typed clients (scheduler/peer_clients.h): gRPC
+// stubs (in-process or separate processes) or fakes in unit tests.
 // With options.state_dir every job is persisted (scheduler/job_store.h) and a restarted
 // scheduler resumes its running job from the newest checkpoint (JobStatus.restarts counts).
 //
@@ -48,6 +24,7 @@
 #include "absl/time/time.h"
 #include "proto/lsp_offload.grpc.pb.h"
 #include "scheduler/job_store.h"
+#include "scheduler/peer_clients.h"
 
 namespace lspo::scheduler {
 
@@ -72,6 +49,9 @@ class SchedulerCore {
   // `worker` and `optimizer` are not owned and must outlive this object.
   SchedulerCore(lspo::v1::Worker::StubInterface* worker,
                 lspo::v1::Optimizer::StubInterface* optimizer, SchedulerOptions options = {});
+  // Over any peer clients (fakes in tests).
+  SchedulerCore(std::unique_ptr<WorkerClient> worker,
+                std::unique_ptr<OptimizerClient> optimizer, SchedulerOptions options = {});
   ~SchedulerCore();  // Cancels running work and joins the runner thread.
 
   // OK, or why options.state_dir could not be used (the scheduler then keeps jobs in memory
@@ -100,6 +80,7 @@ class SchedulerCore {
   absl::StatusOr<lspo::v1::JobStatus> Wait(const std::string& job_id) const;
 
  private:
+  class Host;  // JobHost for one job (scheduler_core.cc).
   struct Job {
     lspo::v1::JobStatus status;
     std::vector<lspo::v1::StepMetrics> steps;  // Every completed step, for Watch.
@@ -117,8 +98,8 @@ class SchedulerCore {
   // resume from their newest checkpoint.
   void RecoverJobs();
 
-  lspo::v1::Worker::StubInterface* worker_;
-  lspo::v1::Optimizer::StubInterface* optimizer_;
+  std::unique_ptr<WorkerClient> worker_client_;
+  std::unique_ptr<OptimizerClient> optimizer_client_;
   SchedulerOptions options_;
 
   mutable absl::Mutex mu_;

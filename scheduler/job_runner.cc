@@ -1,0 +1,601 @@
+#include "scheduler/job_runner.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "glog/logging.h"
+#include "google/protobuf/util/json_util.h"
+#include "offload/arena_layout.h"
+#include "runtime/clock.h"
+#include "runtime/status_macros.h"
+#include "runtime/util.h"
+#include "scheduler/checkpoint.h"
+#include "scheduler/job_spec.h"
+#include "scheduler/lr_schedule.h"
+#include "scheduler/step_executor.h"
+
+namespace lspo::scheduler {
+namespace {
+
+namespace v1 = lspo::v1;
+
+constexpr double kUnloadDeadlineSeconds = 60;
+
+double Now() { return runtime::MonotonicSeconds(); }
+
+nlohmann::json ToJson(const google::protobuf::Message& m) {
+  std::string s;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  o.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &s, o);
+  return nlohmann::json::parse(s);
+}
+
+}  // namespace
+
+JobRunner::JobRunner(std::string job_id, v1::JobSpec spec, WorkerClient* worker,
+                     OptimizerClient* optimizer, JobHost* host, RunnerOptions options)
+    : id_(std::move(job_id)),
+      spec_(std::move(spec)),
+      worker_(worker),
+      optimizer_(optimizer),
+      host_(host),
+      options_(options),
+      lsp_(spec_.mode() == v1::MODE_LSP),
+      zero_(spec_.mode() == v1::MODE_ZERO),
+      offload_(lsp_ || zero_),
+      dl_(options.rpc_deadline_seconds) {
+  if (!offload_) optimizer_ = nullptr;
+}
+
+void JobRunner::Phase(const std::string& phase) {
+  LOG(INFO) << "scheduler: " << id_ << ": " << phase;
+  host_->UpdateStatus([&](v1::JobStatus* s) { s->set_phase(phase); });
+}
+
+void JobRunner::Log(const nlohmann::json& line) {
+  absl::Status st = log_->Metrics(line);
+  if (!st.ok() && !log_failed_) {
+    // The run goes on (a full disk is reported by the next checkpoint); warn once.
+    log_failed_ = true;
+    LOG(WARNING) << "scheduler: " << id_ << ": metrics.jsonl: " << st;
+  }
+}
+
+absl::Status JobRunner::CheckCancel() const {
+  if (host_->CancelRequested()) return absl::CancelledError("cancelled by the user");
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::Run() {
+  t_start_ = Now();
+  RETURN_IF_ERROR(runtime::MakeDirs(spec_.output_dir()));
+  RETURN_IF_ERROR(SelectResume());
+  ASSIGN_OR_RETURN(RunLog log, RunLog::Open(spec_.output_dir(), /*append=*/start_step_ > 0,
+                                            /*with_timeline=*/offload_));
+  log_.emplace(std::move(log));
+  absl::Status st = Load();
+  if (st.ok()) {
+    InitSummary();
+    if (start_step_ > 0) RestoreFromCheckpoint();
+    st = Train();
+    if (st.ok()) st = Finish();
+  }
+  if (loaded_) UnloadPeers();  // Whatever happened once the worker had the job.
+  return st;
+}
+
+absl::Status JobRunner::SelectResume() {
+  if (spec_.resume_from().empty()) return absl::OkStatus();
+  std::vector<CheckpointInfo> candidates;
+  if (spec_.resume_from() == "latest") {
+    candidates = ListCheckpoints(spec_.output_dir());
+    std::reverse(candidates.begin(), candidates.end());
+  } else {
+    candidates.push_back({0, spec_.resume_from()});
+  }
+  for (const CheckpointInfo& c : candidates) {
+    absl::StatusOr<nlohmann::json> state = VerifyCheckpoint(c.dir);
+    if (!state.ok()) {
+      if (spec_.resume_from() != "latest") return state.status();
+      LOG(ERROR) << "scheduler: " << id_ << ": skipping checkpoint " << c.dir << ": "
+                 << state.status();
+      continue;
+    }
+    resume_state_ = std::move(*state);
+    resume_dir_ = c.dir;
+    break;
+  }
+  if (resume_dir_.empty()) return absl::OkStatus();  // "latest" with none: start afresh.
+  if (resume_state_.value("training_fingerprint", std::string()) !=
+      TrainingFingerprint(spec_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint '", resume_dir_, "' was written by a job with a different training spec "
+        "(mode, model, data, lsp, optim, batch or seed differ): resume with the spec in its "
+        "trainer_state.json, changing only steps, output, evaluation or threads"));
+  }
+  start_step_ = resume_state_["step"].get<int>();
+  if (start_step_ > spec_.steps()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint '", resume_dir_, "' is at step ", start_step_, " but the job has only ",
+        spec_.steps(), " steps: raise steps"));
+  }
+  LOG(INFO) << "scheduler: " << id_ << ": resuming from " << resume_dir_ << " (step "
+            << start_step_ << ")";
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::Load() {
+  // Load on the worker (creates the arena in lsp/zero mode), then the optimizer. A job resumed
+  // after a scheduler restart may still be loaded there (the actors outlived the scheduler):
+  // unload it first (unknown ids are ignored; a dead actor fails at LoadJob below).
+  Phase("loading model and data");
+  v1::UnloadJobRequest u;
+  u.set_job_id(id_);
+  if (optimizer_ != nullptr) (void)optimizer_->UnloadJob(u, kUnloadDeadlineSeconds);
+  (void)worker_->UnloadJob(u, kUnloadDeadlineSeconds);
+  v1::LoadJobRequest load;
+  load.set_job_id(id_);
+  *load.mutable_spec() = spec_;
+  ASSIGN_OR_RETURN(wload_, worker_->LoadJob(load, dl_));
+  loaded_ = true;
+  if (optimizer_ != nullptr) {
+    *load.mutable_arena() = wload_.arena();
+    RETURN_IF_ERROR(optimizer_->LoadJob(load, dl_).status());
+  }
+  if (start_step_ > 0) {
+    Phase(absl::StrCat("restoring the training state of step ", start_step_));
+    v1::StateRequest sreq;
+    sreq.set_job_id(id_);
+    sreq.set_dir(resume_dir_);
+    sreq.set_step(start_step_);
+    RETURN_IF_ERROR(worker_->LoadState(sreq, dl_).status());
+    if (optimizer_ != nullptr) RETURN_IF_ERROR(optimizer_->LoadState(sreq, dl_).status());
+  }
+  return absl::OkStatus();
+}
+
+void JobRunner::UnloadPeers() {
+  v1::UnloadJobRequest u;
+  u.set_job_id(id_);
+  if (optimizer_ != nullptr) (void)optimizer_->UnloadJob(u, kUnloadDeadlineSeconds);
+  absl::Status st = worker_->UnloadJob(u, kUnloadDeadlineSeconds).status();
+  // A dead worker cannot remove its arena: do it here (same host; harmless otherwise).
+  const std::string& arena = wload_.arena().name();
+  if (!st.ok() && !arena.empty() && shm_unlink(arena.c_str()) == 0) {
+    LOG(WARNING) << "scheduler: removed the arena " << arena << " of " << id_
+                 << " left by an unreachable worker";
+  }
+}
+
+void JobRunner::InitSummary() {
+  summary_["job_id"] = id_;
+  summary_["mode"] = lsp_ ? "lsp" : zero_ ? "zero" : "native";
+  summary_["schedule"] = offload_ ? spec_.schedule() : "none";
+  summary_["weight_dtype"] = spec_.weight_dtype();
+  summary_["activation_checkpointing"] = spec_.activation_checkpointing();
+  summary_["d"] = lsp_ ? spec_.lsp().d() : 0;
+  summary_["r"] = lsp_ ? spec_.lsp().r() : 0;
+  summary_["steps"] = spec_.steps();
+  summary_["micro_batch_size"] = spec_.micro_batch_size();
+  summary_["grad_accum"] = spec_.grad_accum();
+  summary_["seq_len"] = spec_.seq_len();
+  summary_["lr"] = spec_.optim().lr();
+  summary_["train_examples"] = wload_.train_examples();
+  summary_["eval_examples"] = wload_.eval_examples();
+  summary_["trainable_parameters"] = wload_.trainable_parameters();
+  summary_["model"] = spec_.model().format() == "gguf" ? spec_.model().path() : "tiny-random";
+  summary_["train_path"] = spec_.data().train_path();
+  has_eval_ = wload_.eval_examples() > 0 || !spec_.data().perplexity_path().empty();
+}
+
+void JobRunner::RestoreFromCheckpoint() {
+  // Counters, evaluations and the summary so far, as at the checkpoint.
+  skipped_ = resume_state_.value("skipped_steps", 0);
+  nonfinite_in_a_row_ = resume_state_.value("nonfinite_in_a_row", 0);
+  if (resume_state_.contains("summary") && resume_state_["summary"].is_object()) {
+    for (const auto& [k, v] : resume_state_["summary"].items()) {
+      if (!summary_.contains(k)) summary_[k] = v;
+    }
+  }
+  summary_["resumed_from_step"] = start_step_;
+  std::vector<v1::EvalMetrics> evals;
+  for (const auto& e : resume_state_.value("evals", nlohmann::json::array())) {
+    v1::EvalMetrics m;
+    if (google::protobuf::util::JsonStringToMessage(e.dump(), &m).ok()) evals.push_back(m);
+  }
+  Log({{"kind", "resume"}, {"step", start_step_}, {"checkpoint", resume_dir_}});
+  host_->UpdateStatus([&](v1::JobStatus* s) {
+    s->set_step(start_step_);
+    s->set_resumed_from_step(start_step_);
+    s->set_skipped_steps(skipped_);
+    s->set_last_checkpoint_step(start_step_);
+    s->set_last_checkpoint_dir(resume_dir_);
+    s->clear_evals();
+    for (const auto& m : evals) *s->add_evals() = m;
+  });
+}
+
+absl::StatusOr<v1::EvalMetrics> JobRunner::Evaluate(int step) {
+  Phase(absl::StrCat("evaluating after step ", step));
+  v1::EvaluateRequest req;
+  req.set_job_id(id_);
+  req.set_step(step);
+  ASSIGN_OR_RETURN(v1::EvaluateReply rep, worker_->Evaluate(req, dl_));
+  nlohmann::json j = ToJson(rep.metrics());
+  j["kind"] = "eval";
+  Log(j);
+  LOG(INFO) << "scheduler: " << id_ << ": eval at step " << step << ": accuracy "
+            << rep.metrics().accuracy() << ", loss " << rep.metrics().loss() << " ("
+            << rep.metrics().seconds() << " s)";
+  host_->UpdateStatus([&](v1::JobStatus* s) { *s->add_evals() = rep.metrics(); });
+  return rep.metrics();
+}
+
+absl::Status JobRunner::Fit(int step) {
+  Phase(absl::StrCat("fitting projectors (step ", step, ")"));
+  v1::FitProjectorsRequest req;
+  req.set_job_id(id_);
+  req.set_step(step);
+  ASSIGN_OR_RETURN(v1::FitProjectorsReply rep, worker_->FitProjectors(req, dl_));
+  v1::SetProjectorsRequest sp;
+  sp.set_job_id(id_);
+  *sp.mutable_indices() = rep.refitted();
+  RETURN_IF_ERROR(optimizer_->SetProjectors(sp, dl_).status());
+  double init = 0, fin = 0;
+  int n = 0;
+  for (int k = 0; k < rep.final_error_size(); ++k) {
+    if (!std::isfinite(rep.final_error(k)) || !std::isfinite(rep.initial_error(k))) continue;
+    init += rep.initial_error(k);
+    fin += rep.final_error(k);
+    ++n;
+  }
+  n = std::max(n, 1);
+  Log({{"kind", "projector_fit"},
+       {"step", step},
+       {"refitted", rep.refitted_size()},
+       {"mean_initial_relative_bias", init / n},
+       {"mean_final_relative_bias", fin / n},
+       {"seconds", rep.seconds()}});
+  LOG(INFO) << "scheduler: " << id_ << ": projectors: " << rep.refitted_size()
+            << " refitted, mean relative estimation bias " << init / n << " -> " << fin / n
+            << " (" << rep.seconds() << " s)";
+  host_->UpdateStatus([&](v1::JobStatus* s) { s->set_mean_projector_error(fin / n); });
+  if (step == 0) {
+    summary_["projector_initial_relative_bias"] = init / n;
+    summary_["projector_fitted_relative_bias"] = fin / n;
+    summary_["projector_fit_seconds"] = rep.seconds();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> JobRunner::Refresh(bool measure_only) {
+  // The optimizer writes each layer's fp32 master weights into the arena staging region and
+  // the worker copies them in (or, measure_only, reports max |W_worker - W_master| without
+  // copying). Returns that maximum over all layers.
+  double max_diff = 0;
+  last_drift_ = 0;
+  for (int l = 0; l < num_layers_; ++l) {
+    v1::LayerWeightsRequest req;
+    req.set_job_id(id_);
+    req.set_layer(l);
+    req.set_measure_only(measure_only);
+    RETURN_IF_ERROR(optimizer_->ExportLayerWeights(req, dl_).status());
+    ASSIGN_OR_RETURN(v1::LayerWeightsReply rep, worker_->ImportLayerWeights(req, dl_));
+    max_diff = std::max(max_diff, rep.max_abs_change());
+    last_drift_ = std::max(last_drift_, rep.max_abs_drift());
+  }
+  return max_diff;
+}
+
+nlohmann::json JobRunner::TrainerState(int step) const {
+  nlohmann::json state;
+  state["step"] = step;
+  state["job_id"] = id_;
+  state["written_unix_seconds"] = absl::ToUnixSeconds(absl::Now());
+  state["skipped_steps"] = skipped_;
+  state["nonfinite_in_a_row"] = nonfinite_in_a_row_;
+  state["lr_schedule"] = {{"schedule", spec_.optim().schedule()},
+                          {"peak_lr", spec_.optim().lr()},
+                          {"warmup_steps", spec_.optim().warmup_steps()},
+                          {"total_steps", spec_.steps()},
+                          {"lr_of_step", LearningRate(spec_.optim(), step, spec_.steps())},
+                          {"next_step", step + 1}};
+  const int64_t per_step = static_cast<int64_t>(spec_.micro_batch_size()) * spec_.grad_accum();
+  state["data_cursor"] = {{"next_step", step + 1},
+                          {"examples_per_step", per_step},
+                          {"examples_consumed", per_step * step},
+                          {"order", "data::ShuffledOrder(train size, seed, epoch) over the "
+                                    "global example index (step - 1) * examples_per_step"}};
+  state["rng"] = {{"seed", spec_.seed()},
+                  {"model_init_seed", spec_.model().init_seed()},
+                  {"derivation", "every random draw (data order, calibration subsets, "
+                                 "projector draws) is a pure function of (seed, step); no "
+                                 "generator state is carried between steps"}};
+  nlohmann::json evals = nlohmann::json::array();
+  for (const auto& e : host_->Evals()) evals.push_back(ToJson(e));
+  state["evals"] = std::move(evals);
+  state["summary"] = summary_;
+  state["training_fingerprint"] = TrainingFingerprint(spec_);
+  state["spec"] = ToJson(spec_);
+  return state;
+}
+
+absl::StatusOr<std::string> JobRunner::WriteCheckpoint(int step) {
+  ASSIGN_OR_RETURN(std::string tmp, BeginCheckpoint(spec_.output_dir(), step));
+  absl::Status st = [&]() -> absl::Status {
+    v1::SaveRequest save;
+    save.set_job_id(id_);
+    save.set_dir(tmp);
+    v1::StateRequest sreq;
+    sreq.set_job_id(id_);
+    sreq.set_dir(tmp);
+    sreq.set_step(step);
+    RETURN_IF_ERROR(worker_->SaveArtifacts(save, dl_).status());
+    RETURN_IF_ERROR(worker_->SaveState(sreq, dl_).status());
+    if (optimizer_ != nullptr) {
+      RETURN_IF_ERROR(optimizer_->SaveModel(save, dl_).status());
+      RETURN_IF_ERROR(optimizer_->SaveState(sreq, dl_).status());
+    }
+    // The logs up to this step are on disk before a checkpoint that follows them is.
+    return log_->Sync();
+  }();
+  if (!st.ok()) {
+    std::error_code ec;
+    std::filesystem::remove_all(tmp, ec);
+    return st;
+  }
+  ASSIGN_OR_RETURN(std::string dir, CommitCheckpoint(tmp, TrainerState(step)));
+  RETURN_IF_ERROR(PruneCheckpoints(spec_.output_dir(), spec_.keep_checkpoints()));
+  return dir;
+}
+
+absl::Status JobRunner::Checkpoint(int step) {
+  // A failure (disk full, unwritable directory) is reported in last_error and training goes
+  // on; the previous checkpoint stays.
+  host_->UpdateStatus([&](v1::JobStatus* s) {
+    s->set_state(v1::CHECKPOINTING);
+    s->set_phase(absl::StrCat("writing the checkpoint of step ", step));
+  });
+  absl::StatusOr<std::string> dir = WriteCheckpoint(step);
+  if (dir.ok()) {
+    Log({{"kind", "checkpoint"}, {"step", step}, {"dir", *dir}});
+    LOG(INFO) << "scheduler: " << id_ << ": checkpoint of step " << step << " in " << *dir;
+  } else {
+    LOG(ERROR) << "scheduler: " << id_ << ": checkpoint of step " << step
+               << " failed: " << dir.status();
+    Log({{"kind", "checkpoint_failed"},
+         {"step", step},
+         {"error", std::string(dir.status().message())}});
+  }
+  host_->UpdateStatus([&](v1::JobStatus* s) {
+    s->set_state(v1::RUNNING);
+    s->set_phase("training");
+    if (dir.ok()) {
+      s->set_last_checkpoint_step(step);
+      s->set_last_checkpoint_dir(*dir);
+    } else {
+      s->set_last_error(absl::StrCat(
+          "checkpoint of step ", step, " failed: ", dir.status().message(),
+          s->last_checkpoint_step() > 0
+              ? absl::StrCat("; the checkpoint of step ", s->last_checkpoint_step(), " is kept")
+              : std::string("; no checkpoint yet")));
+    }
+  });
+  // A peer that died while saving fails the job like any other call.
+  if (!dir.ok() &&
+      (absl::IsUnavailable(dir.status()) || absl::IsDeadlineExceeded(dir.status()))) {
+    return dir.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::Train() {
+  const v1::ArenaLayout& layout = wload_.arena();
+  if (has_eval_ && !spec_.skip_initial_eval() && start_step_ == 0) {
+    ASSIGN_OR_RETURN(v1::EvalMetrics initial, Evaluate(0));
+    if (spec_.data().format() == "classification") {
+      summary_["zero_shot_accuracy"] = initial.accuracy();
+    }
+    summary_["zero_shot_eval_loss"] = initial.loss();
+    if (initial.perplexity() > 0) summary_["zero_shot_perplexity"] = initial.perplexity();
+  }
+  RETURN_IF_ERROR(CheckCancel());
+  // Per-layer task list of a step: deepest layer first (its gradient is ready first in the
+  // backward pass; the overlapped schedule's first-come-first-served order).
+  for (int i = layout.linears_size() - 1; i >= 0; --i) {
+    v1::LayerTask t;
+    t.set_index(layout.linears(i).index());
+    plan_tasks_.push_back(t);
+  }
+  if (lsp_ && start_step_ == 0) RETURN_IF_ERROR(Fit(0));
+  if (offload_) {
+    ASSIGN_OR_RETURN(num_layers_, offload::NumLayers(layout));
+  }
+  Phase("training");
+  t_train_ = Now();
+  cost_model_.emplace(num_layers_, spec_.optim().max_grad_norm() > 0);
+  for (int step = start_step_ + 1; step <= spec_.steps(); ++step) {
+    RETURN_IF_ERROR(CheckCancel());
+    ASSIGN_OR_RETURN(bool done, RunStep(step));
+    if (done) RETURN_IF_ERROR(AfterStep(step));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> JobRunner::RunStep(int step) {
+  const double t0 = Now();
+  const double lr = LearningRate(spec_.optim(), step, spec_.steps());
+  SplitChoice choice;
+  StepRequests req;
+  *req.train.mutable_plan() = cost_model_->Plan(spec_.schedule() == "overlap", &choice);
+  const v1::StepPlan& plan = req.train.plan();
+  req.train.set_job_id(id_);
+  req.train.set_step(step);
+  req.train.set_lr(lr);
+  req.update.set_job_id(id_);
+  req.update.set_step(step);
+  req.update.set_lr(lr);
+  req.apply.set_job_id(id_);
+  req.apply.set_step(step);
+  req.apply.set_lr(lr);
+  for (const auto& t : plan_tasks_) {
+    *req.update.add_tasks() = t;
+    *req.apply.add_tasks() = t;
+  }
+  ASSIGN_OR_RETURN(StepReplies rep, ExecuteStep(*worker_, optimizer_, req, dl_));
+  if (rep.train.nonfinite()) {
+    ++skipped_;
+    host_->UpdateStatus([&](v1::JobStatus* s) {
+      s->set_skipped_steps(skipped_);
+      s->set_last_error(absl::StrCat("step ", step, " had a non-finite loss or gradient and "
+                                     "was skipped (", nonfinite_in_a_row_ + 1, " in a row)"));
+    });
+    LOG(WARNING) << "scheduler: " << id_ << ": step " << step
+                 << " had a non-finite loss or gradient and was skipped";
+    const int max_in_a_row = spec_.max_nonfinite_steps() > 0
+                                 ? spec_.max_nonfinite_steps()
+                                 : options_.max_nonfinite_steps_in_a_row;
+    if (++nonfinite_in_a_row_ >= max_in_a_row) {
+      return absl::DataLossError(absl::StrCat(
+          nonfinite_in_a_row_, " non-finite steps in a row at step ", step,
+          ": lower optim.lr, set optim.max_grad_norm, or check the data"));
+    }
+    return false;
+  }
+  nonfinite_in_a_row_ = 0;
+  v1::StepMetrics m = rep.train.metrics();
+  if (offload_) {
+    m.set_update_seconds(rep.update.seconds());
+    m.set_grad_norm(rep.update.grad_norm());
+    m.set_apply_seconds(rep.apply.seconds());
+    m.set_optimizer_peak_rss_bytes(rep.update.peak_rss_bytes());
+    // Timeline and cost model: every event of the step, worker and optimizer.
+    std::vector<v1::LayerEvent> events(rep.train.events().begin(), rep.train.events().end());
+    events.insert(events.end(), rep.update.events().begin(), rep.update.events().end());
+    events.insert(events.end(), rep.apply.events().begin(), rep.apply.events().end());
+    double first = std::numeric_limits<double>::infinity(), last = 0;
+    for (const auto& e : rep.train.events()) {
+      first = std::min(first, e.start());
+      last = std::max(last, e.end());
+    }
+    for (const auto& e : rep.apply.events()) last = std::max(last, e.end());
+    const double gap = last_step_end_ > 0 && std::isfinite(first) ? first - last_step_end_ : -1;
+    last_step_end_ = last;
+    cost_model_->Observe(events, gap);
+    nlohmann::json tl;
+    tl["step"] = step;
+    tl["plan"] = {{"overlap", plan.overlap()},
+                  {"split_layer", plan.split_layer()},
+                  {"predicted_cost_seconds", choice.predicted_cost},
+                  {"predicted_stall_seconds", choice.predicted_stall},
+                  {"cost_by_split", choice.cost_by_split}};
+    nlohmann::json ev = nlohmann::json::array();
+    for (const auto& e : events) {
+      ev.push_back({{"layer", e.layer()},
+                    {"what", e.what()},
+                    {"actor", e.actor()},
+                    {"start", e.start()},
+                    {"end", e.end()}});
+    }
+    tl["events"] = std::move(ev);
+    tl["step_seconds"] = Now() - t0;
+    tl["wait_seconds"] = m.wait_seconds();
+    absl::Status ts = log_->Timeline(tl);
+    if (!ts.ok()) {
+      LOG_FIRST_N(WARNING, 1) << "scheduler: " << id_ << ": timeline: " << ts;
+    }
+  }
+  const double secs = Now() - t0;
+  const double tokens_in = m.tokens_per_second() * m.step_seconds();
+  m.set_step_seconds(secs);
+  m.set_tokens_per_second(secs > 0 ? tokens_in / secs : 0);
+  step_time_sum_ += secs;
+  nlohmann::json j = ToJson(m);
+  j["kind"] = "step";
+  Log(j);
+  const double eta = (Now() - t_train_) / (step - start_step_) * (spec_.steps() - step);
+  LOG(INFO) << "scheduler: " << id_ << ": step " << step << "/" << spec_.steps() << " loss "
+            << m.loss() << " lr " << lr << " " << secs << " s"
+            << (plan.overlap() ? absl::StrCat(" (overlap, split ", plan.split_layer(), ")")
+                               : std::string());
+  host_->RecordStep(m, eta);
+  return true;
+}
+
+absl::Status JobRunner::AfterStep(int step) {
+  const int last = spec_.steps();
+  if (lsp_ && spec_.lsp().check_freq() > 0 && step % spec_.lsp().check_freq() == 0 &&
+      step < last) {
+    RETURN_IF_ERROR(Fit(step));
+    if (spec_.lsp().master_refresh() == "refit") {
+      Phase(absl::StrCat("refreshing worker weights from the master (step ", step, ")"));
+      ASSIGN_OR_RETURN(double diff, Refresh(/*measure_only=*/false));
+      Log({{"kind", "master_refresh"},
+           {"step", step},
+           {"max_abs_diff_before", diff},
+           {"max_abs_drift_beyond_rounding_before", last_drift_}});
+      LOG(INFO) << "scheduler: " << id_ << ": master refresh at step " << step
+                << ": max |W_worker - W_master| was " << diff;
+    }
+    Phase("training");
+  }
+  if (has_eval_ && spec_.eval_every() > 0 && step % spec_.eval_every() == 0 && step < last) {
+    RETURN_IF_ERROR(Evaluate(step).status());
+    Phase("training");
+  }
+  if (spec_.checkpoint_every() > 0 && (step % spec_.checkpoint_every() == 0 || step == last)) {
+    RETURN_IF_ERROR(Checkpoint(step));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::Finish() {
+  if (lsp_) {
+    // How far the worker's weights drifted from the fp32 master since the last refresh.
+    ASSIGN_OR_RETURN(double drift, Refresh(/*measure_only=*/true));
+    summary_["final_worker_master_max_abs_diff"] = drift;
+    summary_["final_worker_master_drift_beyond_rounding"] = last_drift_;
+    Log({{"kind", "master_drift"},
+         {"step", spec_.steps()},
+         {"max_abs_diff", drift},
+         {"max_abs_drift_beyond_rounding", last_drift_}});
+  }
+  const int done_steps = spec_.steps() - start_step_ - skipped_;
+  summary_["skipped_steps"] = skipped_;
+  summary_["train_seconds"] = Now() - t_train_;
+  summary_["mean_step_seconds"] = done_steps > 0 ? step_time_sum_ / done_steps : 0.0;
+  if (has_eval_) {
+    ASSIGN_OR_RETURN(v1::EvalMetrics fin, Evaluate(spec_.steps()));
+    if (spec_.data().format() == "classification") summary_["final_accuracy"] = fin.accuracy();
+    summary_["final_eval_loss"] = fin.loss();
+    if (fin.perplexity() > 0) summary_["final_perplexity"] = fin.perplexity();
+  }
+  if (!spec_.skip_checkpoint()) {
+    host_->UpdateStatus([&](v1::JobStatus* s) {
+      s->set_state(v1::CHECKPOINTING);
+      s->set_phase("writing checkpoint");
+    });
+    v1::SaveRequest save;
+    save.set_job_id(id_);
+    save.set_dir(spec_.output_dir());
+    RETURN_IF_ERROR(worker_->SaveArtifacts(save, dl_).status());
+    if (optimizer_ != nullptr) RETURN_IF_ERROR(optimizer_->SaveModel(save, dl_).status());
+  }
+  summary_["wall_seconds"] = Now() - t_start_;
+  summary_["output_dir"] = spec_.output_dir();
+  RETURN_IF_ERROR(log_->WriteSummary(summary_));
+  LOG(INFO) << "scheduler: " << id_ << ": summary " << summary_.dump();
+  return absl::OkStatus();
+}
+
+}  // namespace lspo::scheduler

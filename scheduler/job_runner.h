@@ -1,0 +1,128 @@
+// Runs one job from start to end over the two peers: resume selection, loading, the initial
+// evaluation, projector checks, the training steps (scheduler/step_executor.h), master-weight
+// refreshes, evaluations and checkpoints at their cadences, the final save and the summary
+// (scheduler/run_log.h). The scheduler core (scheduler_core.h) owns the queue and the status;
+// the runner reports through a JobHost, so unit tests drive it with fake peers and a fake host
+// (tests/scheduler/job_runner_test.cc).
+//
+// Cadences (JobSpec fields):
+//   evaluation       step 0 (unless skip_initial_eval or resuming), every eval_every steps
+//                    before the last, and after the last step; only with eval data.
+//   projector check  lsp: step 0 (unless resuming) and every lsp.check_freq steps before the
+//                    last; each check is followed by a master refresh when
+//                    lsp.master_refresh == "refit", and the final drift is measured at the end.
+//   checkpoint       every checkpoint_every steps and after the last step (when > 0).
+// Resume (resume_from: DIR or "latest"): the newest checkpoint that verifies is used ("latest"
+// skips corrupted ones; an explicit DIR must verify), its TrainingFingerprint must match, and
+// training continues at its step + 1 with the counters, evaluations and summary it saved.
+// A step with a non-finite loss or gradient is skipped and counted; max_nonfinite_steps in a
+// row (default RunnerOptions) fail the job with kDataLoss. A checkpoint that cannot be written
+// is reported in JobStatus.last_error and training goes on (the previous one is kept), unless
+// a peer died while saving. Whatever happens after the worker loaded the job, both peers are
+// asked to unload it.
+//
+// Thread-safety: one Run() per object, on one thread (the scheduler's runner thread).
+#ifndef LSPO_SCHEDULER_JOB_RUNNER_H_
+#define LSPO_SCHEDULER_JOB_RUNNER_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "proto/lsp_offload.pb.h"
+#include "scheduler/cost_model.h"
+#include "scheduler/peer_clients.h"
+#include "scheduler/run_log.h"
+
+namespace lspo::scheduler {
+
+// Where a running job reports. Implemented by the scheduler core (and by tests).
+class JobHost {
+ public:
+  virtual ~JobHost() = default;
+  // Applies `fn` to the job's status (then persisted and shown to watchers).
+  virtual void UpdateStatus(const std::function<void(lspo::v1::JobStatus*)>& fn) = 0;
+  // A completed step: sets step, last_step and eta_seconds and records `m` for Watch.
+  virtual void RecordStep(const lspo::v1::StepMetrics& m, double eta_seconds) = 0;
+  // True once the user asked to cancel the job.
+  virtual bool CancelRequested() const = 0;
+  // The evaluations recorded in the status so far (saved in checkpoints).
+  virtual std::vector<lspo::v1::EvalMetrics> Evals() const = 0;
+};
+
+struct RunnerOptions {
+  // Deadline of each peer call, seconds.
+  double rpc_deadline_seconds = 1800;
+  // Non-finite steps in a row that fail the job when the spec's max_nonfinite_steps is 0.
+  int max_nonfinite_steps_in_a_row = 5;
+};
+
+class JobRunner {
+ public:
+  // `spec` has its defaults resolved and its output_dir set. `optimizer` is used in modes lsp
+  // and zero only. None of the pointers is owned; all must outlive Run().
+  JobRunner(std::string job_id, lspo::v1::JobSpec spec, WorkerClient* worker,
+            OptimizerClient* optimizer, JobHost* host, RunnerOptions options);
+
+  // Runs the job to its end. OK when it succeeded; kCancelled when the user cancelled it
+  // (checked before each step and after the initial evaluation); otherwise the first error
+  // that ended it: a peer's status (kUnavailable, kDeadlineExceeded, ...), kDataLoss for a
+  // corrupted checkpoint or too many non-finite steps, kFailedPrecondition for a checkpoint of
+  // another training spec, kInvalidArgument for a checkpoint past the job's steps.
+  absl::Status Run();
+
+ private:
+  absl::Status SelectResume();
+  absl::Status Load();
+  void UnloadPeers();
+  void InitSummary();
+  void RestoreFromCheckpoint();
+  absl::StatusOr<lspo::v1::EvalMetrics> Evaluate(int step);
+  absl::Status Fit(int step);
+  absl::StatusOr<double> Refresh(bool measure_only);
+  absl::Status Checkpoint(int step);
+  absl::StatusOr<std::string> WriteCheckpoint(int step);
+  nlohmann::json TrainerState(int step) const;
+  absl::Status Train();
+  // Runs step `step`; returns false when it was skipped (non-finite).
+  absl::StatusOr<bool> RunStep(int step);
+  absl::Status AfterStep(int step);
+  absl::Status Finish();
+  void Phase(const std::string& phase);
+  void Log(const nlohmann::json& line);
+  absl::Status CheckCancel() const;
+
+  const std::string id_;
+  const lspo::v1::JobSpec spec_;
+  WorkerClient* worker_;
+  OptimizerClient* optimizer_;  // Null in mode native.
+  JobHost* host_;
+  const RunnerOptions options_;
+  const bool lsp_, zero_, offload_;
+  const double dl_;
+
+  double t_start_ = 0, t_train_ = 0, step_time_sum_ = 0;
+  int start_step_ = 0;
+  nlohmann::json resume_state_;
+  std::string resume_dir_;
+  std::optional<RunLog> log_;
+  bool log_failed_ = false;
+  lspo::v1::LoadJobReply wload_;
+  bool loaded_ = false;
+  nlohmann::json summary_;
+  int skipped_ = 0, nonfinite_in_a_row_ = 0;
+  bool has_eval_ = false;
+  std::vector<lspo::v1::LayerTask> plan_tasks_;  // Deepest layer first.
+  int num_layers_ = 0;
+  double last_drift_ = 0;  // max |W_worker - round(W_master)| of the last refresh.
+  std::optional<LayerCostModel> cost_model_;
+  double last_step_end_ = -1;  // Worker clock at the end of the last step.
+};
+
+}  // namespace lspo::scheduler
+
+#endif  // LSPO_SCHEDULER_JOB_RUNNER_H_

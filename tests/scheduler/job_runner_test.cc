@@ -1,0 +1,414 @@
+// Unit tests of the scheduler's job runner and core with fake peers (tests/scheduler/
+// fake_peers.h): the cadences of evaluations, projector checks, master refreshes and
+// checkpoints; the overlapped schedule; non-finite steps; resume selection; cancel mid-step; a
+// peer that fails or hangs; a checkpoint that cannot be written. No service, model or arena.
+#include "scheduler/job_runner.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "scheduler/checkpoint.h"
+#include "scheduler/job_spec.h"
+#include "scheduler/scheduler_core.h"
+#include "tests/scheduler/fake_peers.h"
+
+namespace lspo::scheduler {
+namespace {
+
+namespace v1 = lspo::v1;
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::CallLog;
+using testing::FakeHost;
+using testing::FakeOptimizer;
+using testing::FakeWorker;
+
+constexpr int kLayers = 2;  // 14 linears
+
+std::string TempDir() {
+  std::string templ = (fs::temp_directory_path() / "lspo-runner-XXXXXX").string();
+  EXPECT_NE(::mkdtemp(templ.data()), nullptr);
+  return templ;
+}
+
+v1::JobSpec Spec(const std::string& out, v1::TrainingMode mode, int steps) {
+  v1::JobSpec s;
+  s.set_name("fake");
+  s.set_mode(mode);
+  s.set_steps(steps);
+  s.set_seed(3);
+  s.set_micro_batch_size(2);
+  s.set_seq_len(16);
+  s.set_schedule("serial");
+  s.mutable_model()->set_format("tiny-random");
+  s.mutable_model()->set_tokenizer_path("datasets/moby-dick/moby-dick.txt");
+  s.mutable_data()->set_format("classification");
+  s.mutable_data()->set_train_path("datasets/sms-spam/train.tsv");
+  s.mutable_lsp()->set_d(4);
+  s.mutable_lsp()->set_r(2);
+  s.mutable_optim()->set_lr(0.01);
+  s.set_keep_checkpoints(10);
+  ResolveDefaults(&s);
+  s.set_output_dir(out);
+  return s;
+}
+
+struct Fixture {
+  CallLog log;
+  FakeWorker worker{&log, kLayers, /*eval_examples=*/4};
+  FakeOptimizer optimizer{&log, kLayers};
+  FakeHost host;
+  absl::Status Run(const v1::JobSpec& spec, double deadline_s = 30) {
+    RunnerOptions o;
+    o.rpc_deadline_seconds = deadline_s;
+    JobRunner runner("job-1", spec, &worker, &optimizer, &host, o);
+    return runner.Run();
+  }
+};
+
+std::vector<nlohmann::json> ReadJsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+std::map<std::string, int> KindCounts(const std::string& out_dir) {
+  std::map<std::string, int> n;
+  for (const auto& j : ReadJsonl(out_dir + "/metrics.jsonl")) ++n[j["kind"].get<std::string>()];
+  return n;
+}
+
+std::vector<int> CheckpointSteps(const std::string& out_dir) {
+  std::vector<int> steps;
+  for (const CheckpointInfo& c : ListCheckpoints(out_dir)) steps.push_back(c.step);
+  return steps;
+}
+
+nlohmann::json Summary(const std::string& out_dir) {
+  std::ifstream in(out_dir + "/summary.json");
+  return nlohmann::json::parse(in);
+}
+
+TEST(JobRunnerTest, EvaluationAndCheckpointCadence) {
+  Fixture f;
+  const std::string out = TempDir();
+  v1::JobSpec spec = Spec(out, v1::MODE_LSP, 7);
+  spec.set_eval_every(3);
+  spec.set_checkpoint_every(3);
+  ASSERT_TRUE(f.Run(spec).ok());
+  // Evaluations: before training, every 3 steps before the last, after the last.
+  EXPECT_THAT(f.log.Steps("worker.Evaluate"), ElementsAre(0, 3, 6, 7));
+  // Checkpoints: every 3 steps and after the last; both peers save their state.
+  EXPECT_THAT(f.log.Steps("worker.SaveState"), ElementsAre(3, 6, 7));
+  EXPECT_THAT(f.log.Steps("optimizer.SaveState"), ElementsAre(3, 6, 7));
+  EXPECT_THAT(CheckpointSteps(out), ElementsAre(3, 6, 7));
+  // Serial steps: train, update, apply, for every step.
+  EXPECT_THAT(f.log.Steps("worker.TrainStep"), ElementsAre(1, 2, 3, 4, 5, 6, 7));
+  EXPECT_THAT(f.log.Steps("optimizer.Update"), ElementsAre(1, 2, 3, 4, 5, 6, 7));
+  EXPECT_THAT(f.log.Steps("worker.ApplyUpdates"), ElementsAre(1, 2, 3, 4, 5, 6, 7));
+  // One projector check (check_freq 0), all 14 matrices handed to the optimizer.
+  EXPECT_THAT(f.log.Steps("worker.FitProjectors"), ElementsAre(0));
+  EXPECT_THAT(f.log.Steps("optimizer.SetProjectors"), ElementsAre(7 * kLayers));
+  EXPECT_EQ(f.optimizer.arena_layers, kLayers);
+  // Stale copies unloaded first, then unloaded at the end.
+  EXPECT_EQ(f.log.Count("worker.UnloadJob"), 2);
+  EXPECT_EQ(f.log.Count("optimizer.UnloadJob"), 2);
+  const auto kinds = KindCounts(out);
+  EXPECT_EQ(kinds.at("step"), 7);
+  EXPECT_EQ(kinds.at("eval"), 4);
+  EXPECT_EQ(kinds.at("checkpoint"), 3);
+  EXPECT_EQ(kinds.at("projector_fit"), 1);
+  EXPECT_EQ(kinds.at("master_drift"), 1);
+  EXPECT_EQ(ReadJsonl(out + "/timeline.jsonl").size(), 7u);
+  const nlohmann::json s = Summary(out);
+  EXPECT_EQ(s["mode"], "lsp");
+  EXPECT_DOUBLE_EQ(s["zero_shot_accuracy"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(s["final_accuracy"].get<double>(), 0.7);
+  EXPECT_DOUBLE_EQ(s["final_eval_loss"].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(s["projector_fitted_relative_bias"].get<double>(), 0.25);
+  EXPECT_EQ(s["skipped_steps"], 0);
+  const v1::JobStatus st = f.host.status();
+  EXPECT_EQ(st.last_checkpoint_step(), 7);
+  EXPECT_EQ(st.evals_size(), 4);
+  EXPECT_THAT(f.host.steps(), ElementsAre(1, 2, 3, 4, 5, 6, 7));
+  // The final save: artifacts on the worker, the fp32 model on the optimizer, into out/.
+  EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
+  fs::remove_all(out);
+}
+
+TEST(JobRunnerTest, ProjectorCheckCadenceAndMasterRefresh) {
+  Fixture f;
+  const std::string out = TempDir();
+  v1::JobSpec spec = Spec(out, v1::MODE_LSP, 7);
+  spec.mutable_lsp()->set_check_freq(3);
+  ASSERT_EQ(spec.lsp().master_refresh(), "refit");  // the default
+  ASSERT_TRUE(f.Run(spec).ok());
+  // Checks before step 1 and after steps 3 and 6 (not after the last).
+  EXPECT_THAT(f.log.Steps("worker.FitProjectors"), ElementsAre(0, 3, 6));
+  EXPECT_EQ(f.log.Count("optimizer.SetProjectors"), 3);
+  // A refresh (every layer, export then import) after each check but the first, and the
+  // final drift measurement.
+  EXPECT_THAT(f.log.Steps("optimizer.ExportLayerWeights"), ElementsAre(0, 1, 0, 1, 0, 1));
+  EXPECT_THAT(f.log.Steps("worker.ImportLayerWeights"), ElementsAre(0, 1, 0, 1));
+  EXPECT_THAT(f.log.Steps("worker.MeasureLayerWeights"), ElementsAre(0, 1));
+  EXPECT_EQ(KindCounts(out).at("master_refresh"), 2);
+  EXPECT_DOUBLE_EQ(Summary(out)["final_worker_master_max_abs_diff"].get<double>(), 0.002);
+
+  Fixture g;
+  spec.mutable_lsp()->set_master_refresh("never");
+  ASSERT_TRUE(g.Run(spec).ok());
+  EXPECT_THAT(g.log.Steps("worker.FitProjectors"), ElementsAre(0, 3, 6));
+  EXPECT_EQ(g.log.Count("worker.ImportLayerWeights"), 0);
+  EXPECT_THAT(g.log.Steps("worker.MeasureLayerWeights"), ElementsAre(0, 1));
+  fs::remove_all(out);
+}
+
+TEST(JobRunnerTest, OverlapScheduleOverlapsOnceTheCostModelHasMeasuredAStep) {
+  Fixture f;
+  const std::string out = TempDir();
+  v1::JobSpec spec = Spec(out, v1::MODE_ZERO, 3);
+  spec.set_schedule("overlap");
+  ASSERT_TRUE(f.Run(spec).ok());
+  // Step 1 is serial (it measures the per-layer times), steps 2 and 3 overlap: the updates
+  // run during the worker's step, and there is no separate apply.
+  EXPECT_THAT(f.worker.plans, ElementsAre(false, true, true));
+  EXPECT_THAT(f.log.Steps("optimizer.Update"), ElementsAre(1, 2, 3));
+  EXPECT_THAT(f.log.Steps("worker.ApplyUpdates"), ElementsAre(1));
+  EXPECT_EQ(f.log.Count("worker.FitProjectors"), 0);  // zero mode has no projectors
+  const auto tl = ReadJsonl(out + "/timeline.jsonl");
+  ASSERT_EQ(tl.size(), 3u);
+  EXPECT_FALSE(tl[0]["plan"]["overlap"].get<bool>());
+  EXPECT_TRUE(tl[2]["plan"]["overlap"].get<bool>());
+  fs::remove_all(out);
+}
+
+TEST(JobRunnerTest, NativeModeUsesNoOptimizer) {
+  Fixture f;
+  const std::string out = TempDir();
+  ASSERT_TRUE(f.Run(Spec(out, v1::MODE_NATIVE, 2)).ok());
+  EXPECT_THAT(f.log.Steps("worker.TrainStep"), ElementsAre(1, 2));
+  for (const std::string& c : f.log.All()) EXPECT_THAT(c, ::testing::StartsWith("worker."));
+  EXPECT_FALSE(fs::exists(out + "/timeline.jsonl"));
+  EXPECT_EQ(Summary(out)["schedule"], "none");
+  fs::remove_all(out);
+}
+
+TEST(JobRunnerTest, NonFiniteStepsAreSkippedThenFailTheJob) {
+  Fixture f;
+  const std::string out = TempDir();
+  f.worker.nonfinite_steps = {2};
+  ASSERT_TRUE(f.Run(Spec(out, v1::MODE_LSP, 4)).ok());
+  EXPECT_THAT(f.host.steps(), ElementsAre(1, 3, 4));
+  EXPECT_THAT(f.log.Steps("optimizer.Update"), ElementsAre(1, 3, 4));  // no update at 2
+  EXPECT_EQ(f.host.status().skipped_steps(), 1);
+  EXPECT_THAT(f.host.status().last_error(), HasSubstr("step 2 had a non-finite"));
+  EXPECT_EQ(Summary(out)["skipped_steps"], 1);
+
+  Fixture g;
+  g.worker.nonfinite_steps = {2, 3};
+  v1::JobSpec spec = Spec(out, v1::MODE_LSP, 4);
+  spec.set_max_nonfinite_steps(2);
+  absl::Status st = g.Run(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(st.message(), HasSubstr("2 non-finite steps in a row at step 3"));
+  EXPECT_EQ(g.log.Count("worker.UnloadJob"), 2);
+  fs::remove_all(out);
+}
+
+TEST(JobRunnerTest, ResumeSelectsTheNewestCheckpointThatVerifies) {
+  const std::string out = TempDir();
+  {
+    Fixture f;
+    v1::JobSpec spec = Spec(out, v1::MODE_LSP, 4);
+    spec.set_checkpoint_every(2);
+    ASSERT_TRUE(f.Run(spec).ok());
+    ASSERT_THAT(CheckpointSteps(out), ElementsAre(2, 4));
+  }
+  // Corrupt the newest checkpoint: "latest" skips it and resumes from step 2.
+  const std::string newest = ListCheckpoints(out).back().dir;
+  std::ofstream(newest + "/worker_state.safetensors", std::ios::app) << "flipped";
+  Fixture f;
+  v1::JobSpec spec = Spec(out, v1::MODE_LSP, 6);
+  spec.set_checkpoint_every(2);
+  spec.set_resume_from("latest");
+  ASSERT_TRUE(f.Run(spec).ok());
+  EXPECT_THAT(f.log.Steps("worker.LoadState"), ElementsAre(2));
+  EXPECT_THAT(f.log.Steps("optimizer.LoadState"), ElementsAre(2));
+  EXPECT_THAT(f.worker.loaded_state_dir, HasSubstr("step-00000002"));
+  EXPECT_THAT(f.log.Steps("worker.TrainStep"), ElementsAre(3, 4, 5, 6));
+  EXPECT_THAT(f.log.Steps("worker.Evaluate"), ElementsAre(6));  // no initial evaluation
+  EXPECT_EQ(f.log.Count("worker.FitProjectors"), 0);          // projectors come from the state
+  EXPECT_EQ(f.host.status().resumed_from_step(), 2);
+  EXPECT_EQ(Summary(out)["resumed_from_step"], 2);
+  EXPECT_EQ(KindCounts(out).at("resume"), 1);
+
+  // The resumed run rewrote step 4's checkpoint whole; corrupt it again. An explicit
+  // directory must verify; another training spec or too few steps are refused, before
+  // anything is loaded.
+  EXPECT_THAT(CheckpointSteps(out), ElementsAre(2, 4, 6));
+  std::ofstream(newest + "/worker_state.safetensors", std::ios::app) << "flipped";
+  Fixture g;
+  v1::JobSpec bad = Spec(out, v1::MODE_LSP, 6);
+  bad.set_resume_from(newest);
+  EXPECT_EQ(g.Run(bad).code(), absl::StatusCode::kDataLoss);
+  bad.set_resume_from("latest");
+  bad.mutable_optim()->set_lr(0.02);
+  EXPECT_EQ(g.Run(bad).code(), absl::StatusCode::kFailedPrecondition);
+  v1::JobSpec short_job = Spec(out, v1::MODE_LSP, 1);
+  short_job.set_resume_from("latest");
+  EXPECT_EQ(g.Run(short_job).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.log.Count("worker.LoadJob"), 0);
+  fs::remove_all(out);
+}
+
+TEST(JobRunnerTest, CancelMidStepStopsBeforeTheNextStepAndUnloadsBothPeers) {
+  Fixture f;
+  const std::string out = TempDir();
+  f.worker.on_train_step = [&](int step) {
+    if (step == 2) f.host.cancel = true;
+  };
+  absl::Status st = f.Run(Spec(out, v1::MODE_LSP, 5));
+  EXPECT_EQ(st.code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(f.log.Steps("worker.TrainStep"), ElementsAre(1, 2));  // step 2 completes
+  EXPECT_EQ(f.log.Count("worker.UnloadJob"), 2);
+  EXPECT_EQ(f.log.Count("optimizer.UnloadJob"), 2);
+  EXPECT_FALSE(fs::exists(out + "/summary.json"));
+  fs::remove_all(out);
+}
+
+TEST(JobRunnerTest, AFailingPeerFailsTheJobAndReleasesTheOther) {
+  const std::string out = TempDir();
+  {
+    Fixture f;  // serial: the job fails with the optimizer's status, both peers unload
+    f.optimizer.behaviour["Update"].fail[2] = absl::UnavailableError("optimizer: socket closed");
+    absl::Status st = f.Run(Spec(out, v1::MODE_LSP, 4));
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(st.message(), HasSubstr("optimizer"));
+    EXPECT_THAT(f.log.Steps("worker.ApplyUpdates"), ElementsAre(1));
+    EXPECT_EQ(f.log.Count("worker.UnloadJob"), 2);
+    EXPECT_EQ(f.log.Count("optimizer.UnloadJob"), 2);
+  }
+  {
+    Fixture f;  // overlapped: the worker, possibly waiting on the step's flags, is released
+    f.optimizer.behaviour["Update"].fail[2] = absl::DataLossError("optimizer: poisoned moments");
+    v1::JobSpec spec = Spec(out, v1::MODE_LSP, 4);
+    spec.set_schedule("overlap");
+    absl::Status st = f.Run(spec);
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);  // the code is kept
+    EXPECT_THAT(f.log.Steps("worker.AbortStep"), ElementsAre(2));
+  }
+  {
+    Fixture f;  // a worker failing at load: the optimizer is never loaded
+    f.worker.behaviour["LoadJob"].fail[-1] = absl::InvalidArgumentError("worker: bad lsp.d");
+    EXPECT_EQ(f.Run(Spec(out, v1::MODE_LSP, 2)).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(f.log.Count("optimizer.LoadJob"), 0);
+  }
+  fs::remove_all(out);
+}
+
+TEST(JobRunnerTest, AHangingPeerFailsTheJobAtTheDeadline) {
+  const std::string out = TempDir();
+  {
+    Fixture f;  // overlapped: the worker hangs, the optimizer is released, the job fails
+    f.worker.behaviour["TrainStep"].hang = {2};
+    v1::JobSpec spec = Spec(out, v1::MODE_ZERO, 3);
+    spec.set_schedule("overlap");
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status st = f.Run(spec, /*deadline_s=*/0.3);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                            .count();
+    EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(st.message(), HasSubstr("worker"));
+    EXPECT_GE(secs, 0.3);
+    EXPECT_LT(secs, 10);
+    EXPECT_THAT(f.log.Steps("optimizer.AbortStep"), ElementsAre(2));
+    EXPECT_EQ(f.log.Count("worker.UnloadJob"), 2);
+  }
+  {
+    Fixture f;  // serial: a hanging optimizer
+    f.optimizer.behaviour["Update"].hang = {1};
+    absl::Status st = f.Run(Spec(out, v1::MODE_LSP, 2), /*deadline_s=*/0.3);
+    EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(st.message(), HasSubstr("optimizer"));
+    EXPECT_EQ(f.log.Count("worker.ApplyUpdates"), 0);
+  }
+  fs::remove_all(out);
+}
+
+TEST(JobRunnerTest, AnUnwritableCheckpointIsReportedAndTrainingGoesOn) {
+  const std::string out = TempDir();
+  {
+    Fixture f;
+    f.worker.behaviour["SaveState"].fail[2] = absl::ResourceExhaustedError("disk full");
+    v1::JobSpec spec = Spec(out, v1::MODE_LSP, 4);
+    spec.set_checkpoint_every(2);
+    ASSERT_TRUE(f.Run(spec).ok());
+    EXPECT_THAT(CheckpointSteps(out), ElementsAre(4));
+    EXPECT_EQ(f.host.status().last_checkpoint_step(), 4);
+    EXPECT_THAT(f.host.status().last_error(), HasSubstr("checkpoint of step 2 failed: disk full"));
+    EXPECT_EQ(KindCounts(out).at("checkpoint_failed"), 1);
+    // No half-written checkpoint directory is left.
+    for (const auto& e : fs::directory_iterator(out + "/checkpoints")) {
+      EXPECT_THAT(e.path().filename().string(), ::testing::StartsWith("step-"));
+    }
+  }
+  {
+    Fixture f;  // a peer that died while saving fails the job
+    f.optimizer.behaviour["SaveState"].fail[2] = absl::UnavailableError("optimizer: gone");
+    v1::JobSpec spec = Spec(out, v1::MODE_LSP, 4);
+    spec.set_checkpoint_every(2);
+    EXPECT_EQ(f.Run(spec).code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(f.log.Steps("worker.TrainStep"), ElementsAre(1, 2));
+  }
+  fs::remove_all(out);
+}
+
+// The core over fake peers: submit, run, wait; cancel of a queued job.
+TEST(SchedulerCoreTest, RunsSubmittedJobsInOrderOverFakePeers) {
+  auto log = std::make_shared<CallLog>();
+  auto worker = std::make_unique<FakeWorker>(log.get(), kLayers, 4);
+  FakeWorker* w = worker.get();
+  std::atomic<bool> release{false};
+  w->on_train_step = [&](int) {
+    while (!release) absl::SleepFor(absl::Milliseconds(2));
+  };
+  SchedulerCore core(std::move(worker), std::make_unique<FakeOptimizer>(log.get(), kLayers));
+  const std::string out1 = TempDir(), out2 = TempDir();
+  v1::JobSpec a = Spec(out1, v1::MODE_LSP, 2), b = Spec(out2, v1::MODE_LSP, 2);
+  a.mutable_data()->set_format("text");
+  a.mutable_data()->set_train_path("datasets/moby-dick/moby-dick.txt");
+  b.mutable_data()->CopyFrom(a.data());
+  auto id1 = core.Submit(a);
+  ASSERT_TRUE(id1.ok()) << id1.status();
+  auto id2 = core.Submit(b);
+  ASSERT_TRUE(id2.ok()) << id2.status();
+  // The second job is still queued while the first trains: cancelling it is immediate.
+  auto cancelled = core.Cancel(*id2);
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(*cancelled, v1::CANCELLED);
+  release = true;
+  auto done = core.Wait(*id1);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->error();
+  EXPECT_EQ(done->step(), 2);
+  EXPECT_EQ(core.Get(*id2)->state(), v1::CANCELLED);
+  EXPECT_EQ(log->Count("worker.LoadJob"), 1);  // the cancelled job never ran
+  EXPECT_EQ(core.Get("job-nope").status().code(), absl::StatusCode::kNotFound);
+  fs::remove_all(out1);
+  fs::remove_all(out2);
+}
+
+}  // namespace
+}  // namespace lspo::scheduler
