@@ -26,7 +26,11 @@
 #include "glog/logging.h"
 #include "offload/arena_tensors.h"
 #include "offload/state_file.h"
+#include "gpu_worker/calibration.h"
 #include "gpu_worker/device_offload.h"
+#include "gpu_worker/evaluator.h"
+#include "gpu_worker/worker_job.h"
+#include "gpu_worker/worker_state.h"
 #include "offload/job_assets.h"
 #include "offload/torch_call.h"
 #include "lsp/fit.h"
@@ -42,72 +46,9 @@
 namespace lspo::worker {
 
 using lspo::v1::JobSpec;
-
-// Everything the worker holds for its one job.
-struct WorkerJob {
-  // The CUDA engine first: it drains its watcher thread, whose callbacks use the fields below,
-  // and unpins the arena before the arena is unmapped.
-  ~WorkerJob() { offload.reset(); }
-
-  std::string id;
-  // Caps oneTBB (the CPU kernels: Adam, sparse projector loops) at JobSpec.num_threads for the
-  // job's lifetime, like at::set_num_threads does for ATen (docs/known-failures.md #16).
-  std::unique_ptr<tbb::global_control> tbb_threads;
-  JobSpec spec;
-  bool lsp = true;    // MODE_LSP
-  bool zero = false;  // MODE_ZERO
-  bool classification = true;
-  std::unique_ptr<model::BpeTokenizer> tokenizer;
-  std::unique_ptr<model::LlamaModel> model;
-  std::vector<data::TokenizedExample> train;
-  std::vector<int32_t> train_class;  // Classification: label id per training example.
-  std::vector<data::TokenizedExample> eval;
-  std::vector<std::vector<int32_t>> ppl_blocks;  // data.perplexity_path, seq_len tokens each.
-  std::vector<offload::LinearShape> linears;
-  // MODE_LSP and MODE_ZERO: the arena and its completion flags.
-  runtime::ShmArena arena;
-  lspo::v1::ArenaLayout layout;
-  runtime::CompletionFlags flags;
-  // Where the model lives; on CUDA the transfer engine (streams, pinned arena, watcher) moves
-  // gradients and steps asynchronously. Declared after `arena`: destroyed (unpinned) first.
-  at::Device device{at::kCPU};
-  bool cuda = false;
-  bool gpu_peak_reset = false;  // The peak is reset once, at the first step (after the fit).
-  std::unique_ptr<DeviceOffload> offload;
-  // Per linear: the step whose update must still be applied before the linear's next
-  // forward (0 = none), and the weight-decay factor 1 - lr * wd of that step.
-  std::vector<uint32_t> pending_step;
-  std::vector<double> pending_decay;
-  // While > 0: the step whose gradients the backward publishes as they are formed (overlap
-  // schedule, last micro-batch only).
-  uint32_t publish_step = 0;
-  // A published gradient was non-finite (step abandoned). Set by the CUDA watcher thread too.
-  std::atomic<bool> publish_failed{false};
-  double offload_seconds = 0;        // Time spent writing gradients into the arena.
-  std::vector<double> offload_done;  // Per layer: time its last gradient was published.
-  std::vector<double> offload_secs;  // Per layer: seconds spent publishing its gradients.
-  std::vector<lspo::v1::LayerEvent> events;  // Timeline of the current step.
-  double layer_t0 = 0;               // Start of the current layer's forward / backward.
-  double wait_seconds = 0;
-  // MODE_LSP.
-  std::vector<lsp::SparseProjector> p, q;  // Per linear; rows == 0 until the first fit.
-  std::shared_ptr<lsp::LspLinears> lsp_linears;  // The model's LinearImpl.
-  std::vector<at::Tensor> s_accum;          // Per linear, (d, d) fp32, summed over micro-batches.
-  bool fitted = false;
-  // MODE_NATIVE.
-  std::unique_ptr<torch::optim::AdamW> adamw;
-  // Fault injection for the fault tests (env LSPO_FAULT_NONFINITE_GRAD_STEPS="3,4"): at these
-  // steps the backward is seeded with NaN, so every gradient is non-finite and the real
-  // detection / skip / abort path runs. Empty in normal operation.
-  std::set<int> fault_nonfinite_grad_steps;
-  // Data order cache.
-  int64_t order_epoch = -1;
-  std::vector<int64_t> order;
-};
+using runtime::MonotonicSeconds;
 
 namespace {
-
-using runtime::MonotonicSeconds;
 
 void AddEvent(WorkerJob* job, int64_t layer, const char* what, double start, double end) {
   lspo::v1::LayerEvent e;
@@ -229,7 +170,8 @@ absl::Status ApplyLinear(WorkerJob* job, int64_t i, uint32_t step, double decay)
   return absl::OkStatus();
 }
 
-// Applies every pending update of decoder layer `layer` (all layers when layer < 0).
+}  // namespace
+
 absl::Status ApplyPending(WorkerJob* job, int64_t layer) {
   const int64_t lo = layer < 0 ? 0 : layer * model::kLinearsPerLayer;
   const int64_t hi = layer < 0 ? static_cast<int64_t>(job->pending_step.size())
@@ -250,13 +192,11 @@ absl::Status ApplyPending(WorkerJob* job, int64_t layer) {
   return absl::OkStatus();
 }
 
-// A token's text, trimmed of white space and lower-cased (for answer matching).
 std::string NormalizedToken(const model::BpeTokenizer& tok, int64_t id) {
   const int32_t one = static_cast<int32_t>(id);
   return absl::AsciiStrToLower(absl::StripAsciiWhitespace(tok.Decode(absl::MakeConstSpan(&one, 1))));
 }
 
-// (rows, cols) int64 on `device`.
 at::Tensor ToTensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols,
                     const at::Device& device) {
   at::Tensor t = at::from_blob(const_cast<int64_t*>(v.data()), {rows, cols},
@@ -264,6 +204,8 @@ at::Tensor ToTensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols,
   // Device: through pinned memory, asynchronously (a pageable copy would wait for the queue).
   return device.is_cpu() ? t.clone() : t.pin_memory().to(device, /*non_blocking=*/true);
 }
+
+namespace {
 
 // Tokenised examples of `path`; for classification data also each example's label id
 // (labels numbered in order of first appearance) in `*class_of` when non-null.
@@ -527,149 +469,7 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> WorkerCore::FitProjectors(
     const std::string& job_id, int step) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
-  if (!job->lsp) return absl::FailedPreconditionError("FitProjectors needs MODE_LSP");
-  auto t0 = std::chrono::steady_clock::now();
-  auto& model = *job->model;
-  const auto& spec = job->spec;
-  // The scheduler calls FitProjectors only after the optimizer attached the arena, so its
-  // name is no longer needed: unlinking now means a crash later leaves nothing in /dev/shm.
-  job->arena.Unlink();
-  lspo::v1::FitProjectorsReply reply;
-  absl::Status st = offload::TorchCall("calibration gradients", [&]() -> absl::Status {
-    model.ClearHookStatus();
-    RETURN_IF_ERROR(ApplyPending(job, -1));
-    // Calibration gradient: dense G of every trained matrix, mean over the calibration
-    // examples' answer tokens (a fixed subset drawn with seed + 1, re-drawn per check).
-    const int64_t n_cal =
-        std::min<int64_t>(spec.lsp().calibration_examples(), job->train.size());
-    std::vector<int64_t> cal =
-        data::ShuffledOrder(job->train.size(), spec.seed() + 1, /*epoch=*/step);
-    cal.resize(n_cal);
-    const int64_t mb = spec.micro_batch_size();
-    std::vector<data::Batch> batches;
-    int64_t total = 0;
-    for (int64_t s = 0; s < n_cal; s += mb) {
-      std::vector<const data::TokenizedExample*> rows;
-      for (int64_t k = s; k < std::min(n_cal, s + mb); ++k) rows.push_back(&job->train[cal[k]]);
-      batches.push_back(data::MakeBatch(rows, job->tokenizer->pad_id()));
-      total += batches.back().num_loss_tokens;
-    }
-    const int d = spec.lsp().d(), r = spec.lsp().r();
-    lsp::FitOptions opts;
-    opts.max_iters = std::max(0, spec.lsp().fit_iters());
-    opts.lr = spec.lsp().fit_lr();
-    opts.beta = spec.lsp().beta();
-    opts.alpha = spec.lsp().fit_stop() > 0 ? spec.lsp().fit_stop() : spec.lsp().alpha();
-    // fp32 objective: ~1.5x faster than fp64 here (bench/lsp_fit_bench); the reported errors
-    // are recomputed exactly (RelativeBias, fp64) by FitProjectors.
-    opts.float64 = false;
-    double err_sum = 0;
-    int err_n = 0;
-    reply.mutable_initial_error()->Resize(model.num_linears(), NAN);
-    reply.mutable_final_error()->Resize(model.num_linears(), NAN);
-    const int64_t num_layers = model.config().num_layers;
-    int64_t per_pass = spec.lsp().calibration_layers_per_pass();
-    if (per_pass <= 0) {
-      int64_t layer_bytes = 1;
-      for (int64_t i = 0; i < std::min<int64_t>(model::kLinearsPerLayer, model.num_linears());
-           ++i) {
-        layer_bytes += model.LinearWeight(i).numel() * 4;
-      }
-      const int64_t budget = static_cast<int64_t>(spec.lsp().calibration_memory_mb() > 0
-                                                      ? spec.lsp().calibration_memory_mb()
-                                                      : 1024)
-                             << 20;
-      per_pass = std::max<int64_t>(1, budget / layer_bytes);
-    }
-    // Layers are processed in groups of `per_pass`: one forward + backward per group forms
-    // the dense G of the group's matrices only (the others frozen), so peak extra memory is
-    // one group's weights in fp32; each G is fitted and freed before the next group.
-    for (int64_t l0 = 0; l0 < num_layers; l0 += per_pass) {
-      const int64_t l1 = std::min(num_layers, l0 + per_pass);
-      const int64_t i0 = l0 * model::kLinearsPerLayer, i1 = l1 * model::kLinearsPerLayer;
-      model.SetLinearMode(model::LinearMode::kFrozen);
-      for (int64_t i = i0; i < i1; ++i) model.SetLinearMode(i, model::LinearMode::kDense);
-      model.ZeroLinearGrads();
-      for (const auto& b : batches) {
-        const int64_t targets = b.num_loss_tokens;
-        if (targets == 0) continue;
-        at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device),
-                                             ToTensor(b.labels, b.batch_size, b.seq_len, job->device));
-        RETURN_IF_ERROR(model.HookStatus());
-        (loss * (static_cast<double>(targets) / total)).backward();
-        RETURN_IF_ERROR(model.HookStatus());
-      }
-      for (int64_t i = i0; i < i1; ++i) {
-        at::Tensor& w = model.LinearWeight(i);
-        at::Tensor g = w.grad().defined() ? w.grad().detach().to(at::kFloat)
-                                          : at::zeros(w.sizes(), at::TensorOptions().dtype(at::kFloat).device(job->device));  // (m, n)
-        w.mutable_grad() = at::Tensor();
-        const bool finite = at::isfinite(g).all().item<bool>();
-        const bool have = job->p[i].rows > 0;
-        if (!finite) {
-          LOG(WARNING) << "worker: non-finite calibration gradient for "
-                       << job->linears[i].name << "; check skipped, keeping "
-                       << (have ? "its projectors" : "random projectors");
-        }
-        if (have && finite) {
-          const double err = lsp::RelativeBias(g, job->p[i], job->q[i]);
-          if (err <= spec.lsp().alpha()) {
-            reply.set_initial_error(i, err);
-            reply.set_final_error(i, err);
-            err_sum += err;
-            ++err_n;
-            continue;
-          }
-        }
-        if (have && !finite) continue;
-        const uint64_t seed = spec.seed() * 1000003ull + static_cast<uint64_t>(i) * 7919ull +
-                              static_cast<uint64_t>(step) * 104729ull;
-        ASSIGN_OR_RETURN(lsp::SparseProjector p,
-                         lsp::SparseProjector::Random(job->linears[i].m, d, r, seed));
-        ASSIGN_OR_RETURN(lsp::SparseProjector q,
-                         lsp::SparseProjector::Random(job->linears[i].n, d, r, seed + 1));
-        if (job->cuda) {  // Fit and apply next to G and W (the draw itself is on the CPU).
-          p = p.To(job->device);
-          q = q.To(job->device);
-        }
-        double init_err = NAN, final_err = NAN;
-        const bool nonzero = finite && g.abs().max().item<float>() > 0;
-        if (nonzero && opts.max_iters > 0) {
-          ASSIGN_OR_RETURN(lsp::FitResult fit, lsp::FitProjectors(g, &p, &q, opts));
-          init_err = fit.initial_error;
-          final_err = fit.final_error;
-        } else if (nonzero) {
-          init_err = final_err = lsp::RelativeBias(g, p, q);
-        }
-        reply.set_initial_error(i, init_err);
-        reply.set_final_error(i, final_err);
-        if (std::isfinite(final_err)) {
-          err_sum += final_err;
-          ++err_n;
-        }
-        const auto& slot = job->layout.linears(i);
-        RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.p_index(), slot.p_value(), p));
-        RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.q_index(), slot.q_value(), q));
-        RETURN_IF_ERROR(job->lsp_linears->SetProjectors(i, p, q));
-        job->p[i] = std::move(p);
-        job->q[i] = std::move(q);
-        reply.add_refitted(i);
-      }
-    }
-    model.SetLinearMode(model::LinearMode::kCustom);
-    job->fitted = true;
-    job->events.clear();
-    LOG(INFO) << "worker: projector check at step " << step << ": " << reply.refitted_size()
-              << " of " << model.num_linears() << " matrices (re)fitted, mean relative bias "
-              << err_sum / std::max(1, err_n);
-    return absl::OkStatus();
-  });
-  if (!st.ok()) {
-    model.SetLinearMode(model::LinearMode::kCustom);
-    return st;
-  }
-  reply.set_seconds(runtime::SecondsSince(t0));
-  return reply;
+  return RunProjectorCheck(job, step);
 }
 
 absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
@@ -999,102 +799,7 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> WorkerCore::ImportLayerWeights(
 absl::StatusOr<lspo::v1::EvalMetrics> WorkerCore::Evaluate(const std::string& job_id, int step) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
-  auto t0 = std::chrono::steady_clock::now();
-  lspo::v1::EvalMetrics out;
-  out.set_step(step);
-  if (job->eval.empty() && job->ppl_blocks.empty()) return out;
-  absl::Status st = offload::TorchCall("evaluate", [&]() -> absl::Status {
-    job->model->ClearHookStatus();
-    RETURN_IF_ERROR(ApplyPending(job, -1));
-    at::NoGradGuard no_grad;
-    auto& model = *job->model;
-    ASSIGN_OR_RETURN(at::Tensor lm_head,
-                     model.GetTensor(model.config().tie_word_embeddings
-                                         ? "model.embed_tokens.weight"
-                                         : "lm_head.weight"));  // (V, H)
-    // Sort by length so batches carry little padding (right padding; causal attention).
-    std::vector<int64_t> idx(job->eval.size());
-    std::iota(idx.begin(), idx.end(), 0);
-    std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
-      return job->eval[a].input_ids.size() < job->eval[b].input_ids.size();
-    });
-    const int64_t bs = std::max(1, job->spec.micro_batch_size() * 2);
-    int64_t correct = 0, counted = 0, targets = 0;
-    double loss_sum = 0;
-    for (size_t s = 0; s < idx.size(); s += bs) {
-      std::vector<const data::TokenizedExample*> rows;
-      for (size_t k = s; k < std::min(idx.size(), s + bs); ++k) rows.push_back(&job->eval[idx[k]]);
-      data::Batch b = data::MakeBatch(rows, job->tokenizer->pad_id());
-      at::Tensor ids = ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device);
-      at::Tensor hidden = model.Hidden(ids);  // (B, T, H)
-      RETURN_IF_ERROR(model.HookStatus());
-      // Gather every position that predicts a target, plus (classification) the position
-      // before the first answer token for the greedy prediction.
-      std::vector<int64_t> pos_b, pos_t, tgt;
-      std::vector<int64_t> first_row;  // Index into pos_* of each row's first answer target.
-      for (int64_t i = 0; i < b.batch_size; ++i) {
-        int64_t first = -1;
-        for (int64_t t = 1; t < b.seq_len; ++t) {
-          const int64_t label = b.labels[i * b.seq_len + t];
-          if (label == -100) continue;
-          if (first < 0) first = pos_b.size();
-          pos_b.push_back(i);
-          pos_t.push_back(t - 1);
-          tgt.push_back(label);
-        }
-        first_row.push_back(first);
-      }
-      if (tgt.empty()) continue;
-      const int64_t k = tgt.size();
-      at::Tensor rows_h = hidden.index({ToTensor(pos_b, k, 1, job->device).view(-1),
-                                        ToTensor(pos_t, k, 1, job->device).view(-1)});  // (K, H)
-      at::Tensor logits = at::matmul(rows_h, lm_head.t());                 // (K, V)
-      at::Tensor target = ToTensor(tgt, k, 1, job->device).view(-1);
-      at::Tensor nll = at::cross_entropy_loss(logits, target, {}, at::Reduction::Sum);
-      loss_sum += nll.item<double>();
-      targets += k;
-      if (job->classification) {
-        // Greedy first answer token, compared after decoding, trimming and lower-casing
-        // (so "Spam" and " spam" count as "spam").
-        at::Tensor pred = logits.argmax(-1);
-        pred = pred.cpu();
-        auto pred_a = pred.accessor<int64_t, 1>();
-        for (int64_t i = 0; i < b.batch_size; ++i) {
-          if (first_row[i] < 0) continue;
-          ++counted;
-          correct += NormalizedToken(*job->tokenizer, pred_a[first_row[i]]) ==
-                     NormalizedToken(*job->tokenizer, tgt[first_row[i]]);
-        }
-      }
-    }
-    // Perplexity of the text corpus: exp of the mean next-token loss over every token.
-    if (!job->ppl_blocks.empty()) {
-      double nll = 0;
-      int64_t tokens = 0;
-      const int64_t T = job->ppl_blocks[0].size();
-      for (size_t s = 0; s < job->ppl_blocks.size(); s += bs) {
-        const int64_t rows = std::min<int64_t>(bs, job->ppl_blocks.size() - s);
-        std::vector<int64_t> ids;
-        for (int64_t k = 0; k < rows; ++k) {
-          ids.insert(ids.end(), job->ppl_blocks[s + k].begin(), job->ppl_blocks[s + k].end());
-        }
-        at::Tensor t = ToTensor(ids, rows, T, job->device);
-        const int64_t targets = rows * (T - 1);
-        nll += model.CausalLmLoss(t, t).item<double>() * targets;
-        RETURN_IF_ERROR(model.HookStatus());
-        tokens += targets;
-      }
-      out.set_perplexity(std::exp(nll / std::max<int64_t>(tokens, 1)));
-      out.set_perplexity_tokens(tokens);
-    }
-    out.set_examples(job->eval.size());
-    out.set_loss(targets > 0 ? loss_sum / targets : 0.0);
-    out.set_accuracy(counted > 0 ? static_cast<double>(correct) / counted : 0.0);
-    return absl::OkStatus();
-  });
-  if (!st.ok()) return st;
-  out.set_seconds(runtime::SecondsSince(t0));
-  return out;
+  return EvaluateJob(job, step);
 }
 
 absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string& job_id,
@@ -1131,126 +836,19 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
   return reply;
 }
 
-namespace {
-
-const char* ModeName(const WorkerJob& job) {
-  return job.lsp ? "lsp" : job.zero ? "zero" : "native";
-}
-
-absl::Status CheckStateMeta(const model::SafetensorsFile& file, const std::string& path,
-                            const char* mode, int step) {
-  const auto& meta = file.metadata();
-  auto get = [&](const char* key) {
-    auto it = meta.find(key);
-    return it == meta.end() ? std::string() : it->second;
-  };
-  if (get("mode") != mode || get("step") != std::to_string(step)) {
-    return absl::DataLossError(absl::StrCat(
-        "'", path, "' holds the ", get("mode"), " state of step ", get("step"), ", expected ",
-        mode, " at step ", step, ": the checkpoint directory is inconsistent"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<lspo::v1::StateReply> WorkerCore::SaveState(const std::string& job_id,
                                                            const std::string& dir, int step) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
-  auto t0 = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(offload::TorchCall("flush updates", [&] { return ApplyPending(job, -1); }));
-  lspo::v1::StateReply reply;
-  RETURN_IF_ERROR(offload::TorchCall("save worker state", [&]() -> absl::Status {
-    at::NoGradGuard no_grad;
-    offload::NamedTensors tensors;
-    for (size_t i = 0; i < job->linears.size(); ++i) {
-      const std::string& name = job->linears[i].name;
-      tensors.emplace_back(name, job->model->LinearWeight(static_cast<int64_t>(i)).detach());
-      if (job->lsp && job->p[i].rows > 0) {
-        offload::AppendProjector(name + ".p", job->p[i], &tensors);
-        offload::AppendProjector(name + ".q", job->q[i], &tensors);
-      }
-    }
-    const std::string path = dir + "/worker_state.safetensors";
-    RETURN_IF_ERROR(offload::WriteTensorFile(
-        path, tensors,
-        {{"job_id", job->id}, {"mode", ModeName(*job)}, {"step", std::to_string(step)},
-         {"fitted", job->fitted ? "1" : "0"}}));
-    reply.add_files(path);
-    if (job->adamw != nullptr) {
-      const std::string opt_path = dir + "/worker_adamw.pt";
-      torch::save(*job->adamw, opt_path);
-      reply.add_files(opt_path);
-    }
-    return absl::OkStatus();
-  }));
-  reply.set_seconds(runtime::SecondsSince(t0));
-  return reply;
+  return SaveWorkerState(job, dir, step);
 }
 
 absl::StatusOr<lspo::v1::StateReply> WorkerCore::LoadState(const std::string& job_id,
                                                            const std::string& dir, int step) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
-  auto t0 = std::chrono::steady_clock::now();
-  const std::string path = dir + "/worker_state.safetensors";
-  ASSIGN_OR_RETURN(model::SafetensorsFile file, model::SafetensorsFile::Open(path));
-  RETURN_IF_ERROR(CheckStateMeta(file, path, ModeName(*job), step));
-  const std::string what = absl::StrCat("worker state '", path, "'");
-  RETURN_IF_ERROR(offload::TorchCall("load worker state", [&]() -> absl::Status {
-    at::NoGradGuard no_grad;
-    // Read and validate everything first, then commit.
-    std::vector<at::Tensor> weights;
-    std::vector<lsp::SparseProjector> p(job->linears.size()), q(job->linears.size());
-    const bool fitted = file.metadata().count("fitted") && file.metadata().at("fitted") == "1";
-    for (size_t i = 0; i < job->linears.size(); ++i) {
-      const offload::LinearShape& ls = job->linears[i];
-      at::Tensor& w = job->model->LinearWeight(static_cast<int64_t>(i));
-      ASSIGN_OR_RETURN(at::Tensor t,
-                       offload::ViewStateTensor(file, what, ls.name, w.scalar_type(), w.sizes()));
-      weights.push_back(std::move(t));
-      if (job->lsp && fitted) {
-        const int64_t d = job->layout.d(), r = job->layout.r();
-        ASSIGN_OR_RETURN(p[i], offload::ReadStateProjector(file, what, ls.name + ".p", ls.m, d, r));
-        ASSIGN_OR_RETURN(q[i], offload::ReadStateProjector(file, what, ls.name + ".q", ls.n, d, r));
-      }
-    }
-    for (size_t i = 0; i < job->linears.size(); ++i) {
-      job->model->LinearWeight(static_cast<int64_t>(i)).copy_(weights[i]);
-      job->pending_step[i] = 0;
-      if (job->lsp && fitted) {
-        const auto& slot = job->layout.linears(static_cast<int>(i));
-        RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.p_index(), slot.p_value(), p[i]));
-        RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.q_index(), slot.q_value(), q[i]));
-        if (job->cuda) {
-          p[i] = p[i].To(job->device);
-          q[i] = q[i].To(job->device);
-        }
-        RETURN_IF_ERROR(job->lsp_linears->SetProjectors(static_cast<int64_t>(i), p[i], q[i]));
-        job->p[i] = std::move(p[i]);
-        job->q[i] = std::move(q[i]);
-      }
-    }
-    if (job->lsp && fitted) {
-      job->model->SetLinearMode(model::LinearMode::kCustom);
-      job->fitted = true;
-    }
-    if (job->adamw != nullptr) {
-      const std::string opt_path = dir + "/worker_adamw.pt";
-      if (access(opt_path.c_str(), R_OK) != 0) {
-        return absl::NotFoundError(absl::StrCat("'", opt_path, "' is missing: the checkpoint "
-                                                "has no AdamW state for this native job"));
-      }
-      torch::load(*job->adamw, opt_path);
-    }
-    return absl::OkStatus();
-  }));
-  LOG(INFO) << "worker: restored the state of step " << step << " from " << dir;
-  lspo::v1::StateReply reply;
-  reply.add_files(path);
-  reply.set_seconds(runtime::SecondsSince(t0));
-  return reply;
+  return LoadWorkerState(job, dir, step);
 }
 
 absl::Status WorkerCore::AbortStep(const std::string& job_id, int step) {

@@ -33,7 +33,7 @@
 
 namespace lspo::worker {
 
-struct WorkerJob;  // Defined in worker_core.cc (holds torch state).
+struct WorkerJob;  // gpu_worker/worker_job.h (holds torch state).
 
 class WorkerCore {
  public:

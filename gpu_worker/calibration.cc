@@ -1,0 +1,194 @@
+#include "gpu_worker/calibration.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <limits>
+#include <set>
+#include <cstdlib>
+
+#include <torch/torch.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "data/datasets.h"
+#include "glog/logging.h"
+#include "offload/arena_tensors.h"
+#include "offload/state_file.h"
+#include "gpu_worker/device_offload.h"
+#include "offload/job_assets.h"
+#include "offload/torch_call.h"
+#include "lsp/fit.h"
+#include "lsp/lsp_linear.h"
+#include "lsp/projector.h"
+#include "model/safetensors.h"
+#include "runtime/clock.h"
+#include "runtime/file_io.h"
+#include "runtime/status_macros.h"
+#include "runtime/util.h"
+#include "tbb/global_control.h"
+
+#include "gpu_worker/worker_job.h"
+
+namespace lspo::worker {
+
+using runtime::MonotonicSeconds;
+
+absl::StatusOr<lspo::v1::FitProjectorsReply> RunProjectorCheck(WorkerJob* job, int step) {
+  if (!job->lsp) return absl::FailedPreconditionError("FitProjectors needs MODE_LSP");
+  auto t0 = std::chrono::steady_clock::now();
+  auto& model = *job->model;
+  const auto& spec = job->spec;
+  // The scheduler calls FitProjectors only after the optimizer attached the arena, so its
+  // name is no longer needed: unlinking now means a crash later leaves nothing in /dev/shm.
+  job->arena.Unlink();
+  lspo::v1::FitProjectorsReply reply;
+  absl::Status st = offload::TorchCall("calibration gradients", [&]() -> absl::Status {
+    model.ClearHookStatus();
+    RETURN_IF_ERROR(ApplyPending(job, -1));
+    // Calibration gradient: dense G of every trained matrix, mean over the calibration
+    // examples' answer tokens (a fixed subset drawn with seed + 1, re-drawn per check).
+    const int64_t n_cal =
+        std::min<int64_t>(spec.lsp().calibration_examples(), job->train.size());
+    std::vector<int64_t> cal =
+        data::ShuffledOrder(job->train.size(), spec.seed() + 1, /*epoch=*/step);
+    cal.resize(n_cal);
+    const int64_t mb = spec.micro_batch_size();
+    std::vector<data::Batch> batches;
+    int64_t total = 0;
+    for (int64_t s = 0; s < n_cal; s += mb) {
+      std::vector<const data::TokenizedExample*> rows;
+      for (int64_t k = s; k < std::min(n_cal, s + mb); ++k) rows.push_back(&job->train[cal[k]]);
+      batches.push_back(data::MakeBatch(rows, job->tokenizer->pad_id()));
+      total += batches.back().num_loss_tokens;
+    }
+    const int d = spec.lsp().d(), r = spec.lsp().r();
+    lsp::FitOptions opts;
+    opts.max_iters = std::max(0, spec.lsp().fit_iters());
+    opts.lr = spec.lsp().fit_lr();
+    opts.beta = spec.lsp().beta();
+    opts.alpha = spec.lsp().fit_stop() > 0 ? spec.lsp().fit_stop() : spec.lsp().alpha();
+    // fp32 objective: ~1.5x faster than fp64 here (bench/lsp_fit_bench); the reported errors
+    // are recomputed exactly (RelativeBias, fp64) by FitProjectors.
+    opts.float64 = false;
+    double err_sum = 0;
+    int err_n = 0;
+    reply.mutable_initial_error()->Resize(model.num_linears(), NAN);
+    reply.mutable_final_error()->Resize(model.num_linears(), NAN);
+    const int64_t num_layers = model.config().num_layers;
+    int64_t per_pass = spec.lsp().calibration_layers_per_pass();
+    if (per_pass <= 0) {
+      int64_t layer_bytes = 1;
+      for (int64_t i = 0; i < std::min<int64_t>(model::kLinearsPerLayer, model.num_linears());
+           ++i) {
+        layer_bytes += model.LinearWeight(i).numel() * 4;
+      }
+      const int64_t budget = static_cast<int64_t>(spec.lsp().calibration_memory_mb() > 0
+                                                      ? spec.lsp().calibration_memory_mb()
+                                                      : 1024)
+                             << 20;
+      per_pass = std::max<int64_t>(1, budget / layer_bytes);
+    }
+    // Layers are processed in groups of `per_pass`: one forward + backward per group forms
+    // the dense G of the group's matrices only (the others frozen), so peak extra memory is
+    // one group's weights in fp32; each G is fitted and freed before the next group.
+    for (int64_t l0 = 0; l0 < num_layers; l0 += per_pass) {
+      const int64_t l1 = std::min(num_layers, l0 + per_pass);
+      const int64_t i0 = l0 * model::kLinearsPerLayer, i1 = l1 * model::kLinearsPerLayer;
+      model.SetLinearMode(model::LinearMode::kFrozen);
+      for (int64_t i = i0; i < i1; ++i) model.SetLinearMode(i, model::LinearMode::kDense);
+      model.ZeroLinearGrads();
+      for (const auto& b : batches) {
+        const int64_t targets = b.num_loss_tokens;
+        if (targets == 0) continue;
+        at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device),
+                                             ToTensor(b.labels, b.batch_size, b.seq_len, job->device));
+        RETURN_IF_ERROR(model.HookStatus());
+        (loss * (static_cast<double>(targets) / total)).backward();
+        RETURN_IF_ERROR(model.HookStatus());
+      }
+      for (int64_t i = i0; i < i1; ++i) {
+        at::Tensor& w = model.LinearWeight(i);
+        at::Tensor g = w.grad().defined() ? w.grad().detach().to(at::kFloat)
+                                          : at::zeros(w.sizes(), at::TensorOptions().dtype(at::kFloat).device(job->device));  // (m, n)
+        w.mutable_grad() = at::Tensor();
+        const bool finite = at::isfinite(g).all().item<bool>();
+        const bool have = job->p[i].rows > 0;
+        if (!finite) {
+          LOG(WARNING) << "worker: non-finite calibration gradient for "
+                       << job->linears[i].name << "; check skipped, keeping "
+                       << (have ? "its projectors" : "random projectors");
+        }
+        if (have && finite) {
+          const double err = lsp::RelativeBias(g, job->p[i], job->q[i]);
+          if (err <= spec.lsp().alpha()) {
+            reply.set_initial_error(i, err);
+            reply.set_final_error(i, err);
+            err_sum += err;
+            ++err_n;
+            continue;
+          }
+        }
+        if (have && !finite) continue;
+        const uint64_t seed = spec.seed() * 1000003ull + static_cast<uint64_t>(i) * 7919ull +
+                              static_cast<uint64_t>(step) * 104729ull;
+        ASSIGN_OR_RETURN(lsp::SparseProjector p,
+                         lsp::SparseProjector::Random(job->linears[i].m, d, r, seed));
+        ASSIGN_OR_RETURN(lsp::SparseProjector q,
+                         lsp::SparseProjector::Random(job->linears[i].n, d, r, seed + 1));
+        if (job->cuda) {  // Fit and apply next to G and W (the draw itself is on the CPU).
+          p = p.To(job->device);
+          q = q.To(job->device);
+        }
+        double init_err = NAN, final_err = NAN;
+        const bool nonzero = finite && g.abs().max().item<float>() > 0;
+        if (nonzero && opts.max_iters > 0) {
+          ASSIGN_OR_RETURN(lsp::FitResult fit, lsp::FitProjectors(g, &p, &q, opts));
+          init_err = fit.initial_error;
+          final_err = fit.final_error;
+        } else if (nonzero) {
+          init_err = final_err = lsp::RelativeBias(g, p, q);
+        }
+        reply.set_initial_error(i, init_err);
+        reply.set_final_error(i, final_err);
+        if (std::isfinite(final_err)) {
+          err_sum += final_err;
+          ++err_n;
+        }
+        const auto& slot = job->layout.linears(i);
+        RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.p_index(), slot.p_value(), p));
+        RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.q_index(), slot.q_value(), q));
+        RETURN_IF_ERROR(job->lsp_linears->SetProjectors(i, p, q));
+        job->p[i] = std::move(p);
+        job->q[i] = std::move(q);
+        reply.add_refitted(i);
+      }
+    }
+    model.SetLinearMode(model::LinearMode::kCustom);
+    job->fitted = true;
+    job->events.clear();
+    LOG(INFO) << "worker: projector check at step " << step << ": " << reply.refitted_size()
+              << " of " << model.num_linears() << " matrices (re)fitted, mean relative bias "
+              << err_sum / std::max(1, err_n);
+    return absl::OkStatus();
+  });
+  if (!st.ok()) {
+    model.SetLinearMode(model::LinearMode::kCustom);
+    return st;
+  }
+  reply.set_seconds(runtime::SecondsSince(t0));
+  return reply;
+}
+
+}  // namespace lspo::worker

@@ -1,0 +1,111 @@
+// The state the worker holds for its one job, shared by the worker core and the files that
+// run parts of a job (calibration.h, evaluator.h, worker_state.h). Internal to gpu_worker/.
+//
+// Thread-safety: a WorkerJob is used under WorkerCore's mutex; the fields the CUDA watcher
+// thread touches are atomic (publish_failed) or owned by DeviceOffload.
+#ifndef LSPO_GPU_WORKER_WORKER_JOB_H_
+#define LSPO_GPU_WORKER_WORKER_JOB_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "data/datasets.h"
+#include "gpu_worker/device_offload.h"
+#include "lsp/lsp_linear.h"
+#include "lsp/projector.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+#include "offload/arena_layout.h"
+#include "proto/lsp_offload.pb.h"
+#include "runtime/completion_flags.h"
+#include "runtime/shm_arena.h"
+#include "tbb/global_control.h"
+
+namespace lspo::worker {
+
+using lspo::v1::JobSpec;
+
+// Everything the worker holds for its one job.
+struct WorkerJob {
+  // The CUDA engine first: it drains its watcher thread, whose callbacks use the fields below,
+  // and unpins the arena before the arena is unmapped.
+  ~WorkerJob() { offload.reset(); }
+
+  std::string id;
+  // Caps oneTBB (the CPU kernels: Adam, sparse projector loops) at JobSpec.num_threads for the
+  // job's lifetime, like at::set_num_threads does for ATen (docs/known-failures.md #16).
+  std::unique_ptr<tbb::global_control> tbb_threads;
+  JobSpec spec;
+  bool lsp = true;    // MODE_LSP
+  bool zero = false;  // MODE_ZERO
+  bool classification = true;
+  std::unique_ptr<model::BpeTokenizer> tokenizer;
+  std::unique_ptr<model::LlamaModel> model;
+  std::vector<data::TokenizedExample> train;
+  std::vector<int32_t> train_class;  // Classification: label id per training example.
+  std::vector<data::TokenizedExample> eval;
+  std::vector<std::vector<int32_t>> ppl_blocks;  // data.perplexity_path, seq_len tokens each.
+  std::vector<offload::LinearShape> linears;
+  // MODE_LSP and MODE_ZERO: the arena and its completion flags.
+  runtime::ShmArena arena;
+  lspo::v1::ArenaLayout layout;
+  runtime::CompletionFlags flags;
+  // Where the model lives; on CUDA the transfer engine (streams, pinned arena, watcher) moves
+  // gradients and steps asynchronously. Declared after `arena`: destroyed (unpinned) first.
+  at::Device device{at::kCPU};
+  bool cuda = false;
+  bool gpu_peak_reset = false;  // The peak is reset once, at the first step (after the fit).
+  std::unique_ptr<DeviceOffload> offload;
+  // Per linear: the step whose update must still be applied before the linear's next
+  // forward (0 = none), and the weight-decay factor 1 - lr * wd of that step.
+  std::vector<uint32_t> pending_step;
+  std::vector<double> pending_decay;
+  // While > 0: the step whose gradients the backward publishes as they are formed (overlap
+  // schedule, last micro-batch only).
+  uint32_t publish_step = 0;
+  // A published gradient was non-finite (step abandoned). Set by the CUDA watcher thread too.
+  std::atomic<bool> publish_failed{false};
+  double offload_seconds = 0;        // Time spent writing gradients into the arena.
+  std::vector<double> offload_done;  // Per layer: time its last gradient was published.
+  std::vector<double> offload_secs;  // Per layer: seconds spent publishing its gradients.
+  std::vector<lspo::v1::LayerEvent> events;  // Timeline of the current step.
+  double layer_t0 = 0;               // Start of the current layer's forward / backward.
+  double wait_seconds = 0;
+  // MODE_LSP.
+  std::vector<lsp::SparseProjector> p, q;  // Per linear; rows == 0 until the first fit.
+  std::shared_ptr<lsp::LspLinears> lsp_linears;  // The model's LinearImpl.
+  std::vector<at::Tensor> s_accum;          // Per linear, (d, d) fp32, summed over micro-batches.
+  bool fitted = false;
+  // MODE_NATIVE.
+  std::unique_ptr<torch::optim::AdamW> adamw;
+  // Fault injection for the fault tests (env LSPO_FAULT_NONFINITE_GRAD_STEPS="3,4"): at these
+  // steps the backward is seeded with NaN, so every gradient is non-finite and the real
+  // detection / skip / abort path runs. Empty in normal operation.
+  std::set<int> fault_nonfinite_grad_steps;
+  // Data order cache.
+  int64_t order_epoch = -1;
+  std::vector<int64_t> order;
+};
+
+// Applies every pending update of decoder layer `layer` (all layers when layer < 0): the
+// overlap schedule's deferred W += P D Q^T (lsp) or parameter copy (zero).
+// Errors: kDeadlineExceeded (the optimizer did not publish the step), kDataLoss (bad slot).
+absl::Status ApplyPending(WorkerJob* job, int64_t layer);
+
+// A token's text, trimmed of white space and lower-cased (for answer matching).
+std::string NormalizedToken(const model::BpeTokenizer& tok, int64_t id);
+
+// v (rows * cols int64, row-major) as a (rows, cols) int64 tensor on `device` (CUDA: through
+// pinned memory, non-blocking).
+at::Tensor ToTensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols,
+                    const at::Device& device);
+
+}  // namespace lspo::worker
+
+#endif  // LSPO_GPU_WORKER_WORKER_JOB_H_
