@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -39,13 +41,19 @@ absl::Status ErrnoError(absl::string_view op, absl::string_view what, const std:
     case EISDIR:
       return absl::InvalidArgumentError(
           absl::StrCat(subject, " is a directory; pass a file"));
+    case ENOTDIR:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot ", op, " ", subject, ": a component of the path is not a directory"));
     case ENOSPC:
     case EDQUOT:
     case EFBIG:
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot ", op, " ", subject, ": ", reason, "; free disk space"));
     default:
-      return absl::ErrnoToStatus(err, absl::StrCat("cannot ", op, " ", subject));
+      // Deliberately not absl::ErrnoToStatus: it maps e.g. ETIMEDOUT to kDeadlineExceeded and
+      // EAGAIN to kUnavailable, the codes of a dead peer, which a local file error must not
+      // look like (a failed checkpoint write is not a failed job).
+      return absl::InternalError(absl::StrCat("cannot ", op, " ", subject, ": ", reason));
   }
 }
 
@@ -107,7 +115,8 @@ absl::Status WriteFileSynced(const std::string& path, absl::string_view contents
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents,
                                  int mode) {
-  const std::string tmp = absl::StrCat(path, ".tmp-", ::getpid());
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = absl::StrCat(path, ".tmp-", ::getpid(), "-", counter++);
   absl::Status s = WriteFileSynced(tmp, contents, mode);
   if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
     s = ErrnoError("rename a temporary file over", "", path, errno);

@@ -3,11 +3,13 @@
 // names the path and says what to do:
 //   kNotFound          the path (or a parent directory) does not exist
 //   kPermissionDenied  the process may not read / write it
-//   kInvalidArgument   the path is a directory where a file was expected
+//   kInvalidArgument   the path is a directory where a file was expected, or a component of
+//                      it is not a directory
 //   kResourceExhausted the disk or quota is full, or the file too large (ENOSPC, EDQUOT, EFBIG)
-//   other codes        absl::ErrnoToStatusCode of the failing call (EIO -> kUnavailable ...)
+//   kInternal          any other errno (EIO, ETIMEDOUT, ...), with strerror; never the codes
+//                      the project uses for dead peers (kUnavailable, kDeadlineExceeded)
 // Thread-safety: stateless functions; concurrent writers of one path race as the OS lets them
-// (WriteFileAtomically's rename makes the last one win, never a mix).
+// (WriteFileAtomically's unique temporary and rename make the last one win, never a mix).
 #ifndef LSPO_RUNTIME_FILE_IO_H_
 #define LSPO_RUNTIME_FILE_IO_H_
 

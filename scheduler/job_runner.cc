@@ -148,6 +148,11 @@ absl::Status JobRunner::Load() {
   *load.mutable_spec() = spec_;
   ASSIGN_OR_RETURN(wload_, worker_->LoadJob(load, dl_));
   loaded_ = true;
+  if (offload_) {
+    // A layout this scheduler cannot split into layers (a worker of another version) fails
+    // now, not after the evaluation and the projector fit.
+    ASSIGN_OR_RETURN(num_layers_, offload::NumLayers(wload_.arena()));
+  }
   if (optimizer_ != nullptr) {
     *load.mutable_arena() = wload_.arena();
     RETURN_IF_ERROR(optimizer_->LoadJob(load, dl_).status());
@@ -418,9 +423,6 @@ absl::Status JobRunner::Train() {
     plan_tasks_.push_back(t);
   }
   if (lsp_ && start_step_ == 0) RETURN_IF_ERROR(Fit(0));
-  if (offload_) {
-    ASSIGN_OR_RETURN(num_layers_, offload::NumLayers(layout));
-  }
   Phase("training");
   t_train_ = Now();
   cost_model_.emplace(num_layers_, spec_.optim().max_grad_norm() > 0);
@@ -511,8 +513,9 @@ absl::StatusOr<bool> JobRunner::RunStep(int step) {
     tl["step_seconds"] = Now() - t0;
     tl["wait_seconds"] = m.wait_seconds();
     absl::Status ts = log_->Timeline(tl);
-    if (!ts.ok()) {
-      LOG_FIRST_N(WARNING, 1) << "scheduler: " << id_ << ": timeline: " << ts;
+    if (!ts.ok() && !timeline_failed_) {
+      timeline_failed_ = true;  // The run goes on; warn once per job.
+      LOG(WARNING) << "scheduler: " << id_ << ": timeline.jsonl: " << ts;
     }
   }
   const double secs = Now() - t0;

@@ -110,7 +110,7 @@ class JobRunner {
   nlohmann::json resume_state_;
   std::string resume_dir_;
   std::optional<RunLog> log_;
-  bool log_failed_ = false;
+  bool log_failed_ = false, timeline_failed_ = false;
   lspo::v1::LoadJobReply wload_;
   bool loaded_ = false;
   nlohmann::json summary_;

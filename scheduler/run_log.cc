@@ -35,7 +35,8 @@ absl::StatusOr<RunLog> RunLog::Open(const std::string& out_dir, bool append,
 RunLog::RunLog(RunLog&& other) noexcept
     : out_dir_(std::move(other.out_dir_)),
       metrics_fd_(std::exchange(other.metrics_fd_, -1)),
-      timeline_fd_(std::exchange(other.timeline_fd_, -1)) {}
+      timeline_fd_(std::exchange(other.timeline_fd_, -1)),
+      error_(std::move(other.error_)) {}
 
 RunLog& RunLog::operator=(RunLog&& other) noexcept {
   if (this != &other) {
@@ -43,6 +44,7 @@ RunLog& RunLog::operator=(RunLog&& other) noexcept {
     out_dir_ = std::move(other.out_dir_);
     metrics_fd_ = std::exchange(other.metrics_fd_, -1);
     timeline_fd_ = std::exchange(other.timeline_fd_, -1);
+    error_ = std::move(other.error_);
   }
   return *this;
 }
@@ -61,12 +63,17 @@ void RunLog::Close() {
 
 absl::Status RunLog::Append(int fd, const std::string& path, const nlohmann::json& line) {
   const std::string text = line.dump() + "\n";
+  const off_t start = ::lseek(fd, 0, SEEK_END);  // O_APPEND: every write lands at the end
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return runtime::FileErrnoStatus("append to", path, errno);
+      absl::Status st = runtime::FileErrnoStatus("append to", path, errno);
+      // Never leave half a line: the next one would be glued onto it.
+      if (done > 0 && start >= 0) (void)::ftruncate(fd, start);
+      if (error_.ok()) error_ = st;
+      return st;
     }
     done += static_cast<size_t>(n);
   }
@@ -83,6 +90,7 @@ absl::Status RunLog::Timeline(const nlohmann::json& line) {
 }
 
 absl::Status RunLog::Sync() {
+  if (!error_.ok()) return error_;  // A lost line: what is on disk is incomplete.
   if (metrics_fd_ >= 0 && ::fdatasync(metrics_fd_) != 0) {
     return runtime::FileErrnoStatus("fdatasync", out_dir_ + "/metrics.jsonl", errno);
   }

@@ -5,9 +5,11 @@
 //   timeline.jsonl  lsp/zero only: per step the plan and every per-layer event (CLOCK_MONOTONIC
 //                   seconds; scripts/plot --timeline renders one)
 //   summary.json    the run's summary, replaced atomically and durably at the end
-// Each line is handed to the kernel with one write(2) (a crash of the scheduler loses no line
-// it had logged); Sync() fdatasyncs both logs (called before a checkpoint is committed and at
-// the end, so a checkpoint never refers to log lines a power loss could drop).
+// Each line goes to the kernel at once (write(2), no user-space buffer: a crash of the
+// scheduler loses no line it had logged); a write that fails part-way is truncated back, so
+// the files hold whole lines only. Sync() fdatasyncs both logs (called before a checkpoint is
+// committed and at the end, so a checkpoint never refers to log lines a power loss could
+// drop) and returns the first append error since the log was opened (lines are missing).
 //
 // Thread-safety: not thread-safe; owned by the job runner's thread.
 #ifndef LSPO_SCHEDULER_RUN_LOG_H_
@@ -39,7 +41,7 @@ class RunLog {
   // Errors: kResourceExhausted (disk full) and other write errors naming the file.
   absl::Status Metrics(const nlohmann::json& line);
   absl::Status Timeline(const nlohmann::json& line);
-  // fdatasync of both logs.
+  // fdatasync of both logs; the first earlier append error if there was one.
   absl::Status Sync();
   // Writes summary.json atomically (runtime::WriteFileAtomically) after syncing the logs.
   absl::Status WriteSummary(const nlohmann::json& summary);
@@ -54,6 +56,7 @@ class RunLog {
   std::string out_dir_;
   int metrics_fd_ = -1;
   int timeline_fd_ = -1;
+  absl::Status error_;  // First append error (sticky).
 };
 
 }  // namespace lspo::scheduler

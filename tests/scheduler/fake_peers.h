@@ -6,10 +6,14 @@
 // model has `layers` decoder layers of 7 linears; TrainStep reports one backward event per
 // layer and Update one update event per layer, so the scheduler's cost model becomes ready
 // after step 1 and later steps of an overlap job really overlap. Behaviours are injected per
-// step: non-finite steps, a failing call, a hang (the call waits its full deadline or until
-// AbortStep and then fails with kDeadlineExceeded, as a frozen gRPC peer would), or a callback
-// run inside TrainStep (e.g. to request a cancel mid-step). Save calls write a small file into
-// the checkpoint directory so checksums have content.
+// step: non-finite steps, a failing call, a hang (the call waits its full deadline and fails
+// with kDeadlineExceeded, as a frozen gRPC peer would, or returns kAborted earlier when that
+// step is aborted with AbortStep), or a callback run inside TrainStep (e.g. to request a
+// cancel mid-step). As the real optimizer does, an Update with wait_for_grads waits until the
+// worker's TrainStep of that step has published its gradients (CallLog::published_step), or
+// until the step is aborted (then it answers OK with aborted = true), or until its
+// wait_timeout_seconds pass (kDeadlineExceeded). Save calls write a small file into the
+// checkpoint directory so checksums have content.
 #ifndef LSPO_TESTS_SCHEDULER_FAKE_PEERS_H_
 #define LSPO_TESTS_SCHEDULER_FAKE_PEERS_H_
 
@@ -55,6 +59,8 @@ class CallLog {
   int Count(const std::string& peer_method) const {
     return static_cast<int>(Steps(peer_method).size());
   }
+  // The last step whose TrainStep completed (its gradients "published" to the optimizer).
+  std::atomic<int> published_step{0};
 
  private:
   mutable absl::Mutex mu_;
@@ -74,20 +80,30 @@ inline void WriteMarker(const std::string& dir, const std::string& name) {
   }
 }
 
-// Waits until `aborted` or `deadline_s`, then fails like a frozen gRPC peer.
-inline absl::Status Hang(const std::atomic<bool>& aborted, double deadline_s,
-                         const std::string& peer) {
+// Waits until `ready()` or `deadline_s`; true when ready() became true.
+inline bool WaitFor(const std::function<bool()>& ready, double deadline_s) {
   const auto end = std::chrono::steady_clock::now() +
                    std::chrono::milliseconds(static_cast<int64_t>(deadline_s * 1000));
-  while (!aborted && std::chrono::steady_clock::now() < end) absl::SleepFor(absl::Milliseconds(5));
-  if (aborted) return absl::AbortedError(absl::StrCat(peer, ": step abandoned (AbortStep)"));
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+// Waits until step `step` is aborted or `deadline_s` pass, then fails like a frozen peer.
+inline absl::Status Hang(const std::atomic<int>& aborted_step, int step, double deadline_s,
+                         const std::string& peer) {
+  if (WaitFor([&] { return aborted_step == step; }, deadline_s)) {
+    return absl::AbortedError(absl::StrCat(peer, ": step ", step, " abandoned (AbortStep)"));
+  }
   return absl::DeadlineExceededError(absl::StrCat(peer, ": Deadline Exceeded"));
 }
 
-inline absl::Status Inject(const Behaviour& b, int step, const std::atomic<bool>& aborted,
+inline absl::Status Inject(const Behaviour& b, int step, const std::atomic<int>& aborted_step,
                            double deadline_s, const std::string& peer) {
   for (int key : {step, -1}) {
-    if (b.hang.count(key)) return Hang(aborted, deadline_s, peer);
+    if (b.hang.count(key)) return Hang(aborted_step, step, deadline_s, peer);
     auto it = b.fail.find(key);
     if (it != b.fail.end()) return it->second;
   }
@@ -142,6 +158,7 @@ class FakeWorker final : public WorkerClient {
     if (on_train_step) on_train_step(r.step());
     plans.push_back(r.plan().overlap());
     RETURN_IF_ERROR(Record("TrainStep", r.step(), d));
+    log_->published_step = r.step();
     lspo::v1::TrainStepReply rep;
     rep.set_nonfinite(nonfinite_steps.count(r.step()) > 0);
     rep.mutable_metrics()->set_step(r.step());
@@ -167,7 +184,7 @@ class FakeWorker final : public WorkerClient {
     RETURN_IF_ERROR(Record("Evaluate", r.step(), d));
     lspo::v1::EvaluateReply rep;
     rep.mutable_metrics()->set_step(r.step());
-    rep.mutable_metrics()->set_accuracy(0.1 * r.step());
+    rep.mutable_metrics()->set_accuracy(0.05 + 0.1 * r.step());
     rep.mutable_metrics()->set_loss(2.0 / (1 + r.step()));
     return rep;
   }
@@ -188,7 +205,7 @@ class FakeWorker final : public WorkerClient {
   absl::StatusOr<lspo::v1::AbortStepReply> AbortStep(const lspo::v1::AbortStepRequest& r,
                                                      double) override {
     log_->Add("worker", "AbortStep", r.step());
-    aborted_ = true;
+    aborted_step_ = r.step();
     return lspo::v1::AbortStepReply();
   }
   absl::StatusOr<lspo::v1::StateReply> SaveState(const lspo::v1::StateRequest& r,
@@ -213,13 +230,13 @@ class FakeWorker final : public WorkerClient {
     log_->Add("worker", method, step);
     auto it = behaviour.find(method);
     if (it == behaviour.end()) return absl::OkStatus();
-    return Inject(it->second, step, aborted_, deadline_s, "worker");
+    return Inject(it->second, step, aborted_step_, deadline_s, "worker");
   }
 
   CallLog* log_;
   int layers_;
   int eval_examples_;
-  std::atomic<bool> aborted_{false};
+  std::atomic<int> aborted_step_{-1};
 };
 
 class FakeOptimizer final : public OptimizerClient {
@@ -248,6 +265,18 @@ class FakeOptimizer final : public OptimizerClient {
                                                double d) override {
     RETURN_IF_ERROR(Record("Update", r.step(), d));
     lspo::v1::UpdateReply rep;
+    if (r.wait_for_grads()) {
+      const int step = r.step();
+      if (!WaitFor([&] { return log_->published_step >= step || aborted_step_ == step; },
+                   r.wait_timeout_seconds())) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("optimizer: the gradients of step ", step, " did not arrive"));
+      }
+      if (aborted_step_ == step) {
+        rep.set_aborted(true);
+        return rep;
+      }
+    }
     const double t = 100.0 * r.step();
     for (int l = 0; l < layers_; ++l) {
       auto* e = rep.add_events();
@@ -268,7 +297,7 @@ class FakeOptimizer final : public OptimizerClient {
   absl::StatusOr<lspo::v1::AbortStepReply> AbortStep(const lspo::v1::AbortStepRequest& r,
                                                      double) override {
     log_->Add("optimizer", "AbortStep", r.step());
-    aborted_ = true;
+    aborted_step_ = r.step();
     return lspo::v1::AbortStepReply();
   }
   absl::StatusOr<lspo::v1::LayerWeightsReply> ExportLayerWeights(
@@ -295,12 +324,12 @@ class FakeOptimizer final : public OptimizerClient {
     log_->Add("optimizer", method, step);
     auto it = behaviour.find(method);
     if (it == behaviour.end()) return absl::OkStatus();
-    return Inject(it->second, step, aborted_, deadline_s, "optimizer");
+    return Inject(it->second, step, aborted_step_, deadline_s, "optimizer");
   }
 
   CallLog* log_;
   int layers_;
-  std::atomic<bool> aborted_{false};
+  std::atomic<int> aborted_step_{-1};
 };
 
 // A JobHost that keeps one status, like the scheduler core does for one job.

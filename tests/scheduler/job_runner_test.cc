@@ -134,8 +134,8 @@ TEST(JobRunnerTest, EvaluationAndCheckpointCadence) {
   EXPECT_EQ(ReadJsonl(out + "/timeline.jsonl").size(), 7u);
   const nlohmann::json s = Summary(out);
   EXPECT_EQ(s["mode"], "lsp");
-  EXPECT_DOUBLE_EQ(s["zero_shot_accuracy"].get<double>(), 0.0);
-  EXPECT_DOUBLE_EQ(s["final_accuracy"].get<double>(), 0.7);
+  EXPECT_DOUBLE_EQ(s["zero_shot_accuracy"].get<double>(), 0.05);  // the step-0 evaluation
+  EXPECT_DOUBLE_EQ(s["final_accuracy"].get<double>(), 0.75);      // the step-7 evaluation
   EXPECT_DOUBLE_EQ(s["final_eval_loss"].get<double>(), 0.25);
   EXPECT_DOUBLE_EQ(s["projector_fitted_relative_bias"].get<double>(), 0.25);
   EXPECT_EQ(s["skipped_steps"], 0);
@@ -310,6 +310,22 @@ TEST(JobRunnerTest, AFailingPeerFailsTheJobAndReleasesTheOther) {
     EXPECT_THAT(f.log.Steps("worker.AbortStep"), ElementsAre(2));
   }
   {
+    // Overlapped, the worker fails fast while the optimizer waits for that step's gradients:
+    // AbortStep releases the optimizer at once (without it the optimizer would wait out its
+    // 20 s gradient timeout), and the worker's error is the job's.
+    Fixture f;
+    f.worker.behaviour["TrainStep"].fail[2] = absl::InvalidArgumentError("worker: bad batch");
+    v1::JobSpec spec = Spec(out, v1::MODE_LSP, 4);
+    spec.set_schedule("overlap");
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status st = f.Run(spec, /*deadline_s=*/20);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                            .count();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_THAT(f.log.Steps("optimizer.AbortStep"), ElementsAre(2));
+    EXPECT_LT(secs, 10);
+  }
+  {
     Fixture f;  // a worker failing at load: the optimizer is never loaded
     f.worker.behaviour["LoadJob"].fail[-1] = absl::InvalidArgumentError("worker: bad lsp.d");
     EXPECT_EQ(f.Run(Spec(out, v1::MODE_LSP, 2)).code(), absl::StatusCode::kInvalidArgument);
@@ -321,7 +337,10 @@ TEST(JobRunnerTest, AFailingPeerFailsTheJobAndReleasesTheOther) {
 TEST(JobRunnerTest, AHangingPeerFailsTheJobAtTheDeadline) {
   const std::string out = TempDir();
   {
-    Fixture f;  // overlapped: the worker hangs, the optimizer is released, the job fails
+    // Overlapped: the worker hangs. The optimizer waits for its gradients as long as the
+    // deadline too, so whichever side times out first releases the other; the job fails with
+    // kDeadlineExceeded at about the deadline, never hanging.
+    Fixture f;
     f.worker.behaviour["TrainStep"].hang = {2};
     v1::JobSpec spec = Spec(out, v1::MODE_ZERO, 3);
     spec.set_schedule("overlap");
@@ -329,11 +348,11 @@ TEST(JobRunnerTest, AHangingPeerFailsTheJobAtTheDeadline) {
     absl::Status st = f.Run(spec, /*deadline_s=*/0.3);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
                             .count();
-    EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
-    EXPECT_THAT(st.message(), HasSubstr("worker"));
+    EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
     EXPECT_GE(secs, 0.3);
     EXPECT_LT(secs, 10);
-    EXPECT_THAT(f.log.Steps("optimizer.AbortStep"), ElementsAre(2));
+    EXPECT_GE(f.log.Count("optimizer.AbortStep") + f.log.Count("worker.AbortStep"), 1);
+    EXPECT_THAT(f.log.Steps("worker.TrainStep"), ElementsAre(1, 2));
     EXPECT_EQ(f.log.Count("worker.UnloadJob"), 2);
   }
   {
@@ -375,8 +394,9 @@ TEST(JobRunnerTest, AnUnwritableCheckpointIsReportedAndTrainingGoesOn) {
   fs::remove_all(out);
 }
 
-// The core over fake peers: submit, run, wait; cancel of a queued job.
-TEST(SchedulerCoreTest, RunsSubmittedJobsInOrderOverFakePeers) {
+// The core over fake peers: submit, run, wait; a job queued behind it is cancelled at once
+// and never reaches the peers.
+TEST(SchedulerCoreTest, RunsASubmittedJobAndCancelsAQueuedOneOverFakePeers) {
   auto log = std::make_shared<CallLog>();
   auto worker = std::make_unique<FakeWorker>(log.get(), kLayers, 4);
   FakeWorker* w = worker.get();
