@@ -30,14 +30,6 @@ namespace fs = std::filesystem;
 constexpr char kChecksums[] = "checksums.sha256";
 constexpr char kTrainerState[] = "trainer_state.json";
 
-absl::Status ErrnoError(absl::string_view what, const std::string& path, int err) {
-  return runtime::FileErrnoStatus(what, path, err);
-}
-
-absl::Status FsyncPath(const std::string& path, bool directory) {
-  return directory ? runtime::FsyncDir(path) : runtime::FsyncFile(path);
-}
-
 std::string StepName(int step) { return absl::StrFormat("step-%08d", step); }
 
 void RemoveQuietly(const std::string& path) {
@@ -61,8 +53,8 @@ absl::StatusOr<std::string> BeginCheckpoint(const std::string& output_dir, int s
   }
   const std::string tmp = absl::StrCat(root, "/.tmp-", StepName(step));
   fs::remove_all(tmp, ec);
-  if (ec) return ErrnoError("remove stale", tmp, ec.value());
-  if (::mkdir(tmp.c_str(), 0755) != 0) return ErrnoError("mkdir", tmp, errno);
+  if (ec) return runtime::FileErrnoStatus("remove stale", tmp, ec.value());
+  if (::mkdir(tmp.c_str(), 0755) != 0) return runtime::FileErrnoStatus("mkdir", tmp, errno);
   return tmp;
 }
 
@@ -84,12 +76,12 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
   for (const auto& e : fs::directory_iterator(tmp_dir, ec)) {
     if (e.is_regular_file()) names.push_back(e.path().filename().string());
   }
-  if (ec) return fail(ErrnoError("list", tmp_dir, ec.value()));
+  if (ec) return fail(runtime::FileErrnoStatus("list", tmp_dir, ec.value()));
   std::sort(names.begin(), names.end());
   std::string manifest;
   for (const std::string& name : names) {
     const std::string path = tmp_dir + "/" + name;
-    st = FsyncPath(path, /*directory=*/false);
+    st = runtime::FsyncFile(path);
     if (!st.ok()) return fail(st);
     absl::StatusOr<std::string> sum = Sha256File(path);
     if (!sum.ok()) return fail(sum.status());
@@ -97,7 +89,7 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
   }
   st = runtime::WriteFileSynced(tmp_dir + "/" + kChecksums, manifest);
   if (!st.ok()) return fail(st);
-  st = FsyncPath(tmp_dir, /*directory=*/true);
+  st = runtime::FsyncDir(tmp_dir);
   if (!st.ok()) return fail(st);
   const std::string parent = fs::path(tmp_dir).parent_path().string();
   const std::string final_dir = parent + "/" + StepName(step);
@@ -107,14 +99,14 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
     const std::string old = parent + "/.old-" + StepName(step);
     RemoveQuietly(old);
     if (std::rename(final_dir.c_str(), old.c_str()) != 0) {
-      return fail(ErrnoError("rename", final_dir, errno));
+      return fail(runtime::FileErrnoStatus("rename", final_dir, errno));
     }
     RemoveQuietly(old);
   }
   if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
-    return fail(ErrnoError("rename", tmp_dir, errno));
+    return fail(runtime::FileErrnoStatus("rename", tmp_dir, errno));
   }
-  RETURN_IF_ERROR(FsyncPath(parent, /*directory=*/true));
+  RETURN_IF_ERROR(runtime::FsyncDir(parent));
   return final_dir;
 }
 
@@ -145,7 +137,7 @@ absl::Status PruneCheckpoints(const std::string& output_dir, int keep) {
   for (size_t i = 0; i + keep < all.size(); ++i) {
     std::error_code ec;
     fs::remove_all(all[i].dir, ec);
-    if (ec) return ErrnoError("remove old checkpoint", all[i].dir, ec.value());
+    if (ec) return runtime::FileErrnoStatus("remove old checkpoint", all[i].dir, ec.value());
   }
   return absl::OkStatus();
 }
@@ -197,7 +189,7 @@ absl::StatusOr<nlohmann::json> VerifyCheckpoint(const std::string& dir) {
 
 absl::StatusOr<std::string> Sha256File(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open", path, errno);
+  if (fd < 0) return runtime::FileErrnoStatus("open", path, errno);
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   if (ctx == nullptr || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
     ::close(fd);
@@ -210,7 +202,7 @@ absl::StatusOr<std::string> Sha256File(const std::string& path) {
       if (errno == EINTR) continue;
       int err = errno;
       ::close(fd);
-      return ErrnoError("read", path, err);
+      return runtime::FileErrnoStatus("read", path, err);
     }
     if (n == 0) break;
     EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(n));
