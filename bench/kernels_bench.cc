@@ -37,7 +37,10 @@
 #include "lsp/adam.h"
 #include "lsp/projector.h"
 #include "runtime/float16.h"
-#include "proto/lsp_offload.grpc.pb.h"
+#include "proto/optimizer.pb.h"
+#include "proto/peer.pb.h"
+#include "proto/worker.pb.h"
+#include "proto/optimizer.grpc.pb.h"
 #include "runtime/completion_flags.h"
 #include "runtime/shm_arena.h"
 #include "tbb/blocked_range.h"
@@ -210,65 +213,66 @@ LSPO_SIZED(BM_TorchAdamW);
 
 constexpr int64_t kTokens = 1024;  // micro-batch 8 x seq_len 128, as in the example jobs
 
-struct Pair {
-  SparseProjector p, q;
-  at::Tensor pd, qd;  // densified (m, d), (n, d) for the dense peer
-};
-Pair MakePair(int64_t m, int64_t n, int64_t d, int64_t r) {
-  Pair x;
-  x.p = *SparseProjector::Random(m, d, r, 11);
-  x.q = *SparseProjector::Random(n, d, r, 12);
-  x.pd = x.p.Dense();
-  x.qd = x.q.Dense();
-  return x;
-}
+// The operands of one projector benchmark, from state.range = (m, n, d, r): a sparse P (m, d)
+// and Q (n, d) with their dense copies (for the dense peers), a layer input X (N, n), an
+// output gradient dY (N, m), a weight W (m, n) fp32 and a small step D (d, d) fp32.
+class ProjectorFixture : public benchmark::Fixture {
+ public:
+  void SetUp(const benchmark::State& state) override {
+    m = state.range(0);
+    n = state.range(1);
+    d = state.range(2);
+    r = state.range(3);
+    p = *SparseProjector::Random(m, d, r, 11);
+    q = *SparseProjector::Random(n, d, r, 12);
+    pd = p.Dense();
+    qd = q.Dense();
+    x = at::randn({kTokens, n});
+    dy = at::randn({kTokens, m});
+    w = at::randn({m, n});
+    dd = at::randn({d, d}) * 1e-4;
+  }
+  // Frees the operands between benchmarks (the fixture object lives for the whole run).
+  void TearDown(const benchmark::State&) override {
+    p = q = SparseProjector();
+    pd = qd = x = dy = w = dd = at::Tensor();
+  }
 
-// state.range: m, n, d, r.
-void BM_CompressOurs(benchmark::State& state) {
+  int64_t m = 0, n = 0, d = 0, r = 0;
+  SparseProjector p, q;
+  at::Tensor pd, qd;  // Dense (m, d), (n, d).
+  at::Tensor x, dy, w, dd;
+};
+
+BENCHMARK_DEFINE_F(ProjectorFixture, CompressOurs)(benchmark::State& state) {
   torch::NoGradGuard no_grad;
-  const int64_t m = state.range(0), n = state.range(1), d = state.range(2), r = state.range(3);
-  const Pair pq = MakePair(m, n, d, r);
-  const at::Tensor x = at::randn({kTokens, n});   // layer input X (N, n)
-  const at::Tensor dy = at::randn({kTokens, m});  // output gradient dY (N, m)
   for (auto _ : state) {
-    const at::Tensor xq = lspo::lsp::ProjectRows(x, pq.q);                  // (N, d)
-    at::Tensor s = lspo::lsp::CompressFactored(dy, xq, pq.p);               // (d, d)
+    const at::Tensor xq = lspo::lsp::ProjectRows(x, q);       // (N, d)
+    at::Tensor s = lspo::lsp::CompressFactored(dy, xq, p);    // (d, d)
     benchmark::DoNotOptimize(s.data_ptr());
   }
   state.SetBytesProcessed(state.iterations() * kTokens * (m + n) * 4);
 }
-void BM_CompressDense(benchmark::State& state) {
+BENCHMARK_DEFINE_F(ProjectorFixture, CompressDense)(benchmark::State& state) {
   torch::NoGradGuard no_grad;
-  const int64_t m = state.range(0), n = state.range(1), d = state.range(2), r = state.range(3);
-  const Pair pq = MakePair(m, n, d, r);
-  const at::Tensor x = at::randn({kTokens, n});
-  const at::Tensor dy = at::randn({kTokens, m});
   for (auto _ : state) {
-    at::Tensor s = dy.mm(pq.pd).t().mm(x.mm(pq.qd));  // (d, d)
+    at::Tensor s = dy.mm(pd).t().mm(x.mm(qd));  // (d, d)
     benchmark::DoNotOptimize(s.data_ptr());
   }
   state.SetBytesProcessed(state.iterations() * kTokens * (m + n) * 4);
 }
-void BM_ApplyOurs(benchmark::State& state) {
+BENCHMARK_DEFINE_F(ProjectorFixture, ApplyOurs)(benchmark::State& state) {
   torch::NoGradGuard no_grad;
-  const int64_t m = state.range(0), n = state.range(1), d = state.range(2), r = state.range(3);
-  const Pair pq = MakePair(m, n, d, r);
-  at::Tensor w = at::randn({m, n});
-  const at::Tensor dd = at::randn({d, d}) * 1e-4;
   for (auto _ : state) {
-    lspo::lsp::ApplyStep(w, pq.p, dd, pq.q);
+    lspo::lsp::ApplyStep(w, p, dd, q);
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(state.iterations() * m * n * 8);
 }
-void BM_ApplyDense(benchmark::State& state) {
+BENCHMARK_DEFINE_F(ProjectorFixture, ApplyDense)(benchmark::State& state) {
   torch::NoGradGuard no_grad;
-  const int64_t m = state.range(0), n = state.range(1), d = state.range(2), r = state.range(3);
-  const Pair pq = MakePair(m, n, d, r);
-  at::Tensor w = at::randn({m, n});
-  const at::Tensor dd = at::randn({d, d}) * 1e-4;
   for (auto _ : state) {
-    w.add_(pq.pd.mm(dd).mm(pq.qd.t()));
+    w.add_(pd.mm(dd).mm(qd.t()));
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(state.iterations() * m * n * 8);
@@ -290,12 +294,18 @@ void ProjectorArgs(benchmark::internal::Benchmark* b, bool all_r) {
   }
   b->ArgNames({"m", "n", "d", "r"})->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
-BENCHMARK(BM_CompressOurs)->Apply([](benchmark::internal::Benchmark* b) { ProjectorArgs(b, true); });
-BENCHMARK(BM_CompressDense)->Apply([](benchmark::internal::Benchmark* b) {
+BENCHMARK_REGISTER_F(ProjectorFixture, CompressOurs)->Apply([](benchmark::internal::Benchmark* b) {
+  ProjectorArgs(b, true);
+});
+BENCHMARK_REGISTER_F(ProjectorFixture, CompressDense)->Apply([](benchmark::internal::Benchmark* b) {
   ProjectorArgs(b, false);
 });
-BENCHMARK(BM_ApplyOurs)->Apply([](benchmark::internal::Benchmark* b) { ProjectorArgs(b, true); });
-BENCHMARK(BM_ApplyDense)->Apply([](benchmark::internal::Benchmark* b) { ProjectorArgs(b, false); });
+BENCHMARK_REGISTER_F(ProjectorFixture, ApplyOurs)->Apply([](benchmark::internal::Benchmark* b) {
+  ProjectorArgs(b, true);
+});
+BENCHMARK_REGISTER_F(ProjectorFixture, ApplyDense)->Apply([](benchmark::internal::Benchmark* b) {
+  ProjectorArgs(b, false);
+});
 
 // ---------------------------------------------------------------------------------------------
 // Data plane.

@@ -406,8 +406,7 @@ void MeasureSvdReference(const SvdReference& ref, const at::Tensor& g_ho, BiasRo
 
 // A deterministic seed for the projector pair of (linear index, d, r); Q uses seed + 1.
 uint64_t ProjectorSeed(uint64_t base, int64_t linear_index, int64_t d, int64_t r) {
-  return base * 1000003ull + static_cast<uint64_t>(linear_index) * 7919ull +
-         static_cast<uint64_t>(d) * 104729ull + static_cast<uint64_t>(r) * 31ull;
+  return lsp::ProjectorSeed(base, linear_index, d) + static_cast<uint64_t>(r) * 31ull;
 }
 
 // Measures one (linear, d, r): random, rescaled-random and learned bias on g_cal and g_ho,

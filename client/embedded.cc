@@ -1,30 +1,47 @@
 #include "client/embedded.h"
 
+#include <utility>
+
+#include "runtime/status_macros.h"
+
 namespace lspo::client {
 
-EmbeddedRuntime::EmbeddedRuntime(scheduler::SchedulerOptions options)
-    : worker_service_(&worker_core_), optimizer_service_(&optimizer_core_) {
+EmbeddedRuntime::EmbeddedRuntime()
+    : worker_service_(&worker_core_), optimizer_service_(&optimizer_core_) {}
+
+absl::StatusOr<std::unique_ptr<EmbeddedRuntime>> EmbeddedRuntime::Start(
+    scheduler::SchedulerOptions options) {
+  std::unique_ptr<EmbeddedRuntime> rt(new EmbeddedRuntime());
   grpc::ServerBuilder actors;
-  actors.RegisterService(&worker_service_);
-  actors.RegisterService(&optimizer_service_);
-  actors_server_ = actors.BuildAndStart();
+  actors.RegisterService(&rt->worker_service_);
+  actors.RegisterService(&rt->optimizer_service_);
+  rt->actors_server_ = actors.BuildAndStart();
+  if (rt->actors_server_ == nullptr) {
+    return absl::InternalError(
+        "embedded runtime: the in-process server of the worker and optimizer did not start");
+  }
   grpc::ChannelArguments args;
-  auto channel = actors_server_->InProcessChannel(args);
-  worker_stub_ = lspo::v1::Worker::NewStub(channel);
-  optimizer_stub_ = lspo::v1::Optimizer::NewStub(channel);
-  scheduler_core_ = std::make_unique<scheduler::SchedulerCore>(
-      worker_stub_.get(), optimizer_stub_.get(), std::move(options));
-  scheduler_service_ = std::make_unique<scheduler::SchedulerService>(scheduler_core_.get());
+  auto channel = rt->actors_server_->InProcessChannel(args);
+  rt->worker_stub_ = lspo::v1::Worker::NewStub(channel);
+  rt->optimizer_stub_ = lspo::v1::Optimizer::NewStub(channel);
+  ASSIGN_OR_RETURN(rt->scheduler_core_,
+                   scheduler::SchedulerCore::Create(rt->worker_stub_.get(),
+                                                    rt->optimizer_stub_.get(), std::move(options)));
+  rt->scheduler_service_ = std::make_unique<scheduler::SchedulerService>(rt->scheduler_core_.get());
   grpc::ServerBuilder sched;
-  sched.RegisterService(scheduler_service_.get());
-  scheduler_server_ = sched.BuildAndStart();
-  scheduler_channel_ = scheduler_server_->InProcessChannel(args);
+  sched.RegisterService(rt->scheduler_service_.get());
+  rt->scheduler_server_ = sched.BuildAndStart();
+  if (rt->scheduler_server_ == nullptr) {
+    return absl::InternalError("embedded runtime: the in-process scheduler server did not start");
+  }
+  rt->scheduler_channel_ = rt->scheduler_server_->InProcessChannel(args);
+  return rt;
 }
 
 EmbeddedRuntime::~EmbeddedRuntime() {
-  scheduler_server_->Shutdown();
+  if (scheduler_server_ != nullptr) scheduler_server_->Shutdown();
   scheduler_core_.reset();  // Cancels and joins the runner before the actors go away.
-  actors_server_->Shutdown();
+  if (actors_server_ != nullptr) actors_server_->Shutdown();
 }
 
 }  // namespace lspo::client

@@ -1,11 +1,12 @@
 // Embedded mode: the scheduler, worker and optimizer services in one process, wired through
 // in-process gRPC channels (the same service interfaces and arena code as the multi-process
-// deployment, without ports).
+// deployment, without ports). The composition root of `lspctl run`.
 #ifndef LSPO_CLIENT_EMBEDDED_H_
 #define LSPO_CLIENT_EMBEDDED_H_
 
 #include <memory>
 
+#include "absl/status/statusor.h"
 #include "cpu_optimizer_service/optimizer_service.h"
 #include "gpu_worker/worker_service.h"
 #include "grpcpp/grpcpp.h"
@@ -13,16 +14,23 @@
 
 namespace lspo::client {
 
+// The three services of one process (see the file comment). Shutdown order on destruction:
+// the scheduler's server, the scheduler (cancels and joins its job), then the peers.
 class EmbeddedRuntime {
  public:
-  // Starts the three services. `options` configures the scheduler.
-  explicit EmbeddedRuntime(scheduler::SchedulerOptions options = {});
+  // Starts the three services; `options` configures the scheduler. Errors: kInternal when an
+  // in-process gRPC server does not start; SchedulerCore::Create's (an unusable
+  // options.state_dir, named).
+  static absl::StatusOr<std::unique_ptr<EmbeddedRuntime>> Start(
+      scheduler::SchedulerOptions options = {});
   ~EmbeddedRuntime();
 
   // A channel to the in-process Scheduler service (use lspo::v1::Scheduler::NewStub).
   std::shared_ptr<grpc::Channel> scheduler_channel() const { return scheduler_channel_; }
 
  private:
+  EmbeddedRuntime();
+
   worker::WorkerCore worker_core_;
   optimizer::OptimizerCore optimizer_core_;
   worker::WorkerService worker_service_;

@@ -29,11 +29,14 @@
 #include "client/embedded.h"
 #include "client/prometheus.h"
 #include "glog/logging.h"
-#include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "runtime/rpc_status.h"
-#include "proto/lsp_offload.grpc.pb.h"
+#include "proto/job_spec.pb.h"
+#include "proto/metrics.pb.h"
+#include "proto/scheduler.pb.h"
+#include "proto/scheduler.grpc.pb.h"
 #include "runtime/grpc_flags.h"
+#include "runtime/proto_json.h"
 #include "runtime/status_macros.h"
 #include "scheduler/job_spec.h"
 
@@ -183,7 +186,8 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
   }
   const std::string schedule = absl::GetFlag(FLAGS_schedule);
   if (schedule == "serial" || schedule == "overlap") {
-    spec->set_schedule(schedule);
+    spec->set_schedule(schedule == "serial" ? lspo::v1::STEP_SCHEDULE_SERIAL
+                                            : lspo::v1::STEP_SCHEDULE_OVERLAP);
   } else if (!schedule.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--schedule=", schedule, " is not a schedule: use overlap or serial"));
@@ -201,12 +205,11 @@ void PrintChoice(const lspo::v1::JobSpec& in) {
       "LSP-Offload job '%s': mode %s (%s schedule), d=%d r=%d, steps=%d, micro-batch %d x %d "
       "accum, seq_len %d, lr %g (%s, warm-up %d), %d threads\n",
       spec.name().c_str(),
-      spec.mode() == lspo::v1::MODE_NATIVE ? "native"
-      : spec.mode() == lspo::v1::MODE_ZERO ? "zero"
-                                           : "lsp",
-      spec.mode() == lspo::v1::MODE_NATIVE ? "no offload" : spec.schedule().c_str(),
+      lspo::runtime::EnumShortName(spec.mode()).c_str(),
+      spec.mode() == lspo::v1::MODE_NATIVE ? "no offload"
+                                           : lspo::runtime::EnumShortName(spec.schedule()).c_str(),
       spec.lsp().d(), spec.lsp().r(), spec.steps(), spec.micro_batch_size(), spec.grad_accum(),
-      spec.seq_len(), spec.optim().lr(), spec.optim().schedule().c_str(),
+      spec.seq_len(), spec.optim().lr(), lspo::runtime::EnumShortName(spec.optim().schedule()).c_str(),
       spec.optim().warmup_steps(), spec.num_threads());
   std::fflush(stdout);
 }
@@ -235,12 +238,7 @@ int Submit(lspo::v1::Scheduler::Stub* stub, bool watch) {
 }
 
 std::string ToJsonString(const google::protobuf::Message& m) {
-  std::string s;
-  google::protobuf::util::JsonPrintOptions o;
-  o.add_whitespace = true;
-  o.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &s, o);
-  return s;
+  return lspo::runtime::ProtoToJson(m, {.pretty = true});
 }
 
 void PrintRow(const JobStatus& s) {
@@ -347,8 +345,9 @@ int main(int argc, char** argv) {
     // The progress bar and evaluation lines are the default output; --verbose adds the
     // services' INFO logs (projector fits, per-step timings).
     FLAGS_minloglevel = absl::GetFlag(FLAGS_verbose) ? 0 : 1;
-    lspo::client::EmbeddedRuntime runtime;
-    auto stub = lspo::v1::Scheduler::NewStub(runtime.scheduler_channel());
+    auto runtime = lspo::client::EmbeddedRuntime::Start();
+    if (!runtime.ok()) return Fail(runtime.status());
+    auto stub = lspo::v1::Scheduler::NewStub((*runtime)->scheduler_channel());
     return Submit(stub.get(), /*watch=*/true);
   }
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
-#include "proto/lsp_offload.pb.h"
+#include "proto/scheduler.pb.h"
 
 namespace lspo::client {
 

@@ -23,7 +23,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "proto/lsp_offload.pb.h"
+#include "proto/arena.pb.h"
+#include "proto/job_spec.pb.h"
+#include "proto/optimizer.pb.h"
+#include "proto/peer.pb.h"
 #include "runtime/completion_flags.h"
 
 namespace lspo::optimizer {

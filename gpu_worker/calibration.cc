@@ -1,52 +1,27 @@
 #include "gpu_worker/calibration.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <fstream>
 #include <chrono>
 #include <cmath>
-#include <map>
-#include <memory>
-#include <numeric>
-#include <limits>
-#include <set>
-#include <cstdlib>
+#include <utility>
+#include <vector>
 
 #include <torch/torch.h>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "data/datasets.h"
 #include "glog/logging.h"
-#include "offload/arena_tensors.h"
-#include "offload/state_file.h"
-#include "gpu_worker/device_offload.h"
-#include "offload/job_assets.h"
-#include "offload/torch_call.h"
-#include "lsp/fit.h"
-#include "lsp/lsp_linear.h"
-#include "lsp/projector.h"
-#include "model/safetensors.h"
-#include "runtime/clock.h"
-#include "runtime/file_io.h"
-#include "runtime/status_macros.h"
-#include "runtime/util.h"
-#include "tbb/global_control.h"
-
+#include "gpu_worker/lsp_path.h"
 #include "gpu_worker/worker_job.h"
+#include "lsp/fit.h"
+#include "lsp/projector.h"
+#include "offload/torch_call.h"
+#include "runtime/clock.h"
+#include "runtime/status_macros.h"
 
 namespace lspo::worker {
 
-using runtime::MonotonicSeconds;
-
 absl::StatusOr<lspo::v1::FitProjectorsReply> RunProjectorCheck(WorkerJob* job, int step) {
-  if (!job->lsp) return absl::FailedPreconditionError("FitProjectors needs MODE_LSP");
+  ASSIGN_OR_RETURN(LspPath * lsp_path, LspPathOf(job, "FitProjectors"));
   auto t0 = std::chrono::steady_clock::now();
   auto& model = *job->model;
   const auto& spec = job->spec;
@@ -124,14 +99,14 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> RunProjectorCheck(WorkerJob* job, i
                                           : at::zeros(w.sizes(), at::TensorOptions().dtype(at::kFloat).device(job->device));  // (m, n)
         w.mutable_grad() = at::Tensor();
         const bool finite = at::isfinite(g).all().item<bool>();
-        const bool have = job->p[i].rows > 0;
+        const bool have = lsp_path->p()[i].rows > 0;
         if (!finite) {
           LOG(WARNING) << "worker: non-finite calibration gradient for "
                        << job->linears[i].name << "; check skipped, keeping "
                        << (have ? "its projectors" : "random projectors");
         }
         if (have && finite) {
-          const double err = lsp::RelativeBias(g, job->p[i], job->q[i]);
+          const double err = lsp::RelativeBias(g, lsp_path->p()[i], lsp_path->q()[i]);
           if (err <= spec.lsp().alpha()) {
             reply.set_initial_error(i, err);
             reply.set_final_error(i, err);
@@ -141,8 +116,7 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> RunProjectorCheck(WorkerJob* job, i
           }
         }
         if (have && !finite) continue;
-        const uint64_t seed = spec.seed() * 1000003ull + static_cast<uint64_t>(i) * 7919ull +
-                              static_cast<uint64_t>(step) * 104729ull;
+        const uint64_t seed = lsp::ProjectorSeed(spec.seed(), i, step);
         ASSIGN_OR_RETURN(lsp::SparseProjector p,
                          lsp::SparseProjector::Random(job->linears[i].m, d, r, seed));
         ASSIGN_OR_RETURN(lsp::SparseProjector q,
@@ -166,17 +140,12 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> RunProjectorCheck(WorkerJob* job, i
           err_sum += final_err;
           ++err_n;
         }
-        const auto& slot = job->layout.linears(i);
-        RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.p_index(), slot.p_value(), p));
-        RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.q_index(), slot.q_value(), q));
-        RETURN_IF_ERROR(job->lsp_linears->SetProjectors(i, p, q));
-        job->p[i] = std::move(p);
-        job->q[i] = std::move(q);
+        RETURN_IF_ERROR(lsp_path->InstallProjectors(job, i, std::move(p), std::move(q)));
         reply.add_refitted(i);
       }
     }
     model.SetLinearMode(model::LinearMode::kCustom);
-    job->fitted = true;
+    lsp_path->set_fitted();
     job->events.clear();
     LOG(INFO) << "worker: projector check at step " << step << ": " << reply.refitted_size()
               << " of " << model.num_linears() << " matrices (re)fitted, mean relative bias "

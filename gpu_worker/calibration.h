@@ -8,7 +8,8 @@
 
 #include "absl/status/statusor.h"
 #include "gpu_worker/worker_job.h"
-#include "proto/lsp_offload.pb.h"
+#include "proto/job_spec.pb.h"
+#include "proto/worker.pb.h"
 
 namespace lspo::worker {
 

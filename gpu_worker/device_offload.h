@@ -44,7 +44,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/cuda/device_runtime.h"
-#include "proto/lsp_offload.pb.h"
+#include "proto/job_spec.pb.h"
+#include "proto/metrics.pb.h"
 
 namespace lspo::worker {
 

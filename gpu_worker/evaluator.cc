@@ -1,45 +1,19 @@
 #include "gpu_worker/evaluator.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <fstream>
 #include <chrono>
 #include <cmath>
-#include <map>
-#include <memory>
 #include <numeric>
-#include <limits>
-#include <set>
-#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "data/datasets.h"
-#include "glog/logging.h"
-#include "offload/arena_tensors.h"
-#include "offload/state_file.h"
-#include "gpu_worker/device_offload.h"
-#include "offload/job_assets.h"
-#include "offload/torch_call.h"
-#include "lsp/fit.h"
-#include "lsp/lsp_linear.h"
-#include "lsp/projector.h"
-#include "model/safetensors.h"
-#include "runtime/clock.h"
-#include "runtime/file_io.h"
-#include "runtime/status_macros.h"
-#include "runtime/util.h"
-#include "tbb/global_control.h"
-
 #include "gpu_worker/worker_job.h"
+#include "offload/torch_call.h"
+#include "runtime/clock.h"
+#include "runtime/status_macros.h"
 
 namespace lspo::worker {
 

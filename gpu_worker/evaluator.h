@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "gpu_worker/worker_job.h"
-#include "proto/lsp_offload.pb.h"
+#include "proto/metrics.pb.h"
 
 namespace lspo::worker {
 

@@ -1,19 +1,15 @@
 #include "gpu_worker/worker_core.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <fstream>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
-#include <numeric>
-#include <limits>
-#include <set>
-#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -24,19 +20,17 @@
 #include "absl/strings/strip.h"
 #include "data/datasets.h"
 #include "glog/logging.h"
-#include "offload/arena_tensors.h"
-#include "offload/state_file.h"
 #include "gpu_worker/calibration.h"
 #include "gpu_worker/device_offload.h"
 #include "gpu_worker/evaluator.h"
+#include "gpu_worker/lsp_path.h"
+#include "gpu_worker/update_path.h"
 #include "gpu_worker/worker_job.h"
 #include "gpu_worker/worker_state.h"
+#include "model/safetensors.h"
+#include "offload/arena_tensors.h"
 #include "offload/job_assets.h"
 #include "offload/torch_call.h"
-#include "lsp/fit.h"
-#include "lsp/lsp_linear.h"
-#include "lsp/projector.h"
-#include "model/safetensors.h"
 #include "runtime/clock.h"
 #include "runtime/file_io.h"
 #include "runtime/status_macros.h"
@@ -60,116 +54,6 @@ void AddEvent(WorkerJob* job, int64_t layer, const char* what, double start, dou
   job->events.push_back(std::move(e));
 }
 
-// How long the worker waits for an update (or the optimizer for a gradient) before deciding
-// its peer is gone.
-constexpr absl::Duration kPeerTimeout = absl::Minutes(10);
-
-// Writes linear i's gradient for `step` into its arena slot and publishes it. lsp: S (d, d)
-// fp32; zero: the full gradient (m, n) as bf16. Returns false (and abandons the step) if the
-// gradient is not finite.
-bool PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& grad, uint32_t step) {
-  const double t0 = MonotonicSeconds();
-  if (job->cuda) {
-    // Asynchronous: a copy of the gradient (so later in-place accumulation cannot race the
-    // copy) goes to the pinned arena on the d2h stream with a device-side finiteness verdict;
-    // once both have landed (watcher thread) the flag is published. No host wait here.
-    const auto& slot = job->layout.linears(i);
-    absl::StatusOr<at::Tensor> dst = job->lsp ? offload::ArenaF32(job->arena, slot.grad())
-                                              : offload::ArenaBf16(job->arena, slot.full_grad());
-    CHECK(dst.ok()) << dst.status();
-    at::Tensor src = job->lsp ? grad.to(at::kFloat).clone(at::MemoryFormat::Contiguous)
-                              : grad.to(at::kBFloat16).contiguous();
-    const int64_t layer = i / model::kLinearsPerLayer;
-    at::Tensor host = *dst;
-    CHECK_EQ(src.nbytes(), host.nbytes()) << job->linears[i].name << ": gradient vs arena slot";
-    absl::Status st = job->offload->OffloadAsync(layer, std::move(src), host.data_ptr(),
-                                                 [job, i, step, layer, t0](bool finite) {
-      if (!finite) {
-        LOG(WARNING) << "worker: non-finite gradient for " << job->linears[i].name
-                     << " at step " << step << "; step skipped";
-        job->flags.Abort(step);
-        job->publish_failed = true;
-        return;
-      }
-      job->flags.PublishGrad(i, step);
-      const double t1 = MonotonicSeconds();
-      job->offload_done[layer] = t1;
-      job->offload_secs[layer] = std::max(job->offload_secs[layer], t1 - t0);
-    });
-    if (!st.ok()) {
-      LOG(ERROR) << "worker: offloading " << job->linears[i].name << ": " << st;
-      job->flags.Abort(step);
-      job->publish_failed = true;
-      return false;
-    }
-    job->offload_seconds += MonotonicSeconds() - t0;
-    return true;
-  }
-  if (!at::isfinite(grad).all().item<bool>()) {
-    LOG(WARNING) << "worker: non-finite gradient for " << job->linears[i].name << " at step "
-                 << step << "; step skipped";
-    job->flags.Abort(step);
-    job->publish_failed = true;
-    return false;
-  }
-  const auto& slot = job->layout.linears(i);
-  absl::StatusOr<at::Tensor> dst = job->lsp ? offload::ArenaF32(job->arena, slot.grad())
-                                            : offload::ArenaBf16(job->arena, slot.full_grad());
-  CHECK(dst.ok()) << dst.status();  // The layout was validated at LoadJob.
-  dst->copy_(grad);
-  job->flags.PublishGrad(i, step);
-  const double t1 = MonotonicSeconds();
-  job->offload_seconds += t1 - t0;
-  const int64_t layer = i / model::kLinearsPerLayer;
-  job->offload_done[layer] = t1;
-  job->offload_secs[layer] += t1 - t0;
-  return true;
-}
-
-// Waits for linear i's update of `step` and applies it: lsp W <- decay W + P D Q^T;
-// zero W <- param (bf16, decay already applied by the optimizer). Records wait/apply times.
-absl::Status ApplyLinear(WorkerJob* job, int64_t i, uint32_t step, double decay) {
-  const double t0 = MonotonicSeconds();
-  absl::Status st = job->flags.WaitStep(i, step, kPeerTimeout);
-  if (!st.ok()) {
-    return absl::Status(st.code(), absl::StrCat("optimizer update of ", job->linears[i].name,
-                                                ": ", st.message()));
-  }
-  const double t1 = MonotonicSeconds();
-  job->wait_seconds += t1 - t0;
-  const auto& slot = job->layout.linears(i);
-  at::NoGradGuard no_grad;
-  at::Tensor& w = job->model->LinearWeight(i);
-  if (job->lsp) {
-    ASSIGN_OR_RETURN(at::Tensor d, offload::ArenaF32(job->arena, slot.step()));
-    // D is in host memory (the arena): this check never waits for the device.
-    if (!at::isfinite(d).all().item<bool>()) {
-      return absl::DataLossError(absl::StrCat("step D for ", job->linears[i].name, " at step ",
-                                              step, " is not finite; weights left untouched"));
-    }
-    if (job->cuda) {
-      // H2D on the upload stream; the compute stream waits for this copy only.
-      ASSIGN_OR_RETURN(d, job->offload->UploadAsync(i / model::kLinearsPerLayer, d.data_ptr(),
-                                                    d.nbytes(), at::kFloat, d.sizes()));
-    }
-    if (decay != 1.0) w.mul_(decay);
-    lsp::ApplyStep(w, job->p[i], d, job->q[i]);
-    if (job->cuda) RETURN_IF_ERROR(job->offload->ReleaseStaging());
-  } else if (job->cuda) {
-    ASSIGN_OR_RETURN(at::Tensor param, offload::ArenaBf16(job->arena, slot.param()));
-    ASSIGN_OR_RETURN(at::Tensor dev,
-                     job->offload->UploadAsync(i / model::kLinearsPerLayer, param.data_ptr(),
-                                               param.nbytes(), at::kBFloat16, param.sizes()));
-    w.copy_(dev);
-    RETURN_IF_ERROR(job->offload->ReleaseStaging());
-  } else {
-    ASSIGN_OR_RETURN(at::Tensor param, offload::ArenaBf16(job->arena, slot.param()));
-    w.copy_(param);
-  }
-  job->offload_seconds += MonotonicSeconds() - t1;
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::Status ApplyPending(WorkerJob* job, int64_t layer) {
@@ -181,7 +65,7 @@ absl::Status ApplyPending(WorkerJob* job, int64_t layer) {
   for (int64_t i = lo; i < hi; ++i) {
     if (job->pending_step[i] == 0) continue;
     any = true;
-    RETURN_IF_ERROR(ApplyLinear(job, i, job->pending_step[i], job->pending_decay[i]));
+    RETURN_IF_ERROR(job->path->ApplyUpdate(job, i, job->pending_step[i], job->pending_decay[i]));
     job->pending_step[i] = 0;
   }
   if (any && layer >= 0) {
@@ -213,7 +97,7 @@ absl::StatusOr<std::vector<data::TokenizedExample>> LoadExamples(
     const JobSpec& spec, const model::BpeTokenizer& tok, const std::string& path, int max,
     std::vector<int32_t>* class_of = nullptr) {
   std::vector<data::TokenizedExample> out;
-  if (spec.data().format() == "classification") {
+  if (spec.data().format() == lspo::v1::DATA_FORMAT_CLASSIFICATION) {
     ASSIGN_OR_RETURN(auto rows, data::LoadLabeled(path));
     std::map<std::string, int32_t> label_ids;
     for (const auto& row : rows) {
@@ -247,6 +131,224 @@ absl::StatusOr<std::vector<data::TokenizedExample>> LoadExamples(
   return out;
 }
 
+// The device of a job: CUDA when asked for (and present) or, with the field empty, when
+// LibTorch sees one. Errors: kFailedPrecondition (cuda asked, none visible), kInvalidArgument
+// (another value).
+absl::StatusOr<bool> UseCuda(const JobSpec& spec) {
+  if (spec.device() == lspo::v1::DEVICE_CUDA && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(
+        "job spec field device = cuda, but this worker's LibTorch sees no CUDA device: use "
+        "device: cpu, or build against a CUDA LibTorch on a GPU host (docs/gpu.md)");
+  }
+  if (!lspo::v1::Device_IsValid(spec.device())) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec field device = ", spec.device(),
+                                                   ": use cpu, cuda or leave it empty"));
+  }
+  return spec.device() == lspo::v1::DEVICE_CUDA ||
+         (spec.device() == lspo::v1::DEVICE_UNSPECIFIED && torch::cuda::is_available());
+}
+
+// The tokenizer, the model and the data of `job->spec`. Errors: those of the readers, naming
+// the file.
+absl::Status LoadAssets(WorkerJob* job) {
+  const JobSpec& spec = job->spec;
+  ASSIGN_OR_RETURN(auto tok, offload::LoadJobTokenizer(spec));
+  job->tokenizer = std::make_unique<model::BpeTokenizer>(std::move(tok));
+  ASSIGN_OR_RETURN(auto m, offload::LoadJobModel(spec));
+  job->model = std::make_unique<model::LlamaModel>(std::move(m));
+  ASSIGN_OR_RETURN(job->train, LoadExamples(spec, *job->tokenizer, spec.data().train_path(),
+                                            spec.data().max_train_examples(),
+                                            &job->train_class));
+  if (!spec.data().eval_path().empty()) {
+    ASSIGN_OR_RETURN(job->eval, LoadExamples(spec, *job->tokenizer, spec.data().eval_path(),
+                                             spec.data().max_eval_examples()));
+  }
+  if (!spec.data().perplexity_path().empty()) {
+    ASSIGN_OR_RETURN(job->ppl_blocks,
+                     data::PackTextBlocks(*job->tokenizer, spec.data().perplexity_path(),
+                                          spec.seq_len(),
+                                          spec.data().perplexity_blocks() > 0
+                                              ? spec.data().perplexity_blocks()
+                                              : 32));
+  }
+  return absl::OkStatus();
+}
+
+// The layer hooks: a layer's pending update lands just before its forward (overlap
+// schedule), and every layer's forward / backward goes into the step's timeline (and, on
+// CUDA, the transfer engine's stream order).
+void InstallLayerHooks(WorkerJob* job) {
+  job->model->SetLayerHooks(
+      [job](int64_t l) -> absl::Status {
+        RETURN_IF_ERROR(ApplyPending(job, l));
+        job->layer_t0 = MonotonicSeconds();
+        if (job->offload) job->offload->MarkComputeBegin(l, "forward");
+        return absl::OkStatus();
+      },
+      [job](int64_t l) -> absl::Status {
+        AddEvent(job, l, "forward", job->layer_t0, MonotonicSeconds());
+        if (job->offload) job->offload->MarkComputeEnd(l, "forward");
+        return absl::OkStatus();
+      },
+      [job](int64_t l) -> absl::Status {
+        const double now = MonotonicSeconds();
+        AddEvent(job, l, "backward", job->layer_t0, now);
+        job->layer_t0 = now;
+        if (job->offload) {
+          // Layer l's backward ends here and layer l - 1's begins (device stream order).
+          job->offload->MarkComputeEnd(l, "backward");
+          if (l > 0) job->offload->MarkComputeBegin(l - 1, "backward");
+        }
+        return absl::OkStatus();
+      });
+}
+
+// Step `step`'s micro-batches (grad_accum of micro_batch_size examples each, in the epoch's
+// shuffled or class-balanced order); adds their loss tokens to *total and their input tokens
+// (padding included) to *input_tokens.
+std::vector<data::Batch> StepBatches(WorkerJob* job, int step, int64_t* total,
+                                     int64_t* input_tokens) {
+  const JobSpec& spec = job->spec;
+  const bool balanced = spec.data().balance_classes() && !job->train_class.empty();
+  // Epoch length: every example once, or (balanced) classes x largest class size.
+  const int64_t n = balanced ? static_cast<int64_t>(
+                                   data::BalancedOrder(job->train_class, spec.seed(), 0).size())
+                             : static_cast<int64_t>(job->train.size());
+  const int64_t mb = spec.micro_batch_size(), accum = spec.grad_accum();
+  std::vector<data::Batch> batches;
+  for (int64_t a = 0; a < accum; ++a) {
+    std::vector<const data::TokenizedExample*> rows;
+    for (int64_t b = 0; b < mb; ++b) {
+      const int64_t g = ((step - 1) * accum + a) * mb + b;
+      const int64_t epoch = g / n;
+      if (epoch != job->order_epoch) {
+        job->order = balanced ? data::BalancedOrder(job->train_class, spec.seed(), epoch)
+                              : data::ShuffledOrder(n, spec.seed(), epoch);
+        job->order_epoch = epoch;
+      }
+      rows.push_back(&job->train[job->order[g % n]]);
+    }
+    batches.push_back(data::MakeBatch(rows, job->tokenizer->pad_id()));
+    *total += batches.back().num_loss_tokens;
+    *input_tokens += batches.back().batch_size * batches.back().seq_len;
+  }
+  return batches;
+}
+
+// Forward and backward of every micro-batch of step `step` (the loss of each scaled by its
+// share of the step's `total` loss tokens, so the gradients are the step's token mean). Under
+// an offloaded overlap plan the last micro-batch's backward publishes the gradients as they
+// form. Sets reply->nonfinite (returning OK) on a non-finite loss or gradient; otherwise the
+// metrics loss, tokens, forward_seconds, backward_seconds. Errors: a failed layer hook's.
+absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& batches,
+                             int64_t total, int step, const lspo::v1::StepPlan& plan,
+                             lspo::v1::TrainStepReply* reply) {
+  auto& model = *job->model;
+  const int64_t num_layers = model.config().num_layers;
+  // The last micro-batch that carries loss tokens publishes (overlap schedule).
+  int64_t last = -1;
+  for (size_t k = 0; k < batches.size(); ++k) {
+    if (batches[k].num_loss_tokens > 0) last = static_cast<int64_t>(k);
+  }
+  double loss_sum = 0, fwd = 0, bwd = 0;
+  // CUDA: the losses are summed on the device and read once after the last backward (a
+  // per-micro-batch .item() would stall the host until each forward finished). A non-finite
+  // loss then shows up as non-finite gradients, caught on their host copies.
+  at::Tensor device_loss_sum;
+  for (int64_t k = 0; k < static_cast<int64_t>(batches.size()); ++k) {
+    const auto& b = batches[k];
+    const int64_t targets = b.num_loss_tokens;
+    if (targets == 0) continue;
+    auto t0 = std::chrono::steady_clock::now();
+    at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device),
+                                         ToTensor(b.labels, b.batch_size, b.seq_len, job->device));
+    // A failed layer hook (e.g. a pending update that timed out) keeps its status code.
+    RETURN_IF_ERROR(model.HookStatus());
+    fwd += runtime::SecondsSince(t0);
+    if (job->cuda) {
+      at::Tensor weighted = loss.detach().to(at::kDouble) * static_cast<double>(targets);
+      device_loss_sum = device_loss_sum.defined() ? device_loss_sum + weighted : weighted;
+    } else {
+      const double lv = loss.item<double>();
+      if (!std::isfinite(lv)) {
+        reply->set_nonfinite(true);
+        return absl::OkStatus();
+      }
+      loss_sum += lv * targets;
+    }
+    if (job->path->offloaded() && plan.overlap() && k == last) {
+      job->publish_step = static_cast<uint32_t>(step);
+    }
+    t0 = std::chrono::steady_clock::now();
+    job->layer_t0 = MonotonicSeconds();
+    double scale = static_cast<double>(targets) / total;
+    if (job->fault_nonfinite_grad_steps.count(step)) {
+      scale = std::numeric_limits<double>::quiet_NaN();  // Fault injection (tests).
+    }
+    if (job->offload) job->offload->MarkComputeBegin(num_layers - 1, "backward");
+    (loss * scale).backward();
+    RETURN_IF_ERROR(model.HookStatus());
+    if (job->offload) {
+      job->offload->MarkComputeEnd(0, "backward");
+      // The step's gradients have been enqueued for offload: wait until every one has
+      // landed and been checked (the host needs the verdict before applying anything).
+      if (job->publish_step > 0) job->offload->Drain();
+    }
+    bwd += runtime::SecondsSince(t0);
+    if (job->publish_step > 0 && num_layers > 0) {
+      // Layer 0's input needs no gradient, so no hook marked its end: the backward did.
+      bool have0 = false;
+      for (const auto& e : job->events) have0 |= e.what() == "backward" && e.layer() == 0;
+      if (!have0) AddEvent(job, 0, "backward", job->layer_t0, MonotonicSeconds());
+    }
+    job->publish_step = 0;
+    if (job->publish_failed) {
+      reply->set_nonfinite(true);
+      return absl::OkStatus();
+    }
+  }
+  if (device_loss_sum.defined()) {
+    loss_sum = device_loss_sum.item<double>();  // One host synchronisation per step.
+    if (!std::isfinite(loss_sum)) {
+      reply->set_nonfinite(true);
+      return absl::OkStatus();
+    }
+  }
+  auto* metrics = reply->mutable_metrics();
+  metrics->set_loss(total > 0 ? loss_sum / total : 0.0);
+  metrics->set_tokens(total);
+  metrics->set_forward_seconds(fwd);
+  metrics->set_backward_seconds(bwd);
+  return absl::OkStatus();
+}
+
+// The step's offload events and, on CUDA, its transfers and device memory, into the reply.
+// Errors: the transfer engine's.
+absl::Status RecordStepEnd(WorkerJob* job, lspo::v1::StepMetrics* metrics) {
+  for (int64_t l = 0; l < static_cast<int64_t>(job->offload_done.size()); ++l) {
+    if (job->offload_done[l] > 0) {
+      AddEvent(job, l, "offload", job->offload_done[l] - job->offload_secs[l],
+               job->offload_done[l]);
+    }
+  }
+  if (job->offload) {
+    std::vector<lspo::v1::LayerEvent> gpu_events;
+    ASSIGN_OR_RETURN(StepTransfers tr, job->offload->EndStep(&gpu_events));
+    for (auto& e : gpu_events) job->events.push_back(std::move(e));
+    metrics->set_d2h_bytes(tr.d2h_bytes);
+    metrics->set_d2h_seconds(tr.d2h_seconds);
+    metrics->set_h2d_bytes(tr.h2d_bytes);
+    metrics->set_h2d_seconds(tr.h2d_seconds);
+  } else if (job->cuda) {
+    torch::cuda::synchronize();  // Native mode: the step ends when the device is done.
+  }
+  if (job->cuda) {
+    metrics->set_gpu_memory_used_bytes(DeviceOffload::GpuMemoryUsedBytes());
+    metrics->set_gpu_peak_allocated_bytes(DeviceOffload::GpuPeakAllocatedBytes());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 WorkerCore::WorkerCore() = default;
@@ -273,17 +375,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   }
   auto t0 = std::chrono::steady_clock::now();
   at::set_num_threads(spec.num_threads());
-  if (spec.device() == "cuda" && !torch::cuda::is_available()) {
-    return absl::FailedPreconditionError(
-        "job spec field device = cuda, but this worker's LibTorch sees no CUDA device: use "
-        "device: cpu, or build against a CUDA LibTorch on a GPU host (docs/gpu.md)");
-  }
-  if (spec.device() != "" && spec.device() != "cpu" && spec.device() != "cuda") {
-    return absl::InvalidArgumentError(absl::StrCat("job spec field device = '", spec.device(),
-                                                   "': use cpu, cuda or leave it empty"));
-  }
-  const bool use_cuda =
-      spec.device() == "cuda" || (spec.device().empty() && torch::cuda::is_available());
+  ASSIGN_OR_RETURN(const bool use_cuda, UseCuda(spec));
   auto job = std::make_unique<WorkerJob>();
   job->tbb_threads = std::make_unique<tbb::global_control>(
       tbb::global_control::max_allowed_parallelism, std::max(1, spec.num_threads()));
@@ -296,31 +388,13 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     }
     LOG(WARNING) << "worker: fault injection: non-finite gradients at steps " << f;
   }
-  job->lsp = spec.mode() == lspo::v1::MODE_LSP;
-  job->zero = spec.mode() == lspo::v1::MODE_ZERO;
-  job->classification = spec.data().format() == "classification";
-  ASSIGN_OR_RETURN(auto tok, offload::LoadJobTokenizer(spec));
-  job->tokenizer = std::make_unique<model::BpeTokenizer>(std::move(tok));
-  ASSIGN_OR_RETURN(auto m, offload::LoadJobModel(spec));
-  job->model = std::make_unique<model::LlamaModel>(std::move(m));
-  ASSIGN_OR_RETURN(job->train, LoadExamples(spec, *job->tokenizer, spec.data().train_path(),
-                                            spec.data().max_train_examples(),
-                                            &job->train_class));
-  if (!spec.data().eval_path().empty()) {
-    ASSIGN_OR_RETURN(job->eval, LoadExamples(spec, *job->tokenizer, spec.data().eval_path(),
-                                             spec.data().max_eval_examples()));
-  }
-  if (!spec.data().perplexity_path().empty()) {
-    ASSIGN_OR_RETURN(job->ppl_blocks,
-                     data::PackTextBlocks(*job->tokenizer, spec.data().perplexity_path(),
-                                          spec.seq_len(),
-                                          spec.data().perplexity_blocks() > 0
-                                              ? spec.data().perplexity_blocks()
-                                              : 32));
-  }
+  ASSIGN_OR_RETURN(job->path, MakeUpdatePath(spec.mode()));
+  job->classification = spec.data().format() == lspo::v1::DATA_FORMAT_CLASSIFICATION;
+  RETURN_IF_ERROR(LoadAssets(job.get()));
   auto& model = *job->model;
   // bf16 weights by default on the GPU (issue 6), fp32 on the CPU (docs/known-failures.md).
-  if (spec.weight_dtype() == "bf16" || (use_cuda && spec.weight_dtype().empty())) {
+  if (spec.weight_dtype() == lspo::v1::WEIGHT_DTYPE_BF16 ||
+      (use_cuda && spec.weight_dtype() == lspo::v1::WEIGHT_DTYPE_UNSPECIFIED)) {
     RETURN_IF_ERROR(model.SetLinearStorageDtype(at::kBFloat16));
   }
   if (!use_cuda) {
@@ -331,7 +405,6 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     job->cuda = true;
     // fp32 compute (the model upcasts bf16 weights) on TF32 tensor cores, for every mode alike.
     at::globalContext().setFloat32MatmulPrecision("high");
-    if (!spec.lsp().kernels().empty()) lsp::internal::SetCudaKernels(spec.lsp().kernels() == "custom");
     RETURN_IF_ERROR(model.To(job->device));
   }
   model.SetActivationCheckpointing(spec.activation_checkpointing());
@@ -343,123 +416,20 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     trainable += w.numel();
   }
   lspo::v1::LoadJobReply reply;
-  if (job->lsp) {
-    const int d = spec.lsp().d(), r = spec.lsp().r();
-    for (const auto& l : job->linears) {
-      absl::Status s = lsp::CheckProjectorShapes(l.m, l.n, d, r);
-      if (!s.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "job spec field lsp.d = ", d, " / lsp.r = ", r, " does not fit ", l.name, " (",
-            l.m, " x ", l.n, "): ", s.message()));
-      }
-    }
-    ASSIGN_OR_RETURN(job->layout, offload::BuildArenaLayout(job->linears, model::kLinearsPerLayer, d, r,
-                                                            runtime::ShmArena::UniqueName(job_id)));
-    ASSIGN_OR_RETURN(job->arena,
-                     runtime::ShmArena::Create(job->layout.name(), job->layout.bytes()));
-    ASSIGN_OR_RETURN(job->flags, offload::ArenaFlags(job->arena, job->layout));
-    job->p.resize(job->linears.size());
-    job->q.resize(job->linears.size());
-    job->s_accum.resize(job->linears.size());
-    RETURN_IF_ERROR(offload::TorchCall("allocating the S accumulators", [&]() -> absl::Status {
-      for (auto& s : job->s_accum) {
-        s = at::zeros({d, d}, at::TensorOptions().dtype(at::kFloat).device(job->device));
-      }
-      return absl::OkStatus();
-    }));
-    job->lsp_linears = std::make_shared<lsp::LspLinears>(model);
-    model.SetLinearImpl(job->lsp_linears);
-    model.SetLinearMode(model::LinearMode::kCustom);
-    WorkerJob* raw = job.get();
-    job->lsp_linears->SetSink([raw](int64_t i, const at::Tensor& s) {
-      raw->s_accum[i].add_(s);
-      if (raw->publish_step > 0 && !raw->publish_failed) {
-        PublishGradient(raw, i, raw->s_accum[i], raw->publish_step);
-      }
-    });
-    *reply.mutable_arena() = job->layout;
-  } else if (job->zero) {
-    ASSIGN_OR_RETURN(job->layout, offload::BuildZeroArenaLayout(
-                                   job->linears, model::kLinearsPerLayer,
-                                   runtime::ShmArena::UniqueName(job_id)));
-    ASSIGN_OR_RETURN(job->arena,
-                     runtime::ShmArena::Create(job->layout.name(), job->layout.bytes()));
-    ASSIGN_OR_RETURN(job->flags, offload::ArenaFlags(job->arena, job->layout));
-    model.SetLinearMode(model::LinearMode::kDense);
-    WorkerJob* raw = job.get();
-    for (int64_t i = 0; i < model.num_linears(); ++i) {
-      // Fires with this micro-batch's gradient before it is accumulated into W.grad().
-      model.LinearWeight(i).register_hook([raw, i](const at::Tensor& g) {
-        if (raw->publish_step > 0 && !raw->publish_failed) {
-          const at::Tensor& acc = raw->model->LinearWeight(i).grad();
-          PublishGradient(raw, i, acc.defined() ? acc + g : g, raw->publish_step);
-        }
-        return g;
-      });
-    }
-    *reply.mutable_arena() = job->layout;
-  } else {
-    model.SetLinearMode(model::LinearMode::kDense);
-    std::vector<at::Tensor> params;
-    for (int64_t i = 0; i < model.num_linears(); ++i) params.push_back(model.LinearWeight(i));
-    const auto& o = spec.optim();
-    job->adamw = std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(o.lr())
-                    .betas({o.beta1(), o.beta2()})
-                    .eps(o.eps())
-                    .weight_decay(o.weight_decay()));
-  }
-  if (job->cuda && (job->lsp || job->zero)) {
-    // The transfer engine; its staging slots hold the largest upload: D (d, d) fp32 in lsp
-    // mode, the largest matrix's bf16 parameters in zero mode.
-    size_t max_upload = 0;
-    for (const auto& l : job->linears) {
-      max_upload = std::max<size_t>(
-          max_upload, job->lsp ? static_cast<size_t>(spec.lsp().d()) * spec.lsp().d() * 4
-                               : static_cast<size_t>(l.m) * l.n * 2);
-    }
-    ASSIGN_OR_RETURN(job->offload, DeviceOffload::Create(job->arena.data(), job->arena.size(),
-                                                         max_upload, job->device));
-  }
+  RETURN_IF_ERROR(job->path->Setup(job.get(), &reply));
   job->pending_step.assign(job->linears.size(), 0);
   job->pending_decay.assign(job->linears.size(), 1.0);
   job->offload_done.assign(model.config().num_layers, 0.0);
   job->offload_secs.assign(model.config().num_layers, 0.0);
-  {
-    WorkerJob* raw = job.get();
-    model.SetLayerHooks(
-        [raw](int64_t l) -> absl::Status {
-          // Apply this layer's pending update just before its forward (overlap schedule).
-          RETURN_IF_ERROR(ApplyPending(raw, l));
-          raw->layer_t0 = MonotonicSeconds();
-          if (raw->offload) raw->offload->MarkComputeBegin(l, "forward");
-          return absl::OkStatus();
-        },
-        [raw](int64_t l) -> absl::Status {
-          AddEvent(raw, l, "forward", raw->layer_t0, MonotonicSeconds());
-          if (raw->offload) raw->offload->MarkComputeEnd(l, "forward");
-          return absl::OkStatus();
-        },
-        [raw](int64_t l) -> absl::Status {
-          const double now = MonotonicSeconds();
-          AddEvent(raw, l, "backward", raw->layer_t0, now);
-          raw->layer_t0 = now;
-          if (raw->offload) {
-            // Layer l's backward ends here and layer l - 1's begins (device stream order).
-            raw->offload->MarkComputeEnd(l, "backward");
-            if (l > 0) raw->offload->MarkComputeBegin(l - 1, "backward");
-          }
-          return absl::OkStatus();
-        });
-  }
+  InstallLayerHooks(job.get());
   reply.set_train_examples(job->train.size());
   reply.set_eval_examples(job->eval.size());
   reply.set_trainable_parameters(trainable);
   reply.set_device(job->device.str());
   reply.set_seconds(runtime::SecondsSince(t0));
-  LOG(INFO) << "worker: loaded job " << job_id << ": " << job->train.size() << " train / "
-            << job->eval.size() << " eval examples, " << trainable
-            << " trainable parameters in " << job->linears.size() << " matrices";
+  LOG(INFO) << "worker: loaded job " << job_id << " (mode " << job->path->name() << "): "
+            << job->train.size() << " train / " << job->eval.size() << " eval examples, "
+            << trainable << " trainable parameters in " << job->linears.size() << " matrices";
   aborter_.Attach(job_id, job->flags);
   job_ = std::move(job);
   return reply;
@@ -476,14 +446,11 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
     const std::string& job_id, int step, double lr, const lspo::v1::StepPlan& plan) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
-  if (job->lsp && !job->fitted) {
-    return absl::FailedPreconditionError("TrainStep before FitProjectors in MODE_LSP");
-  }
+  RETURN_IF_ERROR(job->path->CheckReady(*job));
   if (step < 1) return absl::InvalidArgumentError("TrainStep: step is 1-based");
   auto t_step = std::chrono::steady_clock::now();
-  const auto& spec = job->spec;
   auto& model = *job->model;
-  const bool offload = job->lsp || job->zero;
+  const bool offloaded = job->path->offloaded();
   const int64_t num_layers = model.config().num_layers;
   const int split = std::clamp<int>(plan.split_layer(), 0, static_cast<int>(num_layers));
   lspo::v1::TrainStepReply reply;
@@ -505,191 +472,24 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
     DeviceOffload::ResetGpuPeak();
     job->gpu_peak_reset = true;
   }
-  const double decay = 1.0 - lr * spec.optim().weight_decay();
   // The optimizer attached the arena before any step: drop its name so that a crash from
   // here on leaves nothing in /dev/shm (lsp mode already did so at the first fit).
-  if (offload) job->arena.Unlink();
+  if (offloaded) job->arena.Unlink();
   absl::Status st = offload::TorchCall("train step", [&]() -> absl::Status {
     model.ClearHookStatus();
-    const bool balanced = spec.data().balance_classes() && !job->train_class.empty();
-    // Epoch length: every example once, or (balanced) classes x largest class size.
-    const int64_t n = balanced ? static_cast<int64_t>(
-                                     data::BalancedOrder(job->train_class, spec.seed(), 0).size())
-                               : static_cast<int64_t>(job->train.size());
-    const int64_t mb = spec.micro_batch_size(), accum = spec.grad_accum();
-    std::vector<data::Batch> batches;
     int64_t total = 0, input_tokens = 0;
-    for (int64_t a = 0; a < accum; ++a) {
-      std::vector<const data::TokenizedExample*> rows;
-      for (int64_t b = 0; b < mb; ++b) {
-        const int64_t g = ((step - 1) * accum + a) * mb + b;
-        const int64_t epoch = g / n;
-        if (epoch != job->order_epoch) {
-          job->order = balanced ? data::BalancedOrder(job->train_class, spec.seed(), epoch)
-                                : data::ShuffledOrder(n, spec.seed(), epoch);
-          job->order_epoch = epoch;
-        }
-        rows.push_back(&job->train[job->order[g % n]]);
-      }
-      batches.push_back(data::MakeBatch(rows, job->tokenizer->pad_id()));
-      total += batches.back().num_loss_tokens;
-      input_tokens += batches.back().batch_size * batches.back().seq_len;
-    }
-    if (job->lsp) {
-      for (auto& s : job->s_accum) s.zero_();
-    } else if (job->zero) {
-      model.ZeroLinearGrads();
-    } else {
-      job->adamw->zero_grad();
-    }
-    // The last micro-batch that carries loss tokens publishes (overlap schedule).
-    int64_t last = -1;
-    for (size_t k = 0; k < batches.size(); ++k) {
-      if (batches[k].num_loss_tokens > 0) last = static_cast<int64_t>(k);
-    }
-    double loss_sum = 0, fwd = 0, bwd = 0;
-    // CUDA: the losses are summed on the device and read once after the last backward (a
-    // per-micro-batch .item() would stall the host until each forward finished). A non-finite
-    // loss then shows up as non-finite gradients, caught on their host copies.
-    at::Tensor device_loss_sum;
-    for (int64_t k = 0; k < static_cast<int64_t>(batches.size()); ++k) {
-      const auto& b = batches[k];
-      const int64_t targets = b.num_loss_tokens;
-      if (targets == 0) continue;
-      auto t0 = std::chrono::steady_clock::now();
-      at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device),
-                                           ToTensor(b.labels, b.batch_size, b.seq_len, job->device));
-      // A failed layer hook (e.g. a pending update that timed out) keeps its status code.
-      RETURN_IF_ERROR(model.HookStatus());
-      fwd += runtime::SecondsSince(t0);
-      if (job->cuda) {
-        at::Tensor weighted = loss.detach().to(at::kDouble) * static_cast<double>(targets);
-        device_loss_sum = device_loss_sum.defined() ? device_loss_sum + weighted : weighted;
-      } else {
-        const double lv = loss.item<double>();
-        if (!std::isfinite(lv)) {
-          reply.set_nonfinite(true);
-          return absl::OkStatus();
-        }
-        loss_sum += lv * targets;
-      }
-      if (offload && plan.overlap() && k == last) job->publish_step = static_cast<uint32_t>(step);
-      t0 = std::chrono::steady_clock::now();
-      job->layer_t0 = MonotonicSeconds();
-      double scale = static_cast<double>(targets) / total;
-      if (job->fault_nonfinite_grad_steps.count(step)) {
-        scale = std::numeric_limits<double>::quiet_NaN();  // Fault injection (tests).
-      }
-      if (job->offload) job->offload->MarkComputeBegin(num_layers - 1, "backward");
-      (loss * scale).backward();
-      RETURN_IF_ERROR(model.HookStatus());
-      if (job->offload) {
-        job->offload->MarkComputeEnd(0, "backward");
-        // The step's gradients have been enqueued for offload: wait until every one has
-        // landed and been checked (the host needs the verdict before applying anything).
-        if (job->publish_step > 0) job->offload->Drain();
-      }
-      bwd += runtime::SecondsSince(t0);
-      if (job->publish_step > 0 && num_layers > 0) {
-        // Layer 0's input needs no gradient, so no hook marked its end: the backward did.
-        bool have0 = false;
-        for (const auto& e : job->events) have0 |= e.what() == "backward" && e.layer() == 0;
-        if (!have0) AddEvent(job, 0, "backward", job->layer_t0, MonotonicSeconds());
-      }
-      job->publish_step = 0;
-      if (job->publish_failed) {
-        reply.set_nonfinite(true);
-        return absl::OkStatus();
-      }
-    }
-    if (device_loss_sum.defined()) {
-      loss_sum = device_loss_sum.item<double>();  // One host synchronisation per step.
-      if (!std::isfinite(loss_sum)) {
-        reply.set_nonfinite(true);
-        return absl::OkStatus();
-      }
-    }
-    metrics->set_loss(total > 0 ? loss_sum / total : 0.0);
-    metrics->set_tokens(total);
-    metrics->set_forward_seconds(fwd);
-    metrics->set_backward_seconds(bwd);
-    if (offload && !plan.overlap() && job->cuda) {
-      // Serial schedule on CUDA: publish all (asynchronous copies, checked on the host copies
-      // as they land), then wait for the verdict.
-      for (size_t i = 0; i < job->linears.size(); ++i) {
-        const at::Tensor g = job->lsp ? job->s_accum[i] : model.LinearWeight(i).grad();
-        if (!g.defined()) {
-          LOG(WARNING) << "worker: missing gradient for " << job->linears[i].name
-                       << " at step " << step << "; step skipped";
-          reply.set_nonfinite(true);
-          return absl::OkStatus();
-        }
-        PublishGradient(job, i, g, static_cast<uint32_t>(step));
-      }
-      job->offload->Drain();
-      if (job->publish_failed) {
-        reply.set_nonfinite(true);
-        return absl::OkStatus();
-      }
-    } else if (offload && !plan.overlap()) {
-      // Serial schedule: check every gradient, then publish them all.
-      for (size_t i = 0; i < job->linears.size(); ++i) {
-        const at::Tensor g = job->lsp ? job->s_accum[i] : model.LinearWeight(i).grad();
-        if (!g.defined() || !at::isfinite(g).all().item<bool>()) {
-          LOG(WARNING) << "worker: non-finite or missing gradient for " << job->linears[i].name
-                       << " at step " << step << "; step skipped";
-          reply.set_nonfinite(true);
-          return absl::OkStatus();
-        }
-      }
-      for (size_t i = 0; i < job->linears.size(); ++i) {
-        const at::Tensor g = job->lsp ? job->s_accum[i] : model.LinearWeight(i).grad();
-        PublishGradient(job, i, g, static_cast<uint32_t>(step));
-      }
-    } else if (offload) {
-      // Overlap schedule: layers >= split are applied now, as their updates arrive (deepest
-      // first: that is the order the optimizer finishes them); shallower layers just before
-      // their next forward.
-      for (size_t i = 0; i < job->linears.size(); ++i) {
-        job->pending_step[i] = static_cast<uint32_t>(step);
-        job->pending_decay[i] = job->lsp ? decay : 1.0;
-      }
-      for (int64_t l = num_layers - 1; l >= split; --l) RETURN_IF_ERROR(ApplyPending(job, l));
-    } else {
-      auto t0 = std::chrono::steady_clock::now();
-      for (auto& group : job->adamw->param_groups()) {
-        static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-      }
-      if (spec.optim().max_grad_norm() > 0) {
-        std::vector<at::Tensor> params;
-        for (int64_t i = 0; i < model.num_linears(); ++i) params.push_back(model.LinearWeight(i));
-        metrics->set_grad_norm(torch::nn::utils::clip_grad_norm_(params,
-                                                                 spec.optim().max_grad_norm()));
-      }
-      job->adamw->step();
-      metrics->set_update_seconds(runtime::SecondsSince(t0));
-    }
-    for (int64_t l = 0; l < num_layers; ++l) {
-      if (job->offload_done[l] > 0) {
-        AddEvent(job, l, "offload", job->offload_done[l] - job->offload_secs[l],
-                 job->offload_done[l]);
-      }
-    }
-    if (job->offload) {
-      std::vector<lspo::v1::LayerEvent> gpu_events;
-      ASSIGN_OR_RETURN(StepTransfers tr, job->offload->EndStep(&gpu_events));
-      for (auto& e : gpu_events) job->events.push_back(std::move(e));
-      metrics->set_d2h_bytes(tr.d2h_bytes);
-      metrics->set_d2h_seconds(tr.d2h_seconds);
-      metrics->set_h2d_bytes(tr.h2d_bytes);
-      metrics->set_h2d_seconds(tr.h2d_seconds);
-    } else if (job->cuda) {
-      torch::cuda::synchronize();  // Native mode: the step ends when the device is done.
-    }
-    if (job->cuda) {
-      metrics->set_gpu_memory_used_bytes(DeviceOffload::GpuMemoryUsedBytes());
-      metrics->set_gpu_peak_allocated_bytes(DeviceOffload::GpuPeakAllocatedBytes());
-    }
+    const std::vector<data::Batch> batches = StepBatches(job, step, &total, &input_tokens);
+    job->path->ZeroGrads(job);
+    RETURN_IF_ERROR(RunMicroBatches(job, batches, total, step, plan, &reply));
+    if (reply.nonfinite()) return absl::OkStatus();
+    StepContext ctx;
+    ctx.step = static_cast<uint32_t>(step);
+    ctx.lr = lr;
+    ctx.overlap = plan.overlap();
+    ctx.split_layer = split;
+    RETURN_IF_ERROR(job->path->FinishStep(job, ctx, &reply));
+    if (reply.nonfinite()) return absl::OkStatus();
+    RETURN_IF_ERROR(RecordStepEnd(job, metrics));
     const double secs = runtime::SecondsSince(t_step);
     metrics->set_step_seconds(secs);
     metrics->set_tokens_per_second(secs > 0 ? input_tokens / secs : 0);
@@ -698,7 +498,7 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
     return absl::OkStatus();
   });
   job->publish_step = 0;
-  if (offload && plan.overlap() && (!st.ok() || reply.nonfinite())) {
+  if (offloaded && plan.overlap() && (!st.ok() || reply.nonfinite())) {
     // The optimizer may be waiting for this step's gradients: release it.
     job->flags.Abort(static_cast<uint32_t>(step));
     std::fill(job->pending_step.begin(), job->pending_step.end(), 0);
@@ -713,7 +513,7 @@ absl::StatusOr<lspo::v1::ApplyReply> WorkerCore::ApplyUpdates(
     const std::string& job_id, int step, const lspo::v1::ApplyRequest& request) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
-  if (!job->lsp && !job->zero) {
+  if (!job->path->offloaded()) {
     return absl::FailedPreconditionError("ApplyUpdates needs MODE_LSP or MODE_ZERO");
   }
   auto t0 = std::chrono::steady_clock::now();
@@ -731,21 +531,14 @@ absl::StatusOr<lspo::v1::ApplyReply> WorkerCore::ApplyUpdates(
           "ApplyUpdates: the optimizer has not written step ", step, " of ",
           job->linears[i].name, " (Update first)"));
     }
-    if (job->lsp) {
-      ASSIGN_OR_RETURN(at::Tensor d, offload::ArenaF32(job->arena, job->layout.linears(i).step()));
-      if (!at::isfinite(d).all().item<bool>()) {
-        return absl::DataLossError(absl::StrCat("step D for ", job->linears[i].name,
-                                                " at step ", step,
-                                                " is not finite; weights left untouched"));
-      }
-    }
+    RETURN_IF_ERROR(job->path->CheckUpdate(job, i, static_cast<uint32_t>(step)));
   }
-  const double decay = job->lsp ? 1.0 - request.lr() * job->spec.optim().weight_decay() : 1.0;
+  const double decay = job->path->WorkerDecay(job->spec, request.lr());
   lspo::v1::ApplyReply reply;
   absl::Status st = offload::TorchCall("apply", [&]() -> absl::Status {
     for (const auto& task : request.tasks()) {
       const double t1 = MonotonicSeconds();
-      RETURN_IF_ERROR(ApplyLinear(job, task.index(), static_cast<uint32_t>(step), decay));
+      RETURN_IF_ERROR(job->path->ApplyUpdate(job, task.index(), static_cast<uint32_t>(step), decay));
       auto* e = reply.add_events();
       e->set_layer(task.index() / model::kLinearsPerLayer);
       e->set_what("apply");
@@ -764,7 +557,7 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> WorkerCore::ImportLayerWeights(
     const std::string& job_id, int layer, bool measure_only) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
-  if (!job->lsp) return absl::FailedPreconditionError("ImportLayerWeights needs MODE_LSP");
+  RETURN_IF_ERROR(LspPathOf(job, "ImportLayerWeights").status());
   const int64_t num_layers = job->model->config().num_layers;
   if (layer < 0 || layer >= num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("ImportLayerWeights: layer ", layer,
@@ -820,7 +613,8 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
     reply.add_files(dir + "/" + f);
   }
-  if (!job->lsp && !job->zero) {
+  if (!job->path->offloaded()) {
+    // Offloaded modes: the scheduler writes the optimizer's master weights instead.
     std::vector<std::pair<std::string, at::Tensor>> tensors = job->model->NamedTensors();
     std::vector<model::SafetensorsEntry> entries;
     for (auto& [name, t] : tensors) {

@@ -28,7 +28,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "proto/lsp_offload.pb.h"
+#include "proto/job_spec.pb.h"
+#include "proto/metrics.pb.h"
+#include "proto/peer.pb.h"
+#include "proto/worker.pb.h"
 #include "runtime/completion_flags.h"
 
 namespace lspo::worker {

@@ -17,12 +17,13 @@
 
 #include "data/datasets.h"
 #include "gpu_worker/device_offload.h"
-#include "lsp/lsp_linear.h"
-#include "lsp/projector.h"
+#include "gpu_worker/update_path.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "offload/arena_layout.h"
-#include "proto/lsp_offload.pb.h"
+#include "proto/arena.pb.h"
+#include "proto/job_spec.pb.h"
+#include "proto/metrics.pb.h"
 #include "runtime/completion_flags.h"
 #include "runtime/shm_arena.h"
 #include "tbb/global_control.h"
@@ -42,8 +43,8 @@ struct WorkerJob {
   // job's lifetime, like at::set_num_threads does for ATen (docs/known-failures.md #16).
   std::unique_ptr<tbb::global_control> tbb_threads;
   JobSpec spec;
-  bool lsp = true;    // MODE_LSP
-  bool zero = false;  // MODE_ZERO
+  // How the mode turns gradients into new weights (update_path.h); never null once loaded.
+  std::unique_ptr<UpdatePath> path;
   bool classification = true;
   std::unique_ptr<model::BpeTokenizer> tokenizer;
   std::unique_ptr<model::LlamaModel> model;
@@ -52,7 +53,7 @@ struct WorkerJob {
   std::vector<data::TokenizedExample> eval;
   std::vector<std::vector<int32_t>> ppl_blocks;  // data.perplexity_path, seq_len tokens each.
   std::vector<offload::LinearShape> linears;
-  // MODE_LSP and MODE_ZERO: the arena and its completion flags.
+  // Offloaded modes (path->offloaded()): the arena and its completion flags.
   runtime::ShmArena arena;
   lspo::v1::ArenaLayout layout;
   runtime::CompletionFlags flags;
@@ -77,13 +78,6 @@ struct WorkerJob {
   std::vector<lspo::v1::LayerEvent> events;  // Timeline of the current step.
   double layer_t0 = 0;               // Start of the current layer's forward / backward.
   double wait_seconds = 0;
-  // MODE_LSP.
-  std::vector<lsp::SparseProjector> p, q;  // Per linear; rows == 0 until the first fit.
-  std::shared_ptr<lsp::LspLinears> lsp_linears;  // The model's LinearImpl.
-  std::vector<at::Tensor> s_accum;          // Per linear, (d, d) fp32, summed over micro-batches.
-  bool fitted = false;
-  // MODE_NATIVE.
-  std::unique_ptr<torch::optim::AdamW> adamw;
   // Fault injection for the fault tests (env LSPO_FAULT_NONFINITE_GRAD_STEPS="3,4"): at these
   // steps the backward is seeded with NaN, so every gradient is non-finite and the real
   // detection / skip / abort path runs. Empty in normal operation.
@@ -94,7 +88,8 @@ struct WorkerJob {
 };
 
 // Applies every pending update of decoder layer `layer` (all layers when layer < 0): the
-// overlap schedule's deferred W += P D Q^T (lsp) or parameter copy (zero).
+// overlap schedule's deferred updates (UpdatePath::ApplyUpdate), recorded as timeline events
+// for a single layer.
 // Errors: kDeadlineExceeded (the optimizer did not publish the step), kDataLoss (bad slot).
 absl::Status ApplyPending(WorkerJob* job, int64_t layer);
 

@@ -3,7 +3,9 @@
 #define LSPO_GPU_WORKER_WORKER_SERVICE_H_
 
 #include "gpu_worker/worker_core.h"
-#include "proto/lsp_offload.grpc.pb.h"
+#include "proto/peer.pb.h"
+#include "proto/worker.pb.h"
+#include "proto/worker.grpc.pb.h"
 
 namespace lspo::worker {
 

@@ -148,28 +148,6 @@ LSPO_ADAM_CLONES void StatsBf16(const uint16_t* x, int64_t begin, int64_t end, d
   StatsBody<Bf16Grad, uint16_t>(x, begin, end, sum_sq, any_bad);
 }
 
-bool IsFiniteBits(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  return (bits & 0x7f800000u) != 0x7f800000u;
-}
-
-// Index of the first non-finite element in [begin, end), or `end` if none. The first pass is
-// a branch-free OR over exponent bits (vectorises); only a bad chunk is scanned again.
-int64_t FirstNonFinite(const float* x, int64_t begin, int64_t end) {
-  uint32_t any_bad = 0;
-  for (int64_t i = begin; i < end; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, x + i, sizeof(bits));
-    any_bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  if (any_bad == 0) return end;
-  for (int64_t i = begin; i < end; ++i) {
-    if (!IsFiniteBits(x[i])) return i;
-  }
-  return end;
-}
-
 }  // namespace
 
 absl::Status ValidateAdamHyper(const AdamHyper& h) {
@@ -201,31 +179,30 @@ void FusedAdamStep(const AdamHyper& h, int64_t step, const AdamOperands& ops) {
       << "FusedAdamStep: grad and out must not alias";
   const StepScalars s = MakeScalars(h, step);
   const AdamOperands o = ops;
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, o.n, kGrain),
-                    [&](const tbb::blocked_range<int64_t>& r) {
-                      const int64_t b = r.begin(), e = r.end();
-                      if (o.grad_fp32 != nullptr) {
-                        if (!o.accumulate) {
-                          ChunkF32Delta(s, o.grad_scale, o.grad_fp32, o.m, o.v, o.out, nullptr,
-                                        b, e);
-                        } else if (o.out_bf16 == nullptr) {
-                          ChunkF32Acc(s, o.grad_scale, o.grad_fp32, o.m, o.v, o.out, nullptr, b,
-                                      e);
-                        } else {
-                          ChunkF32AccBf16(s, o.grad_scale, o.grad_fp32, o.m, o.v, o.out,
-                                          o.out_bf16, b, e);
-                        }
-                      } else if (!o.accumulate) {
-                        ChunkBf16Delta(s, o.grad_scale, o.grad_bf16, o.m, o.v, o.out, nullptr, b,
-                                       e);
-                      } else if (o.out_bf16 == nullptr) {
-                        ChunkBf16Acc(s, o.grad_scale, o.grad_bf16, o.m, o.v, o.out, nullptr, b,
-                                     e);
-                      } else {
-                        ChunkBf16AccBf16(s, o.grad_scale, o.grad_bf16, o.m, o.v, o.out,
-                                         o.out_bf16, b, e);
-                      }
-                    });
+  // The variant (gradient dtype, accumulate, bf16 copy) is chosen once per call; its ISA clone
+  // was chosen once per process (ifunc). The chunks only run it.
+  auto run = [&](auto chunk, const auto* grad) {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, o.n, kGrain),
+                      [&](const tbb::blocked_range<int64_t>& r) {
+                        chunk(s, o.grad_scale, grad, o.m, o.v, o.out, o.out_bf16, r.begin(),
+                              r.end());
+                      });
+  };
+  using F32Chunk = void (*)(const StepScalars&, float, const float*, float*, float*, float*,
+                            uint16_t*, int64_t, int64_t);
+  using Bf16Chunk = void (*)(const StepScalars&, float, const uint16_t*, float*, float*, float*,
+                             uint16_t*, int64_t, int64_t);
+  if (o.grad_fp32 != nullptr) {
+    const F32Chunk chunk = !o.accumulate          ? &ChunkF32Delta
+                           : o.out_bf16 == nullptr ? &ChunkF32Acc
+                                                   : &ChunkF32AccBf16;
+    run(chunk, o.grad_fp32);
+  } else {
+    const Bf16Chunk chunk = !o.accumulate          ? &ChunkBf16Delta
+                            : o.out_bf16 == nullptr ? &ChunkBf16Acc
+                                                    : &ChunkBf16AccBf16;
+    run(chunk, o.grad_bf16);
+  }
 }
 
 void AdamStep(const AdamHyper& h, int64_t step, const float* grad, float* m, float* v,
@@ -312,16 +289,10 @@ absl::Status CheckFinite(const float* x, int64_t n, absl::string_view what) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: null buffer for %d elements; pass the data pointer", what, n));
   }
-  const int64_t first = tbb::parallel_reduce(
-      tbb::blocked_range<int64_t>(0, n, kGrain), n,
-      [&](const tbb::blocked_range<int64_t>& range, int64_t best) {
-        if (range.begin() >= best) return best;  // an earlier bad element is already known
-        const int64_t found = FirstNonFinite(x, range.begin(), range.end());
-        return found < range.end() ? std::min(best, found) : best;
-      },
-      [](int64_t a, int64_t b) { return std::min(a, b); });
-  if (first == n) return absl::OkStatus();
-  return NonFiniteError(what, first, n, x[first]);
+  // One mechanism for finiteness: the gradient statistics' scan (the norm comes with it).
+  const GradientStats stats = ComputeGradientStats(x, n);
+  if (stats.first_non_finite < 0) return absl::OkStatus();
+  return NonFiniteError(what, stats.first_non_finite, n, x[stats.first_non_finite]);
 }
 
 SubspaceAdam::SubspaceAdam(int64_t d)

@@ -76,6 +76,15 @@ struct SparseProjector {
 // message says "choose d < min(m, n) = <value>"), or r > d ("choose r <= d").
 absl::Status CheckProjectorShapes(int64_t m, int64_t n, int64_t d, int64_t r);
 
+// The seed of a projector pair's draw (SparseProjector::Random: P takes the seed, Q seed + 1):
+// distinct per job seed `base`, trained matrix `linear` (its index) and draw `draw` (the
+// worker's projector check uses the optimizer step it runs at), reproducible everywhere.
+// A fixed mix with primes: base * 1000003 + linear * 7919 + draw * 104729 (mod 2^64).
+inline uint64_t ProjectorSeed(uint64_t base, int64_t linear, int64_t draw) {
+  return base * 1000003ull + static_cast<uint64_t>(linear) * 7919ull +
+         static_cast<uint64_t>(draw) * 104729ull;
+}
+
 // X P without densifying P. X: (N, rows) any floating dtype, any device; P.rows == X.size(1).
 // Returns (N, P.d) contiguous in X's dtype; sums are accumulated in fp32 (fp64 for fp64 X) and
 // rounded once. Used for A = X Q in the forward pass. O(N rows r). Differentiable in X and

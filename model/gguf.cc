@@ -285,14 +285,13 @@ absl::StatusOr<GgufFile> GgufFile::FromBytes(std::vector<uint8_t> bytes, const s
   return Parse(MappedFile::FromBytes(std::move(bytes)), name);
 }
 
-absl::StatusOr<GgufFile> GgufFile::Parse(MappedFile file, const std::string& name) {
-  GgufFile g;
-  g.file_ = std::move(file);
-  g.name_ = name;
-  const uint64_t size = g.file_.size();
-  Reader r(g.file_.data(), size, g.name_);
+namespace {
 
-  // ---- header ----
+// The header: magic, version (2 or 3, little-endian), tensor and metadata counts, each count
+// bounded by the bytes left. Errors: kInvalidArgument (not GGUF, big-endian), kUnimplemented
+// (version), kDataLoss (counts), naming the file.
+absl::Status ReadHeader(Reader& r, const std::string& name, uint64_t size, uint32_t* version_out,
+                        uint64_t* n_tensors_out, uint64_t* n_kv_out) {
   char magic[4];
   RETURN_IF_ERROR(r.Read(&magic, "magic"));
   if (std::memcmp(magic, "GGUF", 4) != 0) {
@@ -316,7 +315,7 @@ absl::StatusOr<GgufFile> GgufFile::Parse(MappedFile file, const std::string& nam
         "GGUF file '", name, "' has version ", version,
         ", only versions 2 and 3 are supported; re-convert it with a current llama.cpp"));
   }
-  g.version_ = version;
+  *version_out = version;
   uint64_t n_tensors = 0, n_kv = 0;
   RETURN_IF_ERROR(r.Read(&n_tensors, "tensor count"));
   RETURN_IF_ERROR(r.Read(&n_kv, "metadata key/value count"));
@@ -333,6 +332,172 @@ absl::StatusOr<GgufFile> GgufFile::Parse(MappedFile file, const std::string& nam
         "-byte file; the header is corrupt or the file is truncated"));
   }
 
+  *n_tensors_out = n_tensors;
+  *n_kv_out = n_kv;
+  return absl::OkStatus();
+}
+
+// The typed value of metadata key `key` (a scalar, a string or an array of them). Errors:
+// kDataLoss naming the file and the key (unknown type, nested array, a length past the end).
+absl::StatusOr<GgufValue> ReadValue(Reader& r, const std::string& key, const std::string& name,
+                                    uint64_t size) {
+  const std::string what = absl::StrCat("value of metadata key '", key, "'");
+  uint32_t type_id = 0;
+  RETURN_IF_ERROR(r.Read(&type_id, absl::StrCat("type of metadata key '", key, "'")));
+  if (!IsKnownValueType(type_id)) {
+    return absl::DataLossError(absl::StrCat("GGUF file '", name, "': metadata key '", key,
+                                            "' has value type ", type_id,
+                                            ", expected 0..12; the file is corrupt"));
+  }
+  GgufValue value;
+  value.type = static_cast<GgufValueType>(type_id);
+  if (value.type == GgufValueType::kArray) {
+    uint32_t elem_id = 0;
+    uint64_t count = 0;
+    RETURN_IF_ERROR(r.Read(&elem_id, absl::StrCat("array type of '", key, "'")));
+    if (!IsKnownValueType(elem_id) ||
+        static_cast<GgufValueType>(elem_id) == GgufValueType::kArray) {
+      return absl::DataLossError(absl::StrCat(
+          "GGUF file '", name, "': array '", key, "' has element type ", elem_id,
+          ", expected a scalar or string type 0..8, 10..12 (nested arrays are not allowed)"));
+    }
+    value.array_type = static_cast<GgufValueType>(elem_id);
+    RETURN_IF_ERROR(r.Read(&count, absl::StrCat("array length of '", key, "'")));
+    const uint64_t min_elem =
+        value.array_type == GgufValueType::kString ? 8 : ScalarSize(value.array_type);
+    if (count > r.left() / min_elem) {
+      return absl::DataLossError(absl::StrCat(
+          "GGUF file '", name, "': array '", key, "' claims ", count, " elements of ",
+          GgufValueTypeName(value.array_type), " but only ", r.left(), " bytes are left in the ",
+          size, "-byte file; the file is corrupt or truncated"));
+    }
+    RETURN_IF_ERROR(ReadElems(r, value.array_type, count, &value, what));
+  } else {
+    RETURN_IF_ERROR(ReadElems(r, value.type, 1, &value, what));
+  }
+  return value;
+}
+
+// Tensor info #i: name, dimensions, ggml type, byte size and data offset, each bounded.
+// Errors: kDataLoss naming the file and the tensor, kUnimplemented for an unknown ggml type.
+absl::StatusOr<GgufTensorInfo> ReadTensorInfo(
+    Reader& r, uint64_t i, const std::string& name, uint32_t alignment,
+    const absl::flat_hash_map<std::string, size_t>& seen) {
+  GgufTensorInfo t;
+  RETURN_IF_ERROR(r.ReadString(&t.name, absl::StrCat("name of tensor #", i)));
+  if (t.name.empty() || t.name.size() > kMaxNameBytes) {
+    return absl::DataLossError(absl::StrCat("GGUF file '", name, "': tensor #", i, " name has ",
+                                            t.name.size(), " bytes, expected 1..",
+                                            kMaxNameBytes));
+  }
+  if (seen.contains(t.name)) {
+    return absl::DataLossError(absl::StrCat("GGUF file '", name, "': duplicate tensor name '",
+                                            t.name, "'; names must be unique"));
+  }
+  uint32_t n_dims = 0;
+  RETURN_IF_ERROR(r.Read(&n_dims, absl::StrCat("n_dims of tensor '", t.name, "'")));
+  if (n_dims > kMaxDims) {
+    return absl::DataLossError(absl::StrCat("GGUF file '", name, "': tensor '", t.name,
+                                            "' has n_dims ", n_dims, ", expected <= ", kMaxDims));
+  }
+  int64_t numel = 1;
+  for (uint32_t d = 0; d < n_dims; ++d) {
+    int64_t ne = 0;
+    RETURN_IF_ERROR(r.Read(&ne, absl::StrCat("ne[", d, "] of tensor '", t.name, "'")));
+    if (ne < 0) {
+      return absl::DataLossError(absl::StrCat("GGUF file '", name, "': tensor '", t.name,
+                                              "' has ne[", d, "] = ", ne, ", expected >= 0"));
+    }
+    if (ne != 0 && numel > std::numeric_limits<int64_t>::max() / ne) {
+      return absl::DataLossError(absl::StrCat("GGUF file '", name, "': tensor '", t.name,
+                                              "' element count overflows int64 at ne[", d,
+                                              "] = ", ne));
+    }
+    numel *= ne;
+    t.ne.push_back(ne);
+  }
+  uint32_t type_id = 0;
+  RETURN_IF_ERROR(r.Read(&type_id, absl::StrCat("type of tensor '", t.name, "'")));
+  if (!IsKnownGgmlType(type_id)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "GGUF file '", name, "': tensor '", t.name, "' has ggml type id ", type_id,
+        ", which this reader does not know (known: 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, "
+        "7 Q5_1, 8 Q8_0, 10-15 Q2_K..Q8_K, 30 BF16); requantise the model to a known type"));
+  }
+  t.type = static_cast<GgmlType>(type_id);
+  const int64_t block = GgmlBlockSize(t.type);
+  const int64_t ne0 = t.row_length();
+  if (ne0 % block != 0) {
+    return absl::DataLossError(absl::StrCat(
+        "GGUF file '", name, "': tensor '", t.name, "' has ne[0] = ", ne0,
+        ", which is not a multiple of the ", GgmlTypeName(t.type), " block size ", block));
+  }
+  // nbytes = numel / block * type_size; bound it before multiplying.
+  const uint64_t nblocks = static_cast<uint64_t>(numel / block);
+  const uint64_t tsize = static_cast<uint64_t>(GgmlTypeSize(t.type));
+  if (nblocks > std::numeric_limits<uint64_t>::max() / 2 / tsize) {
+    return absl::DataLossError(absl::StrCat("GGUF file '", name, "': tensor '", t.name,
+                                            "' byte size overflows (", numel, " elements of ",
+                                            GgmlTypeName(t.type), ")"));
+  }
+  t.nbytes = nblocks * tsize;
+  RETURN_IF_ERROR(r.Read(&t.offset, absl::StrCat("offset of tensor '", t.name, "'")));
+  if (t.offset % alignment != 0) {
+    return absl::DataLossError(
+        absl::StrCat("GGUF file '", name, "': tensor '", t.name, "' has data offset ", t.offset,
+                     ", which is not a multiple of the alignment ", alignment));
+  }
+  if (t.offset > std::numeric_limits<uint64_t>::max() / 2) {
+    return absl::DataLossError(absl::StrCat("GGUF file '", name, "': tensor '", t.name,
+                                            "' has absurd data offset ", t.offset));
+  }
+  return t;
+}
+
+// The data section: tensors do not overlap and end inside the file. Errors: kDataLoss.
+absl::Status CheckDataSection(const std::vector<GgufTensorInfo>& tensors, uint64_t data_start,
+                              uint64_t size, const std::string& name) {
+  uint64_t data_end = 0;  // relative
+  std::vector<const GgufTensorInfo*> by_offset;
+  by_offset.reserve(tensors.size());
+  for (const GgufTensorInfo& t : tensors) {
+    by_offset.push_back(&t);
+    data_end = std::max(data_end, t.offset + t.nbytes);
+  }
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const GgufTensorInfo* a, const GgufTensorInfo* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const GgufTensorInfo& prev = *by_offset[i - 1];
+    if (prev.offset + prev.nbytes > by_offset[i]->offset) {
+      return absl::DataLossError(
+          absl::StrCat("GGUF file '", name, "': tensor '", prev.name, "' (bytes ", prev.offset,
+                       "..", prev.offset + prev.nbytes, " of the data section) overlaps tensor '",
+                       by_offset[i]->name, "' at offset ", by_offset[i]->offset));
+    }
+  }
+  if (!tensors.empty()) {
+    const uint64_t need = data_start + data_end;
+    if (need > size) {
+      return absl::DataLossError(absl::StrCat(
+          "GGUF file '", name, "' is truncated: its tensor data ends at byte ", need,
+          " (data section starts at ", data_start, "), so the file should be at least ", need,
+          " bytes, but it is ", size, " bytes; re-download or re-convert the file"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<GgufFile> GgufFile::Parse(MappedFile file, const std::string& name) {
+  GgufFile g;
+  g.file_ = std::move(file);
+  g.name_ = name;
+  const uint64_t size = g.file_.size();
+  Reader r(g.file_.data(), size, g.name_);
+  uint64_t n_tensors = 0, n_kv = 0;
+  RETURN_IF_ERROR(ReadHeader(r, name, size, &g.version_, &n_tensors, &n_kv));
+
   // ---- key/value metadata ----
   g.key_order_.reserve(n_kv);
   for (uint64_t i = 0; i < n_kv; ++i) {
@@ -346,40 +511,7 @@ absl::StatusOr<GgufFile> GgufFile::Parse(MappedFile file, const std::string& nam
       return absl::DataLossError(absl::StrCat("GGUF file '", name, "': duplicate metadata key '",
                                               key, "'; keys must be unique"));
     }
-    const std::string what = absl::StrCat("value of metadata key '", key, "'");
-    uint32_t type_id = 0;
-    RETURN_IF_ERROR(r.Read(&type_id, absl::StrCat("type of metadata key '", key, "'")));
-    if (!IsKnownValueType(type_id)) {
-      return absl::DataLossError(absl::StrCat("GGUF file '", name, "': metadata key '", key,
-                                              "' has value type ", type_id,
-                                              ", expected 0..12; the file is corrupt"));
-    }
-    GgufValue value;
-    value.type = static_cast<GgufValueType>(type_id);
-    if (value.type == GgufValueType::kArray) {
-      uint32_t elem_id = 0;
-      uint64_t count = 0;
-      RETURN_IF_ERROR(r.Read(&elem_id, absl::StrCat("array type of '", key, "'")));
-      if (!IsKnownValueType(elem_id) ||
-          static_cast<GgufValueType>(elem_id) == GgufValueType::kArray) {
-        return absl::DataLossError(absl::StrCat(
-            "GGUF file '", name, "': array '", key, "' has element type ", elem_id,
-            ", expected a scalar or string type 0..8, 10..12 (nested arrays are not allowed)"));
-      }
-      value.array_type = static_cast<GgufValueType>(elem_id);
-      RETURN_IF_ERROR(r.Read(&count, absl::StrCat("array length of '", key, "'")));
-      const uint64_t min_elem =
-          value.array_type == GgufValueType::kString ? 8 : ScalarSize(value.array_type);
-      if (count > r.left() / min_elem) {
-        return absl::DataLossError(absl::StrCat(
-            "GGUF file '", name, "': array '", key, "' claims ", count, " elements of ",
-            GgufValueTypeName(value.array_type), " but only ", r.left(), " bytes are left in the ",
-            size, "-byte file; the file is corrupt or truncated"));
-      }
-      RETURN_IF_ERROR(ReadElems(r, value.array_type, count, &value, what));
-    } else {
-      RETURN_IF_ERROR(ReadElems(r, value.type, 1, &value, what));
-    }
+    ASSIGN_OR_RETURN(GgufValue value, ReadValue(r, key, name, size));
     g.key_order_.push_back(key);
     g.kv_.emplace(std::move(key), std::move(value));
   }
@@ -400,107 +532,15 @@ absl::StatusOr<GgufFile> GgufFile::Parse(MappedFile file, const std::string& nam
   // ---- tensor infos ----
   g.tensors_.reserve(n_tensors);
   for (uint64_t i = 0; i < n_tensors; ++i) {
-    GgufTensorInfo t;
-    RETURN_IF_ERROR(r.ReadString(&t.name, absl::StrCat("name of tensor #", i)));
-    if (t.name.empty() || t.name.size() > kMaxNameBytes) {
-      return absl::DataLossError(absl::StrCat("GGUF file '", name, "': tensor #", i, " name has ",
-                                              t.name.size(), " bytes, expected 1..",
-                                              kMaxNameBytes));
-    }
-    if (g.tensor_index_.contains(t.name)) {
-      return absl::DataLossError(absl::StrCat("GGUF file '", name, "': duplicate tensor name '",
-                                              t.name, "'; names must be unique"));
-    }
-    uint32_t n_dims = 0;
-    RETURN_IF_ERROR(r.Read(&n_dims, absl::StrCat("n_dims of tensor '", t.name, "'")));
-    if (n_dims > kMaxDims) {
-      return absl::DataLossError(absl::StrCat("GGUF file '", name, "': tensor '", t.name,
-                                              "' has n_dims ", n_dims, ", expected <= ", kMaxDims));
-    }
-    int64_t numel = 1;
-    for (uint32_t d = 0; d < n_dims; ++d) {
-      int64_t ne = 0;
-      RETURN_IF_ERROR(r.Read(&ne, absl::StrCat("ne[", d, "] of tensor '", t.name, "'")));
-      if (ne < 0) {
-        return absl::DataLossError(absl::StrCat("GGUF file '", name, "': tensor '", t.name,
-                                                "' has ne[", d, "] = ", ne, ", expected >= 0"));
-      }
-      if (ne != 0 && numel > std::numeric_limits<int64_t>::max() / ne) {
-        return absl::DataLossError(absl::StrCat("GGUF file '", name, "': tensor '", t.name,
-                                                "' element count overflows int64 at ne[", d,
-                                                "] = ", ne));
-      }
-      numel *= ne;
-      t.ne.push_back(ne);
-    }
-    uint32_t type_id = 0;
-    RETURN_IF_ERROR(r.Read(&type_id, absl::StrCat("type of tensor '", t.name, "'")));
-    if (!IsKnownGgmlType(type_id)) {
-      return absl::UnimplementedError(absl::StrCat(
-          "GGUF file '", name, "': tensor '", t.name, "' has ggml type id ", type_id,
-          ", which this reader does not know (known: 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, "
-          "7 Q5_1, 8 Q8_0, 10-15 Q2_K..Q8_K, 30 BF16); requantise the model to a known type"));
-    }
-    t.type = static_cast<GgmlType>(type_id);
-    const int64_t block = GgmlBlockSize(t.type);
-    const int64_t ne0 = t.row_length();
-    if (ne0 % block != 0) {
-      return absl::DataLossError(absl::StrCat(
-          "GGUF file '", name, "': tensor '", t.name, "' has ne[0] = ", ne0,
-          ", which is not a multiple of the ", GgmlTypeName(t.type), " block size ", block));
-    }
-    // nbytes = numel / block * type_size; bound it before multiplying.
-    const uint64_t nblocks = static_cast<uint64_t>(numel / block);
-    const uint64_t tsize = static_cast<uint64_t>(GgmlTypeSize(t.type));
-    if (nblocks > std::numeric_limits<uint64_t>::max() / 2 / tsize) {
-      return absl::DataLossError(absl::StrCat("GGUF file '", name, "': tensor '", t.name,
-                                              "' byte size overflows (", numel, " elements of ",
-                                              GgmlTypeName(t.type), ")"));
-    }
-    t.nbytes = nblocks * tsize;
-    RETURN_IF_ERROR(r.Read(&t.offset, absl::StrCat("offset of tensor '", t.name, "'")));
-    if (t.offset % g.alignment_ != 0) {
-      return absl::DataLossError(
-          absl::StrCat("GGUF file '", name, "': tensor '", t.name, "' has data offset ", t.offset,
-                       ", which is not a multiple of the alignment ", g.alignment_));
-    }
-    if (t.offset > std::numeric_limits<uint64_t>::max() / 2) {
-      return absl::DataLossError(absl::StrCat("GGUF file '", name, "': tensor '", t.name,
-                                              "' has absurd data offset ", t.offset));
-    }
+    ASSIGN_OR_RETURN(GgufTensorInfo t,
+                     ReadTensorInfo(r, i, name, g.alignment_, g.tensor_index_));
     g.tensor_index_.emplace(t.name, g.tensors_.size());
     g.tensors_.push_back(std::move(t));
   }
 
   // ---- data section ----
   g.data_start_ = AlignUp(r.pos(), g.alignment_);
-  uint64_t data_end = 0;  // relative
-  std::vector<const GgufTensorInfo*> by_offset;
-  by_offset.reserve(g.tensors_.size());
-  for (const GgufTensorInfo& t : g.tensors_) {
-    by_offset.push_back(&t);
-    data_end = std::max(data_end, t.offset + t.nbytes);
-  }
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const GgufTensorInfo* a, const GgufTensorInfo* b) { return a->offset < b->offset; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    const GgufTensorInfo& prev = *by_offset[i - 1];
-    if (prev.offset + prev.nbytes > by_offset[i]->offset) {
-      return absl::DataLossError(
-          absl::StrCat("GGUF file '", name, "': tensor '", prev.name, "' (bytes ", prev.offset,
-                       "..", prev.offset + prev.nbytes, " of the data section) overlaps tensor '",
-                       by_offset[i]->name, "' at offset ", by_offset[i]->offset));
-    }
-  }
-  if (!g.tensors_.empty()) {
-    const uint64_t need = g.data_start_ + data_end;
-    if (need > size) {
-      return absl::DataLossError(absl::StrCat(
-          "GGUF file '", name, "' is truncated: its tensor data ends at byte ", need,
-          " (data section starts at ", g.data_start_, "), so the file should be at least ", need,
-          " bytes, but it is ", size, " bytes; re-download or re-convert the file"));
-    }
-  }
+  RETURN_IF_ERROR(CheckDataSection(g.tensors_, g.data_start_, size, name));
   return g;
 }
 

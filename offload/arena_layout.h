@@ -24,7 +24,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "proto/lsp_offload.pb.h"
+#include "proto/arena.pb.h"
+#include "proto/job_spec.pb.h"
 
 namespace lspo::offload {
 

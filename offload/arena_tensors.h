@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "lsp/projector.h"
 #include "offload/arena_layout.h"
-#include "proto/lsp_offload.pb.h"
+#include "proto/arena.pb.h"
 #include "runtime/completion_flags.h"
 #include "runtime/shm_arena.h"
 

@@ -48,14 +48,14 @@ absl::StatusOr<model::LlamaConfig> RandomLlamaConfig(const lspo::v1::LlamaShape&
 
 absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec) {
   const auto& m = spec.model();
-  if (m.format() == "gguf") {
+  if (m.format() == lspo::v1::MODEL_FORMAT_GGUF) {
     auto file = model::GgufFile::Open(m.path());
     if (!file.ok()) return Prefix(file.status(), "model file", m.path());
     auto model = model::LlamaModel::FromGguf(*file);
     if (!model.ok()) return Prefix(model.status(), "model file", m.path());
     return model;
   }
-  if (m.format() == "tiny-random") {
+  if (m.format() == lspo::v1::MODEL_FORMAT_TINY_RANDOM) {
     auto tok = LoadJobTokenizer(spec);
     if (!tok.ok()) return tok.status();
     ASSIGN_OR_RETURN(model::LlamaConfig config,
@@ -63,7 +63,8 @@ absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec) {
     return model::LlamaModel::RandomInit(config, m.init_seed());
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "job spec field model.format = ", m.format(), ": use \"gguf\" or \"tiny-random\""));
+      "job spec field model.format = ", lspo::v1::ModelFormat_Name(m.format()),
+      ": use gguf or tiny-random"));
 }
 
 }  // namespace lspo::offload

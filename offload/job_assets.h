@@ -7,7 +7,7 @@
 #include "absl/status/statusor.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
-#include "proto/lsp_offload.pb.h"
+#include "proto/job_spec.pb.h"
 
 namespace lspo::offload {
 

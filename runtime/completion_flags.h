@@ -3,7 +3,7 @@
 // in different processes that map the same arena can wait on each other's words).
 //
 // Word layout (uint32, 4-byte aligned, inside the arena; see ArenaLayout.flags in
-// proto/lsp_offload.proto):  [abort_step, grad_seq[0..L), step_seq[0..L)]
+// proto/arena.proto):  [abort_step, grad_seq[0..L), step_seq[0..L)]
 //   grad_seq[i] = s  : the gradient of linear i for optimizer step s is in its slot
 //   step_seq[i] = s  : the update (D or parameters) of linear i for step s is in its slot
 //   abort_step  = s  : the worker abandoned step s (non-finite gradient); waiters give up

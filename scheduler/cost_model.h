@@ -26,7 +26,8 @@
 
 #include <vector>
 
-#include "proto/lsp_offload.pb.h"
+#include "proto/metrics.pb.h"
+#include "proto/worker.pb.h"
 
 namespace lspo::scheduler {
 

@@ -12,9 +12,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "glog/logging.h"
-#include "google/protobuf/util/json_util.h"
 #include "offload/arena_layout.h"
 #include "runtime/clock.h"
+#include "runtime/proto_json.h"
 #include "runtime/status_macros.h"
 #include "runtime/util.h"
 #include "scheduler/checkpoint.h"
@@ -32,12 +32,7 @@ constexpr double kUnloadDeadlineSeconds = 60;
 double Now() { return runtime::MonotonicSeconds(); }
 
 nlohmann::json ToJson(const google::protobuf::Message& m) {
-  std::string s;
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  o.always_print_primitive_fields = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &s, o);
-  return nlohmann::json::parse(s);
+  return nlohmann::json::parse(runtime::ProtoToJson(m, {.print_defaults = true}));
 }
 
 }  // namespace
@@ -116,8 +111,7 @@ absl::Status JobRunner::SelectResume() {
     break;
   }
   if (resume_dir_.empty()) return absl::OkStatus();  // "latest" with none: start afresh.
-  if (resume_state_.value("training_fingerprint", std::string()) !=
-      TrainingFingerprint(spec_)) {
+  if (!SameTraining(resume_state_.value("training_fingerprint", std::string()), spec_)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint '", resume_dir_, "' was written by a job with a different training spec "
         "(mode, model, data, lsp, optim, batch or seed differ): resume with the spec in its "
@@ -185,8 +179,8 @@ void JobRunner::UnloadPeers() {
 void JobRunner::InitSummary() {
   summary_["job_id"] = id_;
   summary_["mode"] = lsp_ ? "lsp" : zero_ ? "zero" : "native";
-  summary_["schedule"] = offload_ ? spec_.schedule() : "none";
-  summary_["weight_dtype"] = spec_.weight_dtype();
+  summary_["schedule"] = offload_ ? runtime::EnumShortName(spec_.schedule()) : "none";
+  summary_["weight_dtype"] = runtime::EnumShortName(spec_.weight_dtype());
   summary_["activation_checkpointing"] = spec_.activation_checkpointing();
   summary_["d"] = lsp_ ? spec_.lsp().d() : 0;
   summary_["r"] = lsp_ ? spec_.lsp().r() : 0;
@@ -198,7 +192,8 @@ void JobRunner::InitSummary() {
   summary_["train_examples"] = wload_.train_examples();
   summary_["eval_examples"] = wload_.eval_examples();
   summary_["trainable_parameters"] = wload_.trainable_parameters();
-  summary_["model"] = spec_.model().format() == "gguf" ? spec_.model().path() : "tiny-random";
+  summary_["model"] = spec_.model().format() == v1::MODEL_FORMAT_GGUF ? spec_.model().path()
+                                                                     : "tiny-random";
   summary_["train_path"] = spec_.data().train_path();
   has_eval_ = wload_.eval_examples() > 0 || !spec_.data().perplexity_path().empty();
 }
@@ -216,7 +211,7 @@ void JobRunner::RestoreFromCheckpoint() {
   std::vector<v1::EvalMetrics> evals;
   for (const auto& e : resume_state_.value("evals", nlohmann::json::array())) {
     v1::EvalMetrics m;
-    if (google::protobuf::util::JsonStringToMessage(e.dump(), &m).ok()) evals.push_back(m);
+    if (runtime::ProtoFromJson(e.dump(), &m, "evals").ok()) evals.push_back(m);
   }
   Log({{"kind", "resume"}, {"step", start_step_}, {"checkpoint", resume_dir_}});
   host_->UpdateStatus([&](v1::JobStatus* s) {
@@ -309,7 +304,7 @@ nlohmann::json JobRunner::TrainerState(int step) const {
   state["written_unix_seconds"] = absl::ToUnixSeconds(absl::Now());
   state["skipped_steps"] = skipped_;
   state["nonfinite_in_a_row"] = nonfinite_in_a_row_;
-  state["lr_schedule"] = {{"schedule", spec_.optim().schedule()},
+  state["lr_schedule"] = {{"schedule", runtime::EnumShortName(spec_.optim().schedule())},
                           {"peak_lr", spec_.optim().lr()},
                           {"warmup_steps", spec_.optim().warmup_steps()},
                           {"total_steps", spec_.steps()},
@@ -408,7 +403,7 @@ absl::Status JobRunner::Train() {
   const v1::ArenaLayout& layout = wload_.arena();
   if (has_eval_ && !spec_.skip_initial_eval() && start_step_ == 0) {
     ASSIGN_OR_RETURN(v1::EvalMetrics initial, Evaluate(0));
-    if (spec_.data().format() == "classification") {
+    if (spec_.data().format() == v1::DATA_FORMAT_CLASSIFICATION) {
       summary_["zero_shot_accuracy"] = initial.accuracy();
     }
     summary_["zero_shot_eval_loss"] = initial.loss();
@@ -439,7 +434,7 @@ absl::StatusOr<bool> JobRunner::RunStep(int step) {
   const double lr = LearningRate(spec_.optim(), step, spec_.steps());
   SplitChoice choice;
   StepRequests req;
-  *req.train.mutable_plan() = cost_model_->Plan(spec_.schedule() == "overlap", &choice);
+  *req.train.mutable_plan() = cost_model_->Plan(spec_.schedule() == v1::STEP_SCHEDULE_OVERLAP, &choice);
   const v1::StepPlan& plan = req.train.plan();
   req.train.set_job_id(id_);
   req.train.set_step(step);
@@ -540,7 +535,7 @@ absl::Status JobRunner::AfterStep(int step) {
   if (lsp_ && spec_.lsp().check_freq() > 0 && step % spec_.lsp().check_freq() == 0 &&
       step < last) {
     RETURN_IF_ERROR(Fit(step));
-    if (spec_.lsp().master_refresh() == "refit") {
+    if (spec_.lsp().master_refresh() == v1::MASTER_REFRESH_REFIT) {
       Phase(absl::StrCat("refreshing worker weights from the master (step ", step, ")"));
       ASSIGN_OR_RETURN(double diff, Refresh(/*measure_only=*/false));
       Log({{"kind", "master_refresh"},
@@ -579,7 +574,7 @@ absl::Status JobRunner::Finish() {
   summary_["mean_step_seconds"] = done_steps > 0 ? step_time_sum_ / done_steps : 0.0;
   if (has_eval_) {
     ASSIGN_OR_RETURN(v1::EvalMetrics fin, Evaluate(spec_.steps()));
-    if (spec_.data().format() == "classification") summary_["final_accuracy"] = fin.accuracy();
+    if (spec_.data().format() == v1::DATA_FORMAT_CLASSIFICATION) summary_["final_accuracy"] = fin.accuracy();
     summary_["final_eval_loss"] = fin.loss();
     if (fin.perplexity() > 0) summary_["final_perplexity"] = fin.perplexity();
   }

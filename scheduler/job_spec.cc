@@ -11,14 +11,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "runtime/file_io.h"
+#include "runtime/proto_json.h"
 #include "runtime/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
 namespace lspo::scheduler {
 namespace {
+
+namespace v1 = lspo::v1;
 
 using lspo::v1::JobSpec;
 
@@ -57,31 +59,14 @@ bool Readable(const std::string& path) { return access(path.c_str(), R_OK) == 0;
 
 }  // namespace
 
-absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json_in, absl::string_view source) {
-  // Accept the short mode names printed by lspctl ("lsp", "native") besides the enum names.
-  std::string json(json_in);
-  try {
-    nlohmann::json j = nlohmann::json::parse(json);
-    if (j.is_object() && j.contains("mode") && j["mode"].is_string()) {
-      const std::string m = absl::AsciiStrToLower(j["mode"].get<std::string>());
-      if (m == "lsp") j["mode"] = "MODE_LSP";
-      if (m == "native") j["mode"] = "MODE_NATIVE";
-      if (m == "zero") j["mode"] = "MODE_ZERO";
-      json = j.dump();
-    }
-  } catch (const nlohmann::json::exception&) {
-    // Malformed JSON: the protobuf parser below reports it.
-  }
+absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json, absl::string_view source) {
+  // Closed sets accept their short names ("lsp", "overlap", "tiny-random") and the enum names.
   JobSpec spec;
-  google::protobuf::util::JsonParseOptions opts;
-  opts.ignore_unknown_fields = false;
-  auto st = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(json.data(), json.size()), &spec, opts);
+  absl::Status st = runtime::ProtoFromJson(json, &spec, absl::StrCat("job spec ", source));
   if (!st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "job spec ", source, " is not a valid JobSpec: ", st.ToString(),
-        ". See examples/*.yaml and proto/lsp_offload.proto (message JobSpec) for the fields; "
-        "mode is lsp, zero, native (or MODE_LSP, MODE_ZERO, MODE_NATIVE)."));
+        st.message(), ". See examples/*.yaml and proto/job_spec.proto (message JobSpec) for the "
+        "fields; mode is lsp, zero, native (or MODE_LSP, MODE_ZERO, MODE_NATIVE)."));
   }
   return spec;
 }
@@ -122,23 +107,20 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
 }
 
 std::string JobSpecToJson(const JobSpec& spec) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.add_whitespace = true;
-  opts.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(spec, &out, opts);
-  return out;
+  return runtime::ProtoToJson(spec, {.pretty = true});
 }
 
 void ResolveDefaults(JobSpec* spec) {
   if (spec->name().empty()) spec->set_name("job");
   if (spec->mode() == lspo::v1::MODE_UNSPECIFIED) spec->set_mode(lspo::v1::MODE_LSP);
   auto* model = spec->mutable_model();
-  if (model->format().empty()) model->set_format("gguf");
+  if (model->format() == v1::MODEL_FORMAT_UNSPECIFIED) model->set_format(v1::MODEL_FORMAT_GGUF);
   if (model->init_seed() == 0) model->set_init_seed(spec->seed());
   if (model->tokenizer_path().empty()) model->set_tokenizer_path(model->path());
   auto* data = spec->mutable_data();
-  if (data->format().empty()) data->set_format("classification");
+  if (data->format() == v1::DATA_FORMAT_UNSPECIFIED) {
+    data->set_format(v1::DATA_FORMAT_CLASSIFICATION);
+  }
   if (data->question().empty()) data->set_question("Is this message spam or ham?");
   auto* lsp = spec->mutable_lsp();
   if (lsp->d() == 0) lsp->set_d(128);
@@ -147,19 +129,27 @@ void ResolveDefaults(JobSpec* spec) {
   if (lsp->fit_iters() == 0) lsp->set_fit_iters(40);
   if (lsp->fit_lr() == 0) lsp->set_fit_lr(0.05);
   if (lsp->calibration_examples() == 0) lsp->set_calibration_examples(64);
-  if (lsp->master_refresh().empty()) lsp->set_master_refresh("refit");
-  if (spec->schedule().empty()) spec->set_schedule("overlap");
-  // device "" is resolved by the worker (cuda when it sees a device); so is the dtype then
-  // (bf16 on the GPU, fp32 on the CPU).
-  if (spec->weight_dtype().empty() && !spec->device().empty()) {
-    spec->set_weight_dtype(spec->device() == "cuda" ? "bf16" : "fp32");
+  if (lsp->master_refresh() == v1::MASTER_REFRESH_UNSPECIFIED) {
+    lsp->set_master_refresh(v1::MASTER_REFRESH_REFIT);
+  }
+  if (spec->schedule() == v1::STEP_SCHEDULE_UNSPECIFIED) {
+    spec->set_schedule(v1::STEP_SCHEDULE_OVERLAP);
+  }
+  // An unset device is resolved by the worker (cuda when it sees a device); so is the dtype
+  // then (bf16 on the GPU, fp32 on the CPU).
+  if (spec->weight_dtype() == v1::WEIGHT_DTYPE_UNSPECIFIED &&
+      spec->device() != v1::DEVICE_UNSPECIFIED) {
+    spec->set_weight_dtype(spec->device() == v1::DEVICE_CUDA ? v1::WEIGHT_DTYPE_BF16
+                                                             : v1::WEIGHT_DTYPE_FP32);
   }
   auto* optim = spec->mutable_optim();
   if (optim->lr() == 0) optim->set_lr(1e-4);
   if (optim->beta1() == 0) optim->set_beta1(0.9);
   if (optim->beta2() == 0) optim->set_beta2(0.999);
   if (optim->eps() == 0) optim->set_eps(1e-8);
-  if (optim->schedule().empty()) optim->set_schedule("constant");
+  if (optim->schedule() == v1::LR_SCHEDULE_UNSPECIFIED) {
+    optim->set_schedule(v1::LR_SCHEDULE_CONSTANT);
+  }
   if (spec->micro_batch_size() == 0) spec->set_micro_batch_size(8);
   if (spec->grad_accum() == 0) spec->set_grad_accum(1);
   if (spec->seq_len() == 0) spec->set_seq_len(128);
@@ -194,25 +184,26 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
         "<output_dir>/checkpoints/step-NNNNNNNN or \"latest\""));
   }
   const auto& model = spec.model();
-  if (model.format() != "gguf" && model.format() != "tiny-random") {
-    return bad("model.format", model.format(), "use \"gguf\" or \"tiny-random\"");
+  if (model.format() != v1::MODEL_FORMAT_GGUF && model.format() != v1::MODEL_FORMAT_TINY_RANDOM) {
+    return bad("model.format", v1::ModelFormat_Name(model.format()), "use gguf or tiny-random");
   }
-  if (model.format() != "tiny-random" && model.random_shape().hidden_size() != 0) {
+  const bool gguf = model.format() == v1::MODEL_FORMAT_GGUF;
+  if (model.format() != v1::MODEL_FORMAT_TINY_RANDOM && model.random_shape().hidden_size() != 0) {
     return bad("model.random_shape.hidden_size", model.random_shape().hidden_size(),
                "a random shape only applies to model.format \"tiny-random\"; remove it");
   }
-  if (model.format() == "gguf" && model.path().empty()) {
+  if (gguf && model.path().empty()) {
     return bad("model.path", "\"\"", "give the path of a GGUF file (scripts/setup fetches one)");
   }
   const std::string& model_file =
-      model.format() == "gguf" ? model.path() : model.tokenizer_path();
+      gguf ? model.path() : model.tokenizer_path();
   if (model_file.empty()) {
     return bad("model.tokenizer_path", "\"\"",
                "tiny-random models take their tokenizer from a GGUF file: set model.path or "
                "model.tokenizer_path");
   }
   if (!Readable(model_file)) {
-    const char* field = model.format() == "gguf" ? "model.path" : "model.tokenizer_path";
+    const char* field = gguf ? "model.path" : "model.tokenizer_path";
     return absl::NotFoundError(absl::StrCat(
         "job spec field ", field, ": file '", model_file,
         "' does not exist or is not readable (relative paths resolve against the scheduler's "
@@ -220,8 +211,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
         "to fetch the model, or fix the path"));
   }
   const auto& data = spec.data();
-  if (data.format() != "classification" && data.format() != "text") {
-    return bad("data.format", data.format(), "use \"classification\" or \"text\"");
+  if (data.format() != v1::DATA_FORMAT_CLASSIFICATION && data.format() != v1::DATA_FORMAT_TEXT) {
+    return bad("data.format", v1::DataFormat_Name(data.format()), "use classification or text");
   }
   if (data.train_path().empty()) {
     return bad("data.train_path", "\"\"", "give a training data file");
@@ -250,12 +241,13 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
       spec.mode() != lspo::v1::MODE_ZERO) {
     return bad("mode", lspo::v1::TrainingMode_Name(spec.mode()), "use lsp, zero or native");
   }
-  if (spec.schedule() != "serial" && spec.schedule() != "overlap") {
-    return bad("schedule", spec.schedule(), "use \"overlap\" or \"serial\"");
+  if (spec.schedule() != v1::STEP_SCHEDULE_SERIAL && spec.schedule() != v1::STEP_SCHEDULE_OVERLAP) {
+    return bad("schedule", v1::StepSchedule_Name(spec.schedule()), "use overlap or serial");
   }
-  if (spec.weight_dtype() != "fp32" && spec.weight_dtype() != "bf16" &&
-      !(spec.weight_dtype().empty() && spec.device().empty())) {
-    return bad("weight_dtype", spec.weight_dtype(), "use \"fp32\" or \"bf16\"");
+  if (spec.weight_dtype() != v1::WEIGHT_DTYPE_FP32 && spec.weight_dtype() != v1::WEIGHT_DTYPE_BF16 &&
+      !(spec.weight_dtype() == v1::WEIGHT_DTYPE_UNSPECIFIED &&
+        spec.device() == v1::DEVICE_UNSPECIFIED)) {
+    return bad("weight_dtype", v1::WeightDtype_Name(spec.weight_dtype()), "use fp32 or bf16");
   }
   const auto& lsp = spec.lsp();
   if (lsp.d() < 1) return bad("lsp.d", lsp.d(), "d must be >= 1");
@@ -276,11 +268,13 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   if (!(lsp.beta() >= 0)) return bad("lsp.beta", lsp.beta(), "must be >= 0");
   if (!(lsp.fit_stop() >= 0)) return bad("lsp.fit_stop", lsp.fit_stop(), "must be >= 0");
-  if (lsp.master_refresh() != "refit" && lsp.master_refresh() != "never") {
-    return bad("lsp.master_refresh", lsp.master_refresh(), "use \"refit\" or \"never\"");
+  if (lsp.master_refresh() != v1::MASTER_REFRESH_REFIT &&
+      lsp.master_refresh() != v1::MASTER_REFRESH_NEVER) {
+    return bad("lsp.master_refresh", v1::MasterRefresh_Name(lsp.master_refresh()),
+               "use refit or never");
   }
-  if (!lsp.kernels().empty() && lsp.kernels() != "aten" && lsp.kernels() != "custom") {
-    return bad("lsp.kernels", lsp.kernels(), "use \"aten\", \"custom\" or leave it empty");
+  if (!v1::CudaKernels_IsValid(lsp.kernels())) {
+    return bad("lsp.kernels", lsp.kernels(), "use aten, custom or leave it empty");
   }
   if (spec.steps() < 1) return bad("steps", spec.steps(), "run at least 1 step");
   if (spec.micro_batch_size() < 1) {
@@ -295,8 +289,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (optim.beta1() < 0 || optim.beta1() >= 1) return bad("optim.beta1", optim.beta1(), "[0,1)");
   if (optim.beta2() < 0 || optim.beta2() >= 1) return bad("optim.beta2", optim.beta2(), "[0,1)");
   if (optim.warmup_steps() < 0) return bad("optim.warmup_steps", optim.warmup_steps(), ">= 0");
-  if (optim.schedule() != "constant" && optim.schedule() != "cosine") {
-    return bad("optim.schedule", optim.schedule(), "use \"constant\" or \"cosine\"");
+  if (optim.schedule() != v1::LR_SCHEDULE_CONSTANT && optim.schedule() != v1::LR_SCHEDULE_COSINE) {
+    return bad("optim.schedule", v1::LrSchedule_Name(optim.schedule()), "use constant or cosine");
   }
   if (!(optim.weight_decay() >= 0) || optim.weight_decay() * optim.lr() >= 1) {
     return bad("optim.weight_decay", optim.weight_decay(), "use 0 <= weight_decay < 1 / lr");
@@ -304,8 +298,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!(optim.max_grad_norm() >= 0)) {
     return bad("optim.max_grad_norm", optim.max_grad_norm(), "use 0 (off) or a positive norm");
   }
-  if (spec.device() != "" && spec.device() != "cpu" && spec.device() != "cuda") {
-    return bad("device", spec.device(), "use \"cpu\", \"cuda\" or leave empty");
+  if (!v1::Device_IsValid(spec.device())) {
+    return bad("device", spec.device(), "use cpu, cuda or leave it empty");
   }
   if (spec.num_threads() < 1 || spec.num_threads() > 1024) {
     return bad("num_threads", spec.num_threads(), "use 1..1024");
@@ -384,11 +378,13 @@ std::string TrainingFingerprint(lspo::v1::JobSpec spec) {
   spec.mutable_data()->clear_max_eval_examples();
   spec.mutable_data()->clear_perplexity_path();
   spec.mutable_data()->clear_perplexity_blocks();
-  std::string out;
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(spec, &out, o);
-  return out;
+  return runtime::ProtoToJson(spec);
+}
+
+bool SameTraining(const std::string& fingerprint, const lspo::v1::JobSpec& spec) {
+  lspo::v1::JobSpec stored;
+  if (!runtime::ProtoFromJson(fingerprint, &stored, "training_fingerprint").ok()) return false;
+  return TrainingFingerprint(stored) == TrainingFingerprint(spec);
 }
 
 }  // namespace lspo::scheduler

@@ -1,5 +1,5 @@
 // JobSpec I/O and validation: read a job from JSON or YAML (protobuf JSON mapping), fill the
-// documented defaults (proto/lsp_offload.proto), and reject bad specs with a message that names
+// documented defaults (proto/job_spec.proto), and reject bad specs with a message that names
 // the field and the fix.
 #ifndef LSPO_SCHEDULER_JOB_SPEC_H_
 #define LSPO_SCHEDULER_JOB_SPEC_H_
@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "proto/lsp_offload.pb.h"
+#include "proto/job_spec.pb.h"
 
 namespace lspo::scheduler {
 
@@ -54,6 +54,10 @@ absl::Status CheckPathsUnderRoots(const lspo::v1::JobSpec& spec,
 // checkpoint settings, evaluation, threads and the offload schedule are excluded). A resumed
 // job must match its checkpoint's fingerprint.
 std::string TrainingFingerprint(lspo::v1::JobSpec spec);
+
+// Whether `fingerprint` (a TrainingFingerprint, possibly written by an earlier version whose
+// closed sets were strings) names the same training as `spec`: compared as specs, not text.
+bool SameTraining(const std::string& fingerprint, const lspo::v1::JobSpec& spec);
 
 }  // namespace lspo::scheduler
 

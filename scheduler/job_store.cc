@@ -14,7 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/util/json_util.h"
+#include "runtime/proto_json.h"
 #include "runtime/file_io.h"
 
 namespace lspo::scheduler {
@@ -49,12 +49,7 @@ absl::Status JobStore::Save(const lspo::v1::JobStatus& status) const {
   if (!ValidId(status.job_id())) {
     return absl::InvalidArgumentError(absl::StrCat("bad job id '", status.job_id(), "'"));
   }
-  std::string json;
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  o.add_whitespace = true;
-  auto st = google::protobuf::util::MessageToJsonString(status, &json, o);
-  if (!st.ok()) return absl::InternalError(std::string(st.message()));
+  const std::string json = runtime::ProtoToJson(status, {.pretty = true});
   const std::string path = dir_ + "/" + status.job_id() + ".json";
   // Replaced atomically (temp file, fsync, rename, fsync of the directory); 0600: specs may
   // name private paths.
@@ -77,9 +72,8 @@ std::vector<lspo::v1::JobStatus> JobStore::LoadAll(std::vector<std::string>* ski
     if (!text.ok()) {
       error = std::string(text.status().message());
     } else {
-      google::protobuf::util::JsonParseOptions o;
-      o.ignore_unknown_fields = true;
-      auto st = google::protobuf::util::JsonStringToMessage(*text, &status, o);
+      // Closed sets may be short names or, in files of earlier versions, the old strings.
+      absl::Status st = runtime::ProtoFromJson(*text, &status, path, /*ignore_unknown_fields=*/true);
       if (!st.ok()) {
         error = std::string(st.message());
       } else if (status.job_id() != fs::path(path).stem().string()) {

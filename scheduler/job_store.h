@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "proto/lsp_offload.pb.h"
+#include "proto/scheduler.pb.h"
 
 namespace lspo::scheduler {
 

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "proto/lsp_offload.pb.h"
+#include "proto/job_spec.pb.h"
 
 namespace lspo::scheduler {
 
@@ -18,7 +18,7 @@ inline double LearningRate(const lspo::v1::OptimSpec& o, int step, int total_ste
   if (o.warmup_steps() > 0 && step <= o.warmup_steps()) {
     return lr * static_cast<double>(step) / o.warmup_steps();
   }
-  if (o.schedule() != "cosine") return lr;
+  if (o.schedule() != lspo::v1::LR_SCHEDULE_COSINE) return lr;
   const double lr_min = o.min_lr_ratio() * lr;
   const int span = total_steps - o.warmup_steps();
   const double t = span <= 0 ? 1.0 : static_cast<double>(step - o.warmup_steps()) / span;

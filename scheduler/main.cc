@@ -53,12 +53,12 @@ int main(int argc, char** argv) {
   opts.rpc_deadline_seconds = absl::GetFlag(FLAGS_rpc_deadline_seconds);
   opts.state_dir = absl::GetFlag(FLAGS_state_dir);
   opts.allowed_roots = absl::GetFlag(FLAGS_allowed_roots);
-  lspo::scheduler::SchedulerCore core(worker.get(), optimizer.get(), opts);
-  if (!core.init_status().ok()) {
-    LOG(ERROR) << "lsp_scheduler: --state_dir: " << core.init_status();
+  auto core = lspo::scheduler::SchedulerCore::Create(worker.get(), optimizer.get(), opts);
+  if (!core.ok()) {
+    LOG(ERROR) << "lsp_scheduler: --state_dir: " << core.status();
     return 1;
   }
-  lspo::scheduler::SchedulerService service(&core);
+  lspo::scheduler::SchedulerService service(core->get());
   server.services = {{lspo::v1::Scheduler::service_full_name(), &service}};
   return lspo::runtime::ServeMain(
       server, "lsp_scheduler",

@@ -15,11 +15,15 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "proto/lsp_offload.grpc.pb.h"
+#include "proto/optimizer.pb.h"
+#include "proto/peer.pb.h"
+#include "proto/worker.pb.h"
+#include "proto/optimizer.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
 
 namespace lspo::scheduler {
 
-// The worker service (proto/lsp_offload.proto, service Worker): model, forward/backward,
+// The worker service (proto/worker.proto, service Worker): model, forward/backward,
 // compress/apply, calibration, evaluation, state.
 class WorkerClient {
  public:

@@ -23,28 +23,37 @@ bool IsFinal(JobState s) {
   return s == lspo::v1::SUCCEEDED || s == lspo::v1::FAILED || s == lspo::v1::CANCELLED;
 }
 
-SchedulerCore::SchedulerCore(lspo::v1::Worker::StubInterface* worker,
-                             lspo::v1::Optimizer::StubInterface* optimizer,
-                             SchedulerOptions options)
-    : SchedulerCore(MakeGrpcWorkerClient(worker), MakeGrpcOptimizerClient(optimizer),
-                    std::move(options)) {}
+absl::StatusOr<std::unique_ptr<SchedulerCore>> SchedulerCore::Create(
+    lspo::v1::Worker::StubInterface* worker, lspo::v1::Optimizer::StubInterface* optimizer,
+    SchedulerOptions options) {
+  return Create(MakeGrpcWorkerClient(worker), MakeGrpcOptimizerClient(optimizer),
+                std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<SchedulerCore>> SchedulerCore::Create(
+    std::unique_ptr<WorkerClient> worker, std::unique_ptr<OptimizerClient> optimizer,
+    SchedulerOptions options) {
+  std::optional<JobStore> store;
+  if (!options.state_dir.empty()) {
+    absl::StatusOr<JobStore> opened = JobStore::Open(options.state_dir);
+    if (!opened.ok()) {
+      return absl::Status(opened.status().code(),
+                          absl::StrCat("scheduler state_dir: ", opened.status().message()));
+    }
+    store = std::move(*opened);
+  }
+  return std::unique_ptr<SchedulerCore>(new SchedulerCore(
+      std::move(worker), std::move(optimizer), std::move(options), std::move(store)));
+}
 
 SchedulerCore::SchedulerCore(std::unique_ptr<WorkerClient> worker,
                              std::unique_ptr<OptimizerClient> optimizer,
-                             SchedulerOptions options)
+                             SchedulerOptions options, std::optional<JobStore> store)
     : worker_client_(std::move(worker)),
       optimizer_client_(std::move(optimizer)),
-      options_(std::move(options)) {
-  if (!options_.state_dir.empty()) {
-    absl::StatusOr<JobStore> store = JobStore::Open(options_.state_dir);
-    if (store.ok()) {
-      store_ = std::move(*store);
-      RecoverJobs();
-    } else {
-      init_status_ = store.status();
-      LOG(ERROR) << "scheduler: " << init_status_;
-    }
-  }
+      options_(std::move(options)),
+      store_(std::move(store)) {
+  if (store_.has_value()) RecoverJobs();
   runner_ = std::thread([this] { RunLoop(); });
 }
 

@@ -22,7 +22,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "proto/lsp_offload.grpc.pb.h"
+#include "proto/job_spec.pb.h"
+#include "proto/metrics.pb.h"
+#include "proto/optimizer.pb.h"
+#include "proto/scheduler.pb.h"
+#include "proto/worker.pb.h"
+#include "proto/optimizer.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
 #include "scheduler/job_store.h"
 #include "scheduler/peer_clients.h"
 
@@ -46,17 +52,18 @@ struct SchedulerOptions {
 
 class SchedulerCore {
  public:
-  // `worker` and `optimizer` are not owned and must outlive this object.
-  SchedulerCore(lspo::v1::Worker::StubInterface* worker,
-                lspo::v1::Optimizer::StubInterface* optimizer, SchedulerOptions options = {});
-  // Over any peer clients (fakes in tests).
-  SchedulerCore(std::unique_ptr<WorkerClient> worker,
-                std::unique_ptr<OptimizerClient> optimizer, SchedulerOptions options = {});
+  // A scheduler over the gRPC peers `worker` and `optimizer` (not owned; they must outlive
+  // it). With options.state_dir, the job store is opened and its jobs recovered first.
+  // Errors: the job store's (kPermissionDenied, kInvalidArgument, ... naming the directory);
+  // no scheduler is started then, so no job is silently kept in memory only.
+  static absl::StatusOr<std::unique_ptr<SchedulerCore>> Create(
+      lspo::v1::Worker::StubInterface* worker, lspo::v1::Optimizer::StubInterface* optimizer,
+      SchedulerOptions options = {});
+  // As above, over any peer clients (fakes in tests).
+  static absl::StatusOr<std::unique_ptr<SchedulerCore>> Create(
+      std::unique_ptr<WorkerClient> worker, std::unique_ptr<OptimizerClient> optimizer,
+      SchedulerOptions options = {});
   ~SchedulerCore();  // Cancels running work and joins the runner thread.
-
-  // OK, or why options.state_dir could not be used (the scheduler then keeps jobs in memory
-  // only; lsp_scheduler refuses to start).
-  absl::Status init_status() const { return init_status_; }
 
   // Resolves defaults, validates and queues. Errors: kInvalidArgument/kNotFound from
   // ValidateJobSpec (the message names the field).
@@ -98,6 +105,11 @@ class SchedulerCore {
   // resume from their newest checkpoint.
   void RecoverJobs();
 
+  // Recovers `store`'s jobs (when set) and starts the runner thread.
+  SchedulerCore(std::unique_ptr<WorkerClient> worker,
+                std::unique_ptr<OptimizerClient> optimizer, SchedulerOptions options,
+                std::optional<JobStore> store);
+
   std::unique_ptr<WorkerClient> worker_client_;
   std::unique_ptr<OptimizerClient> optimizer_client_;
   SchedulerOptions options_;
@@ -109,7 +121,6 @@ class SchedulerCore {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::thread runner_;
   std::optional<JobStore> store_;
-  absl::Status init_status_;
 };
 
 // True for SUCCEEDED, FAILED and CANCELLED.

@@ -2,7 +2,8 @@
 #ifndef LSPO_SCHEDULER_SCHEDULER_SERVICE_H_
 #define LSPO_SCHEDULER_SCHEDULER_SERVICE_H_
 
-#include "proto/lsp_offload.grpc.pb.h"
+#include "proto/scheduler.pb.h"
+#include "proto/scheduler.grpc.pb.h"
 #include "scheduler/scheduler_core.h"
 
 namespace lspo::scheduler {

@@ -14,7 +14,8 @@
 #define LSPO_SCHEDULER_STEP_EXECUTOR_H_
 
 #include "absl/status/statusor.h"
-#include "proto/lsp_offload.pb.h"
+#include "proto/optimizer.pb.h"
+#include "proto/worker.pb.h"
 #include "scheduler/peer_clients.h"
 
 namespace lspo::scheduler {

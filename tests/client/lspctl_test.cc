@@ -13,7 +13,9 @@
 #include "client/prometheus.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/lsp_offload.grpc.pb.h"
+#include "proto/scheduler.pb.h"
+#include "proto/worker.pb.h"
+#include "proto/scheduler.grpc.pb.h"
 #include "runtime/grpc_server.h"
 
 namespace lspo {

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "client/embedded.h"
+#include "tests/integration/start_embedded.h"
 #include "gtest/gtest.h"
 #include "tests/integration/test_jobs.h"
 
@@ -29,11 +30,11 @@ std::map<int, v1::StepMetrics> Steps(const WatchResult& w) {
   return out;
 }
 
-v1::JobSpec TinySpec(const std::string& tag, v1::TrainingMode mode, const std::string& device,
-                     const std::string& schedule) {
+v1::JobSpec TinySpec(const std::string& tag, v1::TrainingMode mode, v1::Device device,
+                     v1::StepSchedule schedule) {
   v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir(tag), mode, 4);
   spec.set_device(device);
-  spec.set_weight_dtype("bf16");
+  spec.set_weight_dtype(v1::WEIGHT_DTYPE_BF16);
   spec.set_schedule(schedule);
   spec.set_skip_initial_eval(true);
   spec.set_skip_checkpoint(true);
@@ -44,20 +45,20 @@ v1::JobSpec TinySpec(const std::string& tag, v1::TrainingMode mode, const std::s
 TEST(CudaWorkerTest, DeviceCudaWithoutADeviceFailsTheJobWithAClearError) {
   if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA device is visible";
-  client::EmbeddedRuntime runtime;
-  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
-  WatchResult w = SubmitAndWatch(stub.get(), TinySpec("cuda-none", v1::MODE_LSP, "cuda", ""));
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  WatchResult w = SubmitAndWatch(stub.get(), TinySpec("cuda-none", v1::MODE_LSP, v1::DEVICE_CUDA, v1::STEP_SCHEDULE_UNSPECIFIED));
   ASSERT_EQ(w.last.state(), v1::FAILED);
   EXPECT_NE(w.last.error().find("device = cuda"), std::string::npos) << w.last.error();
   EXPECT_NE(w.last.error().find("device: cpu"), std::string::npos) << w.last.error();
 }
 
 // Runs `mode` on the CPU and on CUDA and compares them step by step.
-void ExpectCudaMatchesCpu(v1::TrainingMode mode, const std::string& schedule) {
-  client::EmbeddedRuntime runtime;
-  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
-  WatchResult cpu = SubmitAndWatch(stub.get(), TinySpec("cuda-ref", mode, "cpu", schedule));
-  WatchResult gpu = SubmitAndWatch(stub.get(), TinySpec("cuda-run", mode, "cuda", schedule));
+void ExpectCudaMatchesCpu(v1::TrainingMode mode, v1::StepSchedule schedule) {
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  WatchResult cpu = SubmitAndWatch(stub.get(), TinySpec("cuda-ref", mode, v1::DEVICE_CPU, schedule));
+  WatchResult gpu = SubmitAndWatch(stub.get(), TinySpec("cuda-run", mode, v1::DEVICE_CUDA, schedule));
   ASSERT_EQ(cpu.last.state(), v1::SUCCEEDED) << cpu.last.error();
   ASSERT_EQ(gpu.last.state(), v1::SUCCEEDED) << gpu.last.error();
   auto a = Steps(cpu), b = Steps(gpu);
@@ -78,7 +79,7 @@ void ExpectCudaMatchesCpu(v1::TrainingMode mode, const std::string& schedule) {
     }
     std::printf("%s %s step %d: loss cpu %.6f cuda %.6f; d2h %lld B in %.1f us, h2d %lld B in "
                 "%.1f us; gpu used %.1f MiB, peak allocated %.1f MiB\n",
-                v1::TrainingMode_Name(mode).c_str(), schedule.c_str(), s, la, lb,
+                v1::TrainingMode_Name(mode).c_str(), v1::StepSchedule_Name(schedule).c_str(), s, la, lb,
                 static_cast<long long>(b[s].d2h_bytes()), b[s].d2h_seconds() * 1e6,
                 static_cast<long long>(b[s].h2d_bytes()), b[s].h2d_seconds() * 1e6,
                 b[s].gpu_memory_used_bytes() / 1048576.0,
@@ -95,19 +96,19 @@ void ExpectCudaMatchesCpu(v1::TrainingMode mode, const std::string& schedule) {
 TEST(CudaWorkerTest, LspOverlapOnCudaMatchesTheCpuPath) {
   if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  ExpectCudaMatchesCpu(v1::MODE_LSP, "overlap");
+  ExpectCudaMatchesCpu(v1::MODE_LSP, v1::STEP_SCHEDULE_OVERLAP);
 }
 
 TEST(CudaWorkerTest, LspSerialOnCudaMatchesTheCpuPath) {
   if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  ExpectCudaMatchesCpu(v1::MODE_LSP, "serial");
+  ExpectCudaMatchesCpu(v1::MODE_LSP, v1::STEP_SCHEDULE_SERIAL);
 }
 
 TEST(CudaWorkerTest, ZeroOverlapOnCudaMatchesTheCpuPath) {
   if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  ExpectCudaMatchesCpu(v1::MODE_ZERO, "overlap");
+  ExpectCudaMatchesCpu(v1::MODE_ZERO, v1::STEP_SCHEDULE_OVERLAP);
 }
 
 // Checkpoints (worker state with CUDA weights and projectors, copied to the host) and the
@@ -116,9 +117,9 @@ TEST(CudaWorkerTest, LspOnCudaCheckpointsAndSkipsANonFiniteStep) {
   if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   setenv("LSPO_FAULT_NONFINITE_GRAD_STEPS", "3", 1);
-  client::EmbeddedRuntime runtime;
-  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
-  v1::JobSpec spec = TinySpec("cuda-ckpt", v1::MODE_LSP, "cuda", "overlap");
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  v1::JobSpec spec = TinySpec("cuda-ckpt", v1::MODE_LSP, v1::DEVICE_CUDA, v1::STEP_SCHEDULE_OVERLAP);
   spec.set_skip_checkpoint(false);
   spec.set_checkpoint_every(2);
   spec.set_max_nonfinite_steps(2);
@@ -133,7 +134,7 @@ TEST(CudaWorkerTest, LspOnCudaCheckpointsAndSkipsANonFiniteStep) {
 TEST(CudaWorkerTest, NativeOnCudaMatchesTheCpuPath) {
   if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  ExpectCudaMatchesCpu(v1::MODE_NATIVE, "");
+  ExpectCudaMatchesCpu(v1::MODE_NATIVE, v1::STEP_SCHEDULE_UNSPECIFIED);
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 // Embedded mode end to end: the three services in one process (in-process gRPC), a tiny
 // randomly initialised Llama (seeded) trained on Moby-Dick blocks in lsp mode; plus the
 // bad-input cases that must fail clearly without crashing.
+#include <filesystem>
 #include <fstream>
 #include <set>
 
 #include "client/embedded.h"
+#include "tests/integration/start_embedded.h"
 #include "offload/job_assets.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -21,8 +23,8 @@ using testing_jobs::WatchResult;
 TEST(EmbeddedTest, TinyLlamaLspTrainsOnMobyDickAndReportsEveryStep) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
   const std::string out_dir = testing_jobs::TempDir("embedded-lsp");
-  client::EmbeddedRuntime runtime;
-  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
   v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(out_dir, v1::MODE_LSP, 20);
   WatchResult w = SubmitAndWatch(stub.get(), spec);
   ASSERT_EQ(w.last.state(), v1::SUCCEEDED) << w.last.error();
@@ -61,11 +63,25 @@ TEST(EmbeddedTest, TinyLlamaLspTrainsOnMobyDickAndReportsEveryStep) {
   }
 }
 
+TEST(EmbeddedTest, StartRefusesAStateDirItCannotUse) {
+  // A regular file where the state directory should be: Start names it and starts nothing.
+  const std::string dir = testing_jobs::TempDir("embedded-state");
+  const std::string file = dir + "/not-a-dir";
+  { std::ofstream(file) << "x"; }
+  scheduler::SchedulerOptions options;
+  options.state_dir = file;
+  auto runtime = client::EmbeddedRuntime::Start(options);
+  ASSERT_FALSE(runtime.ok());
+  EXPECT_EQ(runtime.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(runtime.status().message().find(file), std::string::npos) << runtime.status();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(EmbeddedTest, NativeModeTrainsTheSameJob) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
   const std::string out_dir = testing_jobs::TempDir("embedded-native");
-  client::EmbeddedRuntime runtime;
-  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
   WatchResult w =
       SubmitAndWatch(stub.get(), testing_jobs::TinyMobyDickSpec(out_dir, v1::MODE_NATIVE, 10));
   ASSERT_EQ(w.last.state(), v1::SUCCEEDED) << w.last.error();
@@ -76,8 +92,8 @@ TEST(EmbeddedTest, NativeModeTrainsTheSameJob) {
 
 TEST(EmbeddedTest, SubspaceTooLargeForALayerFailsTheJobWithAClearError) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
-  client::EmbeddedRuntime runtime;
-  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
   v1::JobSpec spec =
       testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("bad-d"), v1::MODE_LSP, 2);
   spec.mutable_lsp()->set_d(40);  // The tiny model's k_proj is 32 x 64: d must be < 32.
@@ -95,8 +111,8 @@ TEST(EmbeddedTest, SubspaceTooLargeForALayerFailsTheJobWithAClearError) {
 
 TEST(EmbeddedTest, MissingDataFileIsRejectedAtSubmit) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
-  client::EmbeddedRuntime runtime;
-  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
   v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("missing"),
                                                     v1::MODE_LSP, 2);
   spec.mutable_data()->set_train_path("/nonexistent/train.txt");
@@ -174,19 +190,113 @@ TEST(JobSpecTest, YamlAndJsonGiveTheSameSpecAndBadFieldsAreNamed) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
   v1::JobSpec gpu = testing_jobs::TinyMobyDickSpec("/tmp/lspo-spec-check", v1::MODE_LSP, 2);
   scheduler::ResolveDefaults(&gpu);
-  gpu.mutable_lsp()->set_kernels("custom");
-  gpu.set_device("cuda");
+  gpu.mutable_lsp()->set_kernels(v1::CUDA_KERNELS_CUSTOM);
+  gpu.set_device(v1::DEVICE_CUDA);
   ASSERT_TRUE(scheduler::ValidateJobSpec(gpu).ok()) << scheduler::ValidateJobSpec(gpu);
-  gpu.mutable_lsp()->set_kernels("cusparse");
-  st = scheduler::ValidateJobSpec(gpu);
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("lsp.kernels"), std::string::npos) << st;
-  EXPECT_NE(st.message().find("custom"), std::string::npos) << st;
-  gpu.mutable_lsp()->set_kernels("custom");
-  gpu.set_device("tpu");
+  auto kernels = scheduler::ParseJobSpecYaml("lsp:\n  kernels: cusparse\n", "k.yaml");
+  EXPECT_EQ(kernels.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(kernels.status().message().find("lsp.kernels"), std::string::npos)
+      << kernels.status();
+  EXPECT_NE(kernels.status().message().find("custom"), std::string::npos) << kernels.status();
+  auto device = scheduler::ParseJobSpecYaml("device: tpu\n", "d.yaml");
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(device.status().message().find("device = 'tpu'"), std::string::npos)
+      << device.status();
+  // A value outside the set that arrives as a number (a peer's binary message) is named too.
+  gpu.set_device(static_cast<v1::Device>(7));
   st = scheduler::ValidateJobSpec(gpu);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("device"), std::string::npos) << st;
+}
+
+TEST(JobSpecTest, ClosedSetsReadTheirShortNamesAndTheFullNames) {
+  // Today's strings (every example spec uses them) and the enum names give the same spec.
+  auto short_names = scheduler::ParseJobSpecYaml(
+      "device: cpu\nschedule: serial\nweight_dtype: bf16\nmodel:\n  format: tiny-random\n"
+      "data:\n  format: text\nlsp:\n  master_refresh: never\n  kernels: aten\n"
+      "optim:\n  schedule: cosine\n", "short.yaml");
+  ASSERT_TRUE(short_names.ok()) << short_names.status();
+  auto full_names = scheduler::ParseJobSpecJson(
+      R"({"device":"DEVICE_CPU","schedule":"STEP_SCHEDULE_SERIAL",)"
+      R"("weight_dtype":"WEIGHT_DTYPE_BF16","model":{"format":"MODEL_FORMAT_TINY_RANDOM"},)"
+      R"("data":{"format":"DATA_FORMAT_TEXT"},)"
+      R"("lsp":{"master_refresh":"MASTER_REFRESH_NEVER","kernels":"CUDA_KERNELS_ATEN"},)"
+      R"("optim":{"schedule":"LR_SCHEDULE_COSINE"}})", "full.json");
+  ASSERT_TRUE(full_names.ok()) << full_names.status();
+  EXPECT_EQ(short_names->SerializeAsString(), full_names->SerializeAsString());
+  EXPECT_EQ(short_names->device(), v1::DEVICE_CPU);
+  EXPECT_EQ(short_names->schedule(), v1::STEP_SCHEDULE_SERIAL);
+  EXPECT_EQ(short_names->weight_dtype(), v1::WEIGHT_DTYPE_BF16);
+  EXPECT_EQ(short_names->model().format(), v1::MODEL_FORMAT_TINY_RANDOM);
+  EXPECT_EQ(short_names->data().format(), v1::DATA_FORMAT_TEXT);
+  EXPECT_EQ(short_names->lsp().master_refresh(), v1::MASTER_REFRESH_NEVER);
+  EXPECT_EQ(short_names->lsp().kernels(), v1::CUDA_KERNELS_ATEN);
+  EXPECT_EQ(short_names->optim().schedule(), v1::LR_SCHEDULE_COSINE);
+  // An empty string is the unset value, as an empty string field was.
+  auto empty = scheduler::ParseJobSpecYaml("device: \"\"\nlsp:\n  kernels: \"\"\n", "e.yaml");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->device(), v1::DEVICE_UNSPECIFIED);
+  // Written back with the short names, which read back to the same spec.
+  const std::string json = scheduler::JobSpecToJson(*short_names);
+  EXPECT_NE(json.find("\"tiny-random\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"serial\""), std::string::npos) << json;
+  EXPECT_EQ(json.find("STEP_SCHEDULE"), std::string::npos) << json;
+  auto back = scheduler::ParseJobSpecJson(json, "back.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->SerializeAsString(), short_names->SerializeAsString());
+  // The error for a value outside a set lists the set.
+  auto bad = scheduler::ParseJobSpecYaml("schedule: parallel\n", "s.yaml");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("schedule = 'parallel' is not one of overlap, serial"),
+            std::string::npos)
+      << bad.status();
+}
+
+TEST(JobSpecTest, AFingerprintWrittenWithStringFieldsStillMatches) {
+  // A checkpoint's trainer_state.json written before the closed sets were enums: strings in
+  // the old field order. The same training must still be recognised, a different one not.
+  const std::string old_fingerprint =
+      R"({"model":{"path":"m.gguf","format":"gguf","init_seed":"5","tokenizer_path":"m.gguf"},)"
+      R"("data":{"train_path":"t.tsv","format":"classification","question":"Q?"},)"
+      R"("mode":"MODE_LSP","lsp":{"d":8,"r":2,"alpha":0.8,"fit_iters":40,"fit_lr":0.05,)"
+      R"("calibration_examples":64,"master_refresh":"refit"},"optim":{"lr":0.0001,)"
+      R"("beta1":0.9,"beta2":0.999,"eps":1e-08,"schedule":"constant"},)"
+      R"("micro_batch_size":8,"grad_accum":1,"seq_len":128,"seed":"5","weight_dtype":"fp32"})";
+  v1::JobSpec spec;
+  spec.mutable_model()->set_path("m.gguf");
+  spec.mutable_model()->set_format(v1::MODEL_FORMAT_GGUF);
+  spec.mutable_model()->set_init_seed(5);
+  spec.mutable_model()->set_tokenizer_path("m.gguf");
+  spec.mutable_data()->set_train_path("t.tsv");
+  spec.mutable_data()->set_format(v1::DATA_FORMAT_CLASSIFICATION);
+  spec.mutable_data()->set_question("Q?");
+  spec.set_mode(v1::MODE_LSP);
+  auto* lsp = spec.mutable_lsp();
+  lsp->set_d(8);
+  lsp->set_r(2);
+  lsp->set_alpha(0.8);
+  lsp->set_fit_iters(40);
+  lsp->set_fit_lr(0.05);
+  lsp->set_calibration_examples(64);
+  lsp->set_master_refresh(v1::MASTER_REFRESH_REFIT);
+  auto* optim = spec.mutable_optim();
+  optim->set_lr(1e-4);
+  optim->set_beta1(0.9);
+  optim->set_beta2(0.999);
+  optim->set_eps(1e-8);
+  optim->set_schedule(v1::LR_SCHEDULE_CONSTANT);
+  spec.set_micro_batch_size(8);
+  spec.set_grad_accum(1);
+  spec.set_seq_len(128);
+  spec.set_seed(5);
+  spec.set_weight_dtype(v1::WEIGHT_DTYPE_FP32);
+  spec.set_steps(60);                                // Not part of the training.
+  spec.set_schedule(v1::STEP_SCHEDULE_OVERLAP);      // Not part of it either.
+  EXPECT_TRUE(scheduler::SameTraining(old_fingerprint, spec));
+  EXPECT_TRUE(scheduler::SameTraining(scheduler::TrainingFingerprint(spec), spec));
+  spec.mutable_optim()->set_schedule(v1::LR_SCHEDULE_COSINE);
+  EXPECT_FALSE(scheduler::SameTraining(old_fingerprint, spec));
+  EXPECT_FALSE(scheduler::SameTraining("not json", spec));
 }
 
 }  // namespace

@@ -16,7 +16,9 @@
 
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "proto/lsp_offload.grpc.pb.h"
+#include "proto/job_spec.pb.h"
+#include "proto/scheduler.pb.h"
+#include "proto/scheduler.grpc.pb.h"
 #include "tests/integration/test_jobs.h"
 
 extern char** environ;
@@ -212,7 +214,7 @@ TEST(MultiProcessTest, OptimizerKilledMidStepFailsTheJobPromptly) {
     ASSERT_TRUE(svc.Ready());
     v1::JobSpec spec =
         testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("mp-kill"), mode, 100000);
-    spec.set_schedule("overlap");
+    spec.set_schedule(v1::STEP_SCHEDULE_OVERLAP);
     ActResult r = SubmitAndActAt(svc.s, spec, 5, [&] { svc.optimizer.Kill(SIGKILL); });
     ASSERT_TRUE(r.acted);
     EXPECT_EQ(r.last.state(), v1::FAILED) << v1::TrainingMode_Name(mode);

@@ -14,6 +14,7 @@
 #include <map>
 
 #include "client/embedded.h"
+#include "tests/integration/start_embedded.h"
 #include "offload/arena_tensors.h"
 #include "offload/state_file.h"
 #include "offload/job_assets.h"
@@ -61,8 +62,8 @@ std::vector<uint8_t> Bytes(const std::string& path) {
 }
 
 void ExpectExactResume(v1::TrainingMode mode) {
-  client::EmbeddedRuntime runtime;
-  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
   const std::string a_dir = testing_jobs::TempDir("resume-a");
   v1::JobSpec a = Spec(a_dir, mode, 6);
   a.set_checkpoint_every(3);
@@ -114,8 +115,8 @@ TEST(ResumeTest, NativeResumedAtStep3MatchesTheUninterruptedRunBitwise) {
 // Checkpoint contents, checksums, pruning; corrupted and mismatched checkpoints.
 TEST(ResumeTest, CheckpointsAreCompleteChecksummedPrunedAndVerified) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
-  client::EmbeddedRuntime runtime;
-  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
   const std::string dir = testing_jobs::TempDir("ckpt");
   v1::JobSpec spec = Spec(dir, v1::MODE_LSP, 6);
   spec.set_checkpoint_every(2);
@@ -197,8 +198,8 @@ TEST(ResumeTest, CheckpointsAreCompleteChecksummedPrunedAndVerified) {
 // intact with no temporary left behind.
 TEST(ResumeTest, AFailedCheckpointIsReportedAndThePreviousOneKept) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
-  client::EmbeddedRuntime runtime;
-  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
   const std::string dir = testing_jobs::TempDir("ckpt-full");
   v1::JobSpec first = Spec(dir, v1::MODE_LSP, 2);
   first.set_checkpoint_every(2);
@@ -243,8 +244,8 @@ TEST(ResumeTest, RestartedSchedulerResumesTheRunningJobAndRunsQueuedOnes) {
   {
     // The "crashed" run: 6 steps with a checkpoint at 3 (its later output is what the
     // resumed run must reproduce).
-    client::EmbeddedRuntime runtime;
-    auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+    auto runtime = testing_jobs::StartEmbedded();
+    auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
     RunResult r = RunToEnd(stub.get(), spec);
     ASSERT_EQ(r.last.state(), v1::SUCCEEDED) << r.last.error();
     reference = r.loss;
@@ -275,8 +276,8 @@ TEST(ResumeTest, RestartedSchedulerResumesTheRunningJobAndRunsQueuedOnes) {
   }
   scheduler::SchedulerOptions opts;
   opts.state_dir = state_dir;
-  client::EmbeddedRuntime runtime(opts);
-  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+  auto runtime = testing_jobs::StartEmbedded(opts);
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
   std::map<int, double> resumed;
   v1::JobStatus last;
   {
@@ -328,8 +329,8 @@ TEST(ResumeTest, ExportedSafetensorsGiveTheSameLogitsInTransformers) {
   v1::JobSpec spec = Spec(dir, v1::MODE_LSP, 3);
   spec.set_num_threads(1);
   {
-    client::EmbeddedRuntime runtime;
-    auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+    auto runtime = testing_jobs::StartEmbedded();
+    auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
     RunResult r = RunToEnd(stub.get(), spec);
     ASSERT_EQ(r.last.state(), v1::SUCCEEDED) << r.last.error();
   }
@@ -403,8 +404,8 @@ TEST(ResumeTest, ExportedSafetensorsGiveTheSameLogitsInTransformers) {
 TEST(ResumeTest, NonFiniteStepsAreSkippedCountedAndFailTheJobAfterTheLimit) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
   setenv("LSPO_FAULT_NONFINITE_GRAD_STEPS", "3,4,5,6", 1);
-  client::EmbeddedRuntime runtime;
-  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
   const std::string dir = testing_jobs::TempDir("nan");
   v1::JobSpec spec = Spec(dir, v1::MODE_LSP, 10);
   spec.set_max_nonfinite_steps(3);

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "client/embedded.h"
+#include "tests/integration/start_embedded.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -24,8 +25,8 @@ struct RunResult {
 
 RunResult RunJob(const v1::JobSpec& spec) {
   RunResult out;
-  client::EmbeddedRuntime runtime;
-  auto stub = v1::Scheduler::NewStub(runtime.scheduler_channel());
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
   grpc::ClientContext ctx;
   v1::SubmitJobRequest req;
   *req.mutable_spec() = spec;
@@ -51,7 +52,7 @@ RunResult RunJob(const v1::JobSpec& spec) {
 v1::JobSpec Spec(const std::string& tag, v1::TrainingMode mode, int steps,
                  const std::string& schedule) {
   v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir(tag), mode, steps);
-  spec.set_schedule(schedule);
+  spec.set_schedule(schedule == "serial" ? v1::STEP_SCHEDULE_SERIAL : v1::STEP_SCHEDULE_OVERLAP);
   spec.set_skip_initial_eval(true);
   return spec;
 }
@@ -179,8 +180,9 @@ TEST(ScheduleTest, WorkerTracksMasterAndRefreshBoundsBf16Drift) {
   auto spec = [](const std::string& tag, const std::string& dtype, const std::string& refresh,
                  double lr, int steps) {
     v1::JobSpec s = Spec(tag, v1::MODE_LSP, steps, "overlap");
-    s.set_weight_dtype(dtype);
-    s.mutable_lsp()->set_master_refresh(refresh);
+    s.set_weight_dtype(dtype == "bf16" ? v1::WEIGHT_DTYPE_BF16 : v1::WEIGHT_DTYPE_FP32);
+    s.mutable_lsp()->set_master_refresh(refresh == "refit" ? v1::MASTER_REFRESH_REFIT
+                                                           : v1::MASTER_REFRESH_NEVER);
     s.mutable_lsp()->set_check_freq(5);
     s.mutable_lsp()->set_alpha(1e-3);  // every check refits (and transfers the Adam state)
     s.mutable_optim()->set_lr(lr);

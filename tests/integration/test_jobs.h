@@ -10,8 +10,9 @@
 
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "proto/lsp_offload.grpc.pb.h"
-#include "proto/lsp_offload.pb.h"
+#include "proto/job_spec.pb.h"
+#include "proto/scheduler.pb.h"
+#include "proto/scheduler.grpc.pb.h"
 
 namespace lspo::testing_jobs {
 
@@ -52,10 +53,10 @@ inline v1::JobSpec TinyMobyDickSpec(const std::string& out_dir, v1::TrainingMode
                                     int steps) {
   v1::JobSpec spec;
   spec.set_name("tiny-moby");
-  spec.mutable_model()->set_format("tiny-random");
+  spec.mutable_model()->set_format(v1::MODEL_FORMAT_TINY_RANDOM);
   spec.mutable_model()->set_tokenizer_path(TinyTokenizerPath());
   spec.mutable_model()->set_init_seed(1234);
-  spec.mutable_data()->set_format("text");
+  spec.mutable_data()->set_format(v1::DATA_FORMAT_TEXT);
   spec.mutable_data()->set_train_path(MobyDickPath());
   spec.mutable_data()->set_eval_path(MobyDickPath());
   spec.mutable_data()->set_max_blocks(64);
@@ -71,7 +72,7 @@ inline v1::JobSpec TinyMobyDickSpec(const std::string& out_dir, v1::TrainingMode
   spec.set_seq_len(32);
   spec.set_seed(7);
   spec.set_num_threads(2);
-  spec.set_device("cpu");  // The CPU reference values hold on GPU hosts too.
+  spec.set_device(v1::DEVICE_CPU);  // The CPU reference values hold on GPU hosts too.
   spec.set_output_dir(out_dir);
   return spec;
 }

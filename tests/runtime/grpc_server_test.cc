@@ -17,7 +17,8 @@
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
-#include "proto/lsp_offload.grpc.pb.h"
+#include "proto/scheduler.pb.h"
+#include "proto/scheduler.grpc.pb.h"
 
 namespace lspo::runtime {
 namespace {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -50,10 +51,10 @@ v1::JobSpec Spec(const std::string& out, v1::TrainingMode mode, int steps) {
   s.set_seed(3);
   s.set_micro_batch_size(2);
   s.set_seq_len(16);
-  s.set_schedule("serial");
-  s.mutable_model()->set_format("tiny-random");
+  s.set_schedule(v1::STEP_SCHEDULE_SERIAL);
+  s.mutable_model()->set_format(v1::MODEL_FORMAT_TINY_RANDOM);
   s.mutable_model()->set_tokenizer_path("datasets/moby-dick/moby-dick.txt");
-  s.mutable_data()->set_format("classification");
+  s.mutable_data()->set_format(v1::DATA_FORMAT_CLASSIFICATION);
   s.mutable_data()->set_train_path("datasets/sms-spam/train.tsv");
   s.mutable_lsp()->set_d(4);
   s.mutable_lsp()->set_r(2);
@@ -153,7 +154,7 @@ TEST(JobRunnerTest, ProjectorCheckCadenceAndMasterRefresh) {
   const std::string out = TempDir();
   v1::JobSpec spec = Spec(out, v1::MODE_LSP, 7);
   spec.mutable_lsp()->set_check_freq(3);
-  ASSERT_EQ(spec.lsp().master_refresh(), "refit");  // the default
+  ASSERT_EQ(spec.lsp().master_refresh(), v1::MASTER_REFRESH_REFIT);  // the default
   ASSERT_TRUE(f.Run(spec).ok());
   // Checks before step 1 and after steps 3 and 6 (not after the last).
   EXPECT_THAT(f.log.Steps("worker.FitProjectors"), ElementsAre(0, 3, 6));
@@ -167,7 +168,7 @@ TEST(JobRunnerTest, ProjectorCheckCadenceAndMasterRefresh) {
   EXPECT_DOUBLE_EQ(Summary(out)["final_worker_master_max_abs_diff"].get<double>(), 0.002);
 
   Fixture g;
-  spec.mutable_lsp()->set_master_refresh("never");
+  spec.mutable_lsp()->set_master_refresh(v1::MASTER_REFRESH_NEVER);
   ASSERT_TRUE(g.Run(spec).ok());
   EXPECT_THAT(g.log.Steps("worker.FitProjectors"), ElementsAre(0, 3, 6));
   EXPECT_EQ(g.log.Count("worker.ImportLayerWeights"), 0);
@@ -179,7 +180,7 @@ TEST(JobRunnerTest, OverlapScheduleOverlapsOnceTheCostModelHasMeasuredAStep) {
   Fixture f;
   const std::string out = TempDir();
   v1::JobSpec spec = Spec(out, v1::MODE_ZERO, 3);
-  spec.set_schedule("overlap");
+  spec.set_schedule(v1::STEP_SCHEDULE_OVERLAP);
   ASSERT_TRUE(f.Run(spec).ok());
   // Step 1 is serial (it measures the per-layer times), steps 2 and 3 overlap: the updates
   // run during the worker's step, and there is no separate apply.
@@ -304,7 +305,7 @@ TEST(JobRunnerTest, AFailingPeerFailsTheJobAndReleasesTheOther) {
     Fixture f;  // overlapped: the worker, possibly waiting on the step's flags, is released
     f.optimizer.behaviour["Update"].fail[2] = absl::DataLossError("optimizer: poisoned moments");
     v1::JobSpec spec = Spec(out, v1::MODE_LSP, 4);
-    spec.set_schedule("overlap");
+    spec.set_schedule(v1::STEP_SCHEDULE_OVERLAP);
     absl::Status st = f.Run(spec);
     EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);  // the code is kept
     EXPECT_THAT(f.log.Steps("worker.AbortStep"), ElementsAre(2));
@@ -316,7 +317,7 @@ TEST(JobRunnerTest, AFailingPeerFailsTheJobAndReleasesTheOther) {
     Fixture f;
     f.worker.behaviour["TrainStep"].fail[2] = absl::InvalidArgumentError("worker: bad batch");
     v1::JobSpec spec = Spec(out, v1::MODE_LSP, 4);
-    spec.set_schedule("overlap");
+    spec.set_schedule(v1::STEP_SCHEDULE_OVERLAP);
     const auto t0 = std::chrono::steady_clock::now();
     absl::Status st = f.Run(spec, /*deadline_s=*/20);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
@@ -343,7 +344,7 @@ TEST(JobRunnerTest, AHangingPeerFailsTheJobAtTheDeadline) {
     Fixture f;
     f.worker.behaviour["TrainStep"].hang = {2};
     v1::JobSpec spec = Spec(out, v1::MODE_ZERO, 3);
-    spec.set_schedule("overlap");
+    spec.set_schedule(v1::STEP_SCHEDULE_OVERLAP);
     const auto t0 = std::chrono::steady_clock::now();
     absl::Status st = f.Run(spec, /*deadline_s=*/0.3);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
@@ -404,10 +405,13 @@ TEST(SchedulerCoreTest, RunsASubmittedJobAndCancelsAQueuedOneOverFakePeers) {
   w->on_train_step = [&](int) {
     while (!release) absl::SleepFor(absl::Milliseconds(2));
   };
-  SchedulerCore core(std::move(worker), std::make_unique<FakeOptimizer>(log.get(), kLayers));
+  auto created =
+      SchedulerCore::Create(std::move(worker), std::make_unique<FakeOptimizer>(log.get(), kLayers));
+  ASSERT_TRUE(created.ok()) << created.status();
+  SchedulerCore& core = **created;
   const std::string out1 = TempDir(), out2 = TempDir();
   v1::JobSpec a = Spec(out1, v1::MODE_LSP, 2), b = Spec(out2, v1::MODE_LSP, 2);
-  a.mutable_data()->set_format("text");
+  a.mutable_data()->set_format(v1::DATA_FORMAT_TEXT);
   a.mutable_data()->set_train_path("datasets/moby-dick/moby-dick.txt");
   b.mutable_data()->CopyFrom(a.data());
   auto id1 = core.Submit(a);
@@ -428,6 +432,56 @@ TEST(SchedulerCoreTest, RunsASubmittedJobAndCancelsAQueuedOneOverFakePeers) {
   EXPECT_EQ(core.Get("job-nope").status().code(), absl::StatusCode::kNotFound);
   fs::remove_all(out1);
   fs::remove_all(out2);
+}
+
+TEST(SchedulerCoreTest, CreateRefusesAStateDirItCannotUseAndRecoversAUsableOne) {
+  auto log = std::make_shared<CallLog>();
+  // A regular file where the state directory should be: no scheduler, the reason named.
+  const std::string dir = TempDir();
+  const std::string file = dir + "/not-a-dir";
+  { std::ofstream(file) << "x"; }
+  SchedulerOptions bad;
+  bad.state_dir = file;
+  auto refused = SchedulerCore::Create(std::make_unique<FakeWorker>(log.get(), kLayers, 4),
+                                       std::make_unique<FakeOptimizer>(log.get(), kLayers), bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(refused.status().message().find(file), std::string::npos) << refused.status();
+  // A usable one: a queued job persisted there is recovered by the next scheduler.
+  SchedulerOptions good;
+  good.state_dir = dir + "/state";
+  std::string id;
+  {
+    auto worker = std::make_unique<FakeWorker>(log.get(), kLayers, 4);
+    std::atomic<bool> release{false};
+    worker->on_train_step = [&](int) {
+      while (!release) absl::SleepFor(absl::Milliseconds(2));
+    };
+    auto first = SchedulerCore::Create(std::move(worker),
+                                       std::make_unique<FakeOptimizer>(log.get(), kLayers), good);
+    ASSERT_TRUE(first.ok()) << first.status();
+    v1::JobSpec a = Spec(dir + "/out", v1::MODE_LSP, 1);
+    a.mutable_data()->set_format(v1::DATA_FORMAT_TEXT);
+    a.mutable_data()->set_train_path("datasets/moby-dick/moby-dick.txt");
+    auto busy = (*first)->Submit(a);
+    ASSERT_TRUE(busy.ok()) << busy.status();
+    auto queued = (*first)->Submit(a);
+    ASSERT_TRUE(queued.ok()) << queued.status();
+    id = *queued;
+    release = true;
+    ASSERT_TRUE((*first)->Cancel(*busy).ok());
+    // Shut down with `id` possibly still queued or done; either way it is in the store.
+  }
+  auto second = SchedulerCore::Create(std::make_unique<FakeWorker>(log.get(), kLayers, 4),
+                                      std::make_unique<FakeOptimizer>(log.get(), kLayers), good);
+  ASSERT_TRUE(second.ok()) << second.status();
+  auto recovered = (*second)->Get(id);
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_EQ(recovered->job_id(), id);
+  EXPECT_EQ(recovered->spec().data().format(), v1::DATA_FORMAT_TEXT);
+  second->reset();  // Cancels and joins the recovered job before its files go.
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }
 
 }  // namespace

@@ -1,0 +1,69 @@
+// MODE_LSP on the worker (docs/method.md): every trainable matrix computes through the LSP
+// autograd node (lsp/lsp_linear.h), whose backward hands S = P^T G Q (d, d) fp32 to a sink
+// that sums it over the step's micro-batches; S goes to the optimizer service through the
+// arena, and the step D (d, d) fp32 comes back and lands as W <- (1 - lr wd) W + P D Q^T
+// (lsp::ApplyStep). The projectors P (m, d) and Q (n, d) are fitted by the projector check
+// (calibration.h), which reaches them through LspPathOf. Internal to gpu_worker/.
+#ifndef LSPO_GPU_WORKER_LSP_PATH_H_
+#define LSPO_GPU_WORKER_LSP_PATH_H_
+
+#include <memory>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "gpu_worker/offload_path.h"
+#include "lsp/lsp_linear.h"
+#include "lsp/projector.h"
+
+namespace lspo::worker {
+
+// The LSP update path (see the file comment).
+class LspPath final : public OffloadPath {
+ public:
+  const char* name() const override { return "lsp"; }
+  absl::Status CheckReady(const WorkerJob& job) const override;
+  void ZeroGrads(WorkerJob* job) override;
+  double WorkerDecay(const lspo::v1::JobSpec& spec, double lr) const override;
+  absl::Status CheckUpdate(WorkerJob* job, int64_t i, uint32_t step) override;
+  absl::Status SaveState(WorkerJob* job, const std::string& dir, offload::NamedTensors* tensors,
+                         std::map<std::string, std::string>* metadata,
+                         lspo::v1::StateReply* reply) override;
+  absl::StatusOr<Commit> ReadState(WorkerJob* job, const model::SafetensorsFile& file,
+                                   const std::string& what, const std::string& dir) override;
+
+  // Installs P (m, d) and Q (n, d) of linear i (on the job's device): in the arena for the
+  // optimizer, in the model's LSP node and here. Errors: arena slot and shape errors.
+  absl::Status InstallProjectors(WorkerJob* job, int64_t i, lsp::SparseProjector p,
+                                 lsp::SparseProjector q);
+
+  // Per linear; rows == 0 until the first fit.
+  const std::vector<lsp::SparseProjector>& p() const { return p_; }
+  const std::vector<lsp::SparseProjector>& q() const { return q_; }
+  // True once every linear has projectors (after the first projector check or a resume).
+  bool fitted() const { return fitted_; }
+  void set_fitted() { fitted_ = true; }
+
+ private:
+  absl::StatusOr<lspo::v1::ArenaLayout> BuildLayout(const WorkerJob& job) override;
+  absl::Status AttachGradients(WorkerJob* job) override;
+  size_t MaxUploadBytes(const WorkerJob& job) const override;
+  at::Tensor Gradient(WorkerJob* job, int64_t i) override { return s_accum_[i]; }
+  absl::StatusOr<at::Tensor> GradientSlot(const WorkerJob& job, int64_t i) const override;
+  at::Tensor DeviceSnapshot(const at::Tensor& grad) const override;
+  absl::Status Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor& w,
+                    double decay) override;
+
+  std::vector<lsp::SparseProjector> p_, q_;
+  std::shared_ptr<lsp::LspLinears> linears_;  // The model's LinearImpl.
+  std::vector<at::Tensor> s_accum_;           // Per linear, (d, d) fp32, summed over micro-batches.
+  bool fitted_ = false;
+};
+
+// The job's LspPath. Errors: kFailedPrecondition naming `what` when the job is not MODE_LSP.
+absl::StatusOr<LspPath*> LspPathOf(WorkerJob* job, const char* what);
+
+}  // namespace lspo::worker
+
+#endif  // LSPO_GPU_WORKER_LSP_PATH_H_

@@ -1,0 +1,160 @@
+#include "gpu_worker/offload_path.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "gpu_worker/device_offload.h"
+#include "gpu_worker/worker_job.h"
+#include "offload/arena_tensors.h"
+#include "runtime/clock.h"
+#include "runtime/status_macros.h"
+
+namespace lspo::worker {
+
+using runtime::MonotonicSeconds;
+
+namespace {
+
+// How long the worker waits for an update (or the optimizer for a gradient) before deciding
+// its peer is gone.
+constexpr absl::Duration kPeerTimeout = absl::Minutes(10);
+
+}  // namespace
+
+absl::Status OffloadPath::Setup(WorkerJob* job, lspo::v1::LoadJobReply* reply) {
+  ASSIGN_OR_RETURN(job->layout, BuildLayout(*job));
+  ASSIGN_OR_RETURN(job->arena, runtime::ShmArena::Create(job->layout.name(), job->layout.bytes()));
+  ASSIGN_OR_RETURN(job->flags, offload::ArenaFlags(job->arena, job->layout));
+  RETURN_IF_ERROR(AttachGradients(job));
+  *reply->mutable_arena() = job->layout;
+  if (job->cuda) {
+    ASSIGN_OR_RETURN(job->offload, DeviceOffload::Create(job->arena.data(), job->arena.size(),
+                                                         MaxUploadBytes(*job), job->device));
+  }
+  return absl::OkStatus();
+}
+
+bool OffloadPath::PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& grad,
+                                  uint32_t step) {
+  const double t0 = MonotonicSeconds();
+  const int64_t layer = i / model::kLinearsPerLayer;
+  if (job->cuda) {
+    // Asynchronous: a copy of the gradient (so later in-place accumulation cannot race the
+    // copy) goes to the pinned arena on the d2h stream with a device-side finiteness verdict;
+    // once both have landed (watcher thread) the flag is published. No host wait here.
+    absl::StatusOr<at::Tensor> dst = GradientSlot(*job, i);
+    CHECK(dst.ok()) << dst.status();  // The layout was validated at LoadJob.
+    at::Tensor src = DeviceSnapshot(grad);
+    at::Tensor host = *dst;
+    CHECK_EQ(src.nbytes(), host.nbytes()) << job->linears[i].name << ": gradient vs arena slot";
+    absl::Status st = job->offload->OffloadAsync(layer, std::move(src), host.data_ptr(),
+                                                 [job, i, step, layer, t0](bool finite) {
+      if (!finite) {
+        LOG(WARNING) << "worker: non-finite gradient for " << job->linears[i].name
+                     << " at step " << step << "; step skipped";
+        job->flags.Abort(step);
+        job->publish_failed = true;
+        return;
+      }
+      job->flags.PublishGrad(i, step);
+      const double t1 = MonotonicSeconds();
+      job->offload_done[layer] = t1;
+      job->offload_secs[layer] = std::max(job->offload_secs[layer], t1 - t0);
+    });
+    if (!st.ok()) {
+      LOG(ERROR) << "worker: offloading " << job->linears[i].name << ": " << st;
+      job->flags.Abort(step);
+      job->publish_failed = true;
+      return false;
+    }
+    job->offload_seconds += MonotonicSeconds() - t0;
+    return true;
+  }
+  if (!at::isfinite(grad).all().item<bool>()) {
+    LOG(WARNING) << "worker: non-finite gradient for " << job->linears[i].name << " at step "
+                 << step << "; step skipped";
+    job->flags.Abort(step);
+    job->publish_failed = true;
+    return false;
+  }
+  absl::StatusOr<at::Tensor> dst = GradientSlot(*job, i);
+  CHECK(dst.ok()) << dst.status();  // The layout was validated at LoadJob.
+  dst->copy_(grad);
+  job->flags.PublishGrad(i, step);
+  const double t1 = MonotonicSeconds();
+  job->offload_seconds += t1 - t0;
+  job->offload_done[layer] = t1;
+  job->offload_secs[layer] += t1 - t0;
+  return true;
+}
+
+absl::Status OffloadPath::ApplyUpdate(WorkerJob* job, int64_t i, uint32_t step, double decay) {
+  const double t0 = MonotonicSeconds();
+  absl::Status st = job->flags.WaitStep(i, step, kPeerTimeout);
+  if (!st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("optimizer update of ", job->linears[i].name,
+                                                ": ", st.message()));
+  }
+  const double t1 = MonotonicSeconds();
+  job->wait_seconds += t1 - t0;
+  at::NoGradGuard no_grad;
+  RETURN_IF_ERROR(Land(job, i, step, job->model->LinearWeight(i), decay));
+  job->offload_seconds += MonotonicSeconds() - t1;
+  return absl::OkStatus();
+}
+
+absl::Status OffloadPath::FinishStep(WorkerJob* job, const StepContext& ctx,
+                                     lspo::v1::TrainStepReply* reply) {
+  const size_t n = job->linears.size();
+  if (!ctx.overlap && job->cuda) {
+    // Serial schedule on CUDA: publish all (asynchronous copies, checked on the host copies
+    // as they land), then wait for the verdict.
+    for (size_t i = 0; i < n; ++i) {
+      const at::Tensor g = Gradient(job, static_cast<int64_t>(i));
+      if (!g.defined()) {
+        LOG(WARNING) << "worker: missing gradient for " << job->linears[i].name << " at step "
+                     << ctx.step << "; step skipped";
+        reply->set_nonfinite(true);
+        return absl::OkStatus();
+      }
+      PublishGradient(job, static_cast<int64_t>(i), g, ctx.step);
+    }
+    job->offload->Drain();
+    if (job->publish_failed) reply->set_nonfinite(true);
+    return absl::OkStatus();
+  }
+  if (!ctx.overlap) {
+    // Serial schedule: check every gradient, then publish them all.
+    for (size_t i = 0; i < n; ++i) {
+      const at::Tensor g = Gradient(job, static_cast<int64_t>(i));
+      if (!g.defined() || !at::isfinite(g).all().item<bool>()) {
+        LOG(WARNING) << "worker: non-finite or missing gradient for " << job->linears[i].name
+                     << " at step " << ctx.step << "; step skipped";
+        reply->set_nonfinite(true);
+        return absl::OkStatus();
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      PublishGradient(job, static_cast<int64_t>(i), Gradient(job, static_cast<int64_t>(i)),
+                      ctx.step);
+    }
+    return absl::OkStatus();
+  }
+  // Overlap schedule (the gradients were published during the backward): layers >= split are
+  // applied now, as their updates arrive (deepest first: that is the order the optimizer
+  // finishes them); shallower layers just before their next forward.
+  const double decay = WorkerDecay(job->spec, ctx.lr);
+  for (size_t i = 0; i < n; ++i) {
+    job->pending_step[i] = ctx.step;
+    job->pending_decay[i] = decay;
+  }
+  const int64_t num_layers = job->model->config().num_layers;
+  for (int64_t l = num_layers - 1; l >= ctx.split_layer; --l) {
+    RETURN_IF_ERROR(ApplyPending(job, l));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace lspo::worker

@@ -1,0 +1,43 @@
+#include "gpu_worker/update_path.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace lspo::worker {
+
+// Each mode's factory, defined in its own file.
+std::unique_ptr<UpdatePath> MakeNativePath();  // native_path.cc
+std::unique_ptr<UpdatePath> MakeLspPath();     // lsp_path.cc
+std::unique_ptr<UpdatePath> MakeZeroPath();    // zero_path.cc
+
+namespace {
+
+// The registry: a new mode is one line here (and its file).
+struct Registration {
+  lspo::v1::TrainingMode mode;
+  std::unique_ptr<UpdatePath> (*make)();
+};
+constexpr Registration kRegistry[] = {
+    {lspo::v1::MODE_UNSPECIFIED, &MakeLspPath},  // The proto's default.
+    {lspo::v1::MODE_LSP, &MakeLspPath},
+    {lspo::v1::MODE_NATIVE, &MakeNativePath},
+    {lspo::v1::MODE_ZERO, &MakeZeroPath},
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<UpdatePath>> MakeUpdatePath(lspo::v1::TrainingMode mode) {
+  for (const Registration& r : kRegistry) {
+    if (r.mode == mode) return r.make();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "job spec field mode = ", lspo::v1::TrainingMode_Name(mode),
+      " has no update path on this worker: use lsp, zero or native"));
+}
+
+absl::Status UpdatePath::ApplyUpdate(WorkerJob* job, int64_t i, uint32_t step, double decay) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "mode ", name(), " has no offloaded update to apply (ApplyUpdates needs MODE_LSP or "
+      "MODE_ZERO)"));
+}
+
+}  // namespace lspo::worker

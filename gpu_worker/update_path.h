@@ -1,0 +1,113 @@
+// How a training mode turns a step's gradients into new weights on the worker: one
+// UpdatePath per JobSpec.mode, chosen once at LoadJob (MakeUpdatePath) and called by the
+// mode-independent parts of the worker (WorkerCore's LoadJob / TrainStep / ApplyUpdates, the
+// layer hooks, checkpoint state). Internal to gpu_worker/.
+//
+// The modes (docs/architecture.md "Training modes"):
+//   native  (native_path.cc)  LibTorch AdamW on the worker; no arena, no optimizer service.
+//   lsp     (lsp_path.cc)     S = P^T G Q offloaded, W <- (1 - lr wd) W + P D Q^T applied.
+//   zero    (zero_path.cc)    the full bf16 gradient offloaded, the bf16 parameters copied back.
+// lsp and zero share the arena mechanics (publish, wait, apply; serial and overlap schedules)
+// in OffloadPath (offload_path.h). A new mode is one file and one line in update_path.cc.
+//
+// Thread-safety: called under WorkerCore's mutex, like the WorkerJob it works on.
+#ifndef LSPO_GPU_WORKER_UPDATE_PATH_H_
+#define LSPO_GPU_WORKER_UPDATE_PATH_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/safetensors.h"
+#include "offload/state_file.h"
+#include "proto/job_spec.pb.h"
+#include "proto/peer.pb.h"
+#include "proto/worker.pb.h"
+
+namespace lspo::worker {
+
+struct WorkerJob;
+
+// What FinishStep needs of the step being trained.
+struct StepContext {
+  uint32_t step = 0;        // 1-based.
+  double lr = 0;            // This step's learning rate (after warm-up / decay).
+  bool overlap = false;     // StepPlan.overlap: the update overlaps the next forward.
+  int64_t split_layer = 0;  // Overlap: layers >= split are applied before TrainStep returns.
+};
+
+// One training mode's update of the trainable matrices (interface; see the file comment).
+class UpdatePath {
+ public:
+  virtual ~UpdatePath() = default;
+
+  // The mode's name as written in checkpoint metadata: "native", "lsp" or "zero".
+  virtual const char* name() const = 0;
+
+  // True for modes whose update is computed by the optimizer service through the arena
+  // (then `job->arena`, `job->layout` and `job->flags` exist and ApplyUpdate works).
+  virtual bool offloaded() const = 0;
+
+  // Sets the mode up at LoadJob, after the model, its device and `job->linears` are in place:
+  // the linear mode, gradient sinks or hooks, the arena (offloaded modes: copied into
+  // reply->arena) or the local optimizer. Errors: kInvalidArgument (spec fields that do not
+  // fit the model, naming the field), arena and LibTorch errors.
+  virtual absl::Status Setup(WorkerJob* job, lspo::v1::LoadJobReply* reply) = 0;
+
+  // kFailedPrecondition when no step can run yet (lsp: before the first FitProjectors).
+  virtual absl::Status CheckReady(const WorkerJob& job) const { return absl::OkStatus(); }
+
+  // Zeroes the step's gradient accumulators, before its first micro-batch.
+  virtual void ZeroGrads(WorkerJob* job) = 0;
+
+  // After the step's last backward: the update. Offloaded modes publish the gradients and,
+  // under the overlap schedule, apply the deep layers' updates; native runs AdamW. Sets
+  // reply->nonfinite (and returns OK) when a gradient is non-finite or missing: the step is
+  // skipped, the weights untouched. Errors: a pending update's kDeadlineExceeded / kDataLoss.
+  virtual absl::Status FinishStep(WorkerJob* job, const StepContext& ctx,
+                                  lspo::v1::TrainStepReply* reply) = 0;
+
+  // The weight-decay factor the worker applies with step `lr`'s update: 1 - lr * wd where the
+  // worker owns the weights' decay (lsp), 1 where the optimizer already applied it.
+  virtual double WorkerDecay(const lspo::v1::JobSpec& spec, double lr) const { return 1.0; }
+
+  // ApplyUpdates' check of linear i's published update before anything is applied.
+  // Errors: kDataLoss (the update is not finite).
+  virtual absl::Status CheckUpdate(WorkerJob* job, int64_t i, uint32_t step) {
+    return absl::OkStatus();
+  }
+
+  // Waits for linear i's update of `step` and applies it with weight-decay factor `decay`.
+  // Errors: kFailedPrecondition (the mode has no offloaded updates), kDeadlineExceeded
+  // (the optimizer did not publish it), kDataLoss (a non-finite update; weights untouched).
+  virtual absl::Status ApplyUpdate(WorkerJob* job, int64_t i, uint32_t step, double decay);
+
+  // Checkpoint: adds the mode's tensors of linear i (named after `job->linears[i].name`) and
+  // its metadata keys to worker_state.safetensors, and writes any file of its own into `dir`
+  // (listed in reply->files). Errors: file errors.
+  virtual absl::Status SaveState(WorkerJob* job, const std::string& dir,
+                                 offload::NamedTensors* tensors,
+                                 std::map<std::string, std::string>* metadata,
+                                 lspo::v1::StateReply* reply) {
+    return absl::OkStatus();
+  }
+
+  // Restore: reads and validates the mode's part of the state in `file` (named `what` in
+  // messages) and of `dir`, changing nothing; returns the commit that installs it, run once
+  // every part of the state is valid. Errors: kNotFound, kDataLoss (naming the tensor).
+  using Commit = std::function<absl::Status()>;
+  virtual absl::StatusOr<Commit> ReadState(WorkerJob* job, const model::SafetensorsFile& file,
+                                           const std::string& what, const std::string& dir) {
+    return Commit([] { return absl::OkStatus(); });
+  }
+};
+
+// The update path of `mode`. Errors: kInvalidArgument for a mode with no implementation.
+absl::StatusOr<std::unique_ptr<UpdatePath>> MakeUpdatePath(lspo::v1::TrainingMode mode);
+
+}  // namespace lspo::worker
+
+#endif  // LSPO_GPU_WORKER_UPDATE_PATH_H_
