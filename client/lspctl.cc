@@ -238,7 +238,7 @@ int Submit(lspo::v1::Scheduler::Stub* stub, bool watch) {
 }
 
 std::string ToJsonString(const google::protobuf::Message& m) {
-  return lspo::runtime::ProtoToJson(m, {.pretty = true});
+  return lspo::runtime::ProtoToJson(m, lspo::runtime::ProtoJsonPrint::Pretty());
 }
 
 void PrintRow(const JobStatus& s) {

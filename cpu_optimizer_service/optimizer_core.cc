@@ -88,6 +88,15 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
     aborter_.Detach();
     job_.reset();
   }
+  const lspo::v1::TrainingMode spec_mode =
+      spec.mode() == lspo::v1::MODE_UNSPECIFIED ? lspo::v1::MODE_LSP : spec.mode();
+  if (layout.mode() != spec_mode) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the worker's arena '", layout.name(), "' is laid out for ",
+        lspo::v1::TrainingMode_Name(layout.mode()), " but the job spec's mode is ",
+        lspo::v1::TrainingMode_Name(spec_mode),
+        ": load the job on the worker and the optimizer with the same spec"));
+  }
   auto t0 = std::chrono::steady_clock::now();
   at::set_num_threads(spec.num_threads());
   auto job = std::make_unique<OptimizerJob>();
@@ -99,7 +108,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
   ASSIGN_OR_RETURN(job->arena, runtime::ShmArena::Attach(layout.name(), layout.bytes()));
   ASSIGN_OR_RETURN(job->flags, offload::ArenaFlags(job->arena, layout));
   RETURN_IF_ERROR(offload::NumLayers(layout).status());
-  job->zero = layout.mode() == "zero";
+  job->zero = layout.mode() == lspo::v1::MODE_ZERO;
   ASSIGN_OR_RETURN(auto m, offload::LoadJobModel(spec));
   job->model = std::make_unique<model::LlamaModel>(std::move(m));
   if (layout.linears_size() != job->model->num_linears()) {

@@ -29,9 +29,6 @@ absl::StatusOr<lspo::v1::ArenaLayout> LspPath::BuildLayout(const WorkerJob& job)
 
 absl::Status LspPath::AttachGradients(WorkerJob* job) {
   const int d = job->spec.lsp().d();
-  if (job->cuda && job->spec.lsp().kernels() != lspo::v1::CUDA_KERNELS_UNSPECIFIED) {
-    lsp::internal::SetCudaKernels(job->spec.lsp().kernels() == lspo::v1::CUDA_KERNELS_CUSTOM);
-  }
   p_.resize(job->linears.size());
   q_.resize(job->linears.size());
   s_accum_.resize(job->linears.size());

@@ -27,6 +27,7 @@
 #include "gpu_worker/update_path.h"
 #include "gpu_worker/worker_job.h"
 #include "gpu_worker/worker_state.h"
+#include "lsp/projector.h"
 #include "model/safetensors.h"
 #include "offload/arena_tensors.h"
 #include "offload/job_assets.h"
@@ -405,6 +406,10 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     job->cuda = true;
     // fp32 compute (the model upcasts bf16 weights) on TF32 tensor cores, for every mode alike.
     at::globalContext().setFloat32MatmulPrecision("high");
+    // Process-wide, set by any CUDA job that names it (lsp kernels; docs/gpu.md).
+    if (spec.lsp().kernels() != lspo::v1::CUDA_KERNELS_UNSPECIFIED) {
+      lsp::internal::SetCudaKernels(spec.lsp().kernels() == lspo::v1::CUDA_KERNELS_CUSTOM);
+    }
     RETURN_IF_ERROR(model.To(job->device));
   }
   model.SetActivationCheckpointing(spec.activation_checkpointing());

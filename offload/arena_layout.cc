@@ -94,7 +94,7 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(const std::vector<LinearS
   }
   AddFlags(linears, &layout, &cursor);
   AddStaging(linears, static_cast<size_t>(linears_per_layer), &layout, &cursor);
-  layout.set_mode("lsp");
+  layout.set_mode(lspo::v1::MODE_LSP);
   layout.set_bytes(std::max<uint64_t>(cursor, 64));
   return layout;
 }
@@ -112,7 +112,7 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildZeroArenaLayout(
     *slot->mutable_param() = MakeRef(&cursor, lspo::v1::BF16, {l.m, l.n});
   }
   AddFlags(linears, &layout, &cursor);
-  layout.set_mode("zero");
+  layout.set_mode(lspo::v1::MODE_ZERO);
   layout.set_bytes(std::max<uint64_t>(cursor, 64));
   return layout;
 }

@@ -63,7 +63,7 @@ absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec) {
     return model::LlamaModel::RandomInit(config, m.init_seed());
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "job spec field model.format = ", lspo::v1::ModelFormat_Name(m.format()),
+      "job spec field model.format = ", static_cast<int>(m.format()),
       ": use gguf or tiny-random"));
 }
 

@@ -107,10 +107,14 @@ std::string ProtoToJson(const google::protobuf::Message& message, ProtoJsonPrint
   google::protobuf::util::JsonPrintOptions o;
   o.preserve_proto_field_names = true;
   o.always_print_primitive_fields = print.print_defaults;
-  (void)google::protobuf::util::MessageToJsonString(message, &text, o);
-  Json j = Json::parse(text);
-  (void)RewriteEnums(*message.GetDescriptor(), &j, /*to_full=*/false, "", "");
-  return print.pretty ? j.dump(2) : j.dump();
+  if (!google::protobuf::util::MessageToJsonString(message, &text, o).ok()) return text;
+  try {
+    Json j = Json::parse(text);
+    (void)RewriteEnums(*message.GetDescriptor(), &j, /*to_full=*/false, "", "");
+    return print.pretty ? j.dump(2) : j.dump();
+  } catch (const nlohmann::json::exception&) {
+    return text;  // Not reached for protobuf's own output; never throws to the caller.
+  }
 }
 
 absl::Status ProtoFromJson(absl::string_view json, google::protobuf::Message* message,

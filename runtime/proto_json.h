@@ -30,10 +30,14 @@ namespace lspo::runtime {
 struct ProtoJsonPrint {
   bool pretty = false;          // Indented, one field per line.
   bool print_defaults = false;  // Also fields at their default (0, "", false, value 0).
+
+  static ProtoJsonPrint Pretty() { return {true, false}; }
+  static ProtoJsonPrint WithDefaults() { return {false, true}; }
 };
 
 // `message` as JSON text (see the file comment for names and enums). Never fails for the
-// project's messages (no Any / unknown well-known types).
+// project's messages (no Any / unknown well-known types); should protobuf's printer fail, its
+// text is returned as it is (enums then by full name).
 std::string ProtoToJson(const google::protobuf::Message& message, ProtoJsonPrint print = {});
 
 // Parses `json` into `message` (cleared first), accepting short enum names. `source` names the

@@ -32,7 +32,7 @@ constexpr double kUnloadDeadlineSeconds = 60;
 double Now() { return runtime::MonotonicSeconds(); }
 
 nlohmann::json ToJson(const google::protobuf::Message& m) {
-  return nlohmann::json::parse(runtime::ProtoToJson(m, {.print_defaults = true}));
+  return nlohmann::json::parse(runtime::ProtoToJson(m, runtime::ProtoJsonPrint::WithDefaults()));
 }
 
 }  // namespace

@@ -107,7 +107,7 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
 }
 
 std::string JobSpecToJson(const JobSpec& spec) {
-  return runtime::ProtoToJson(spec, {.pretty = true});
+  return runtime::ProtoToJson(spec, runtime::ProtoJsonPrint::Pretty());
 }
 
 void ResolveDefaults(JobSpec* spec) {
@@ -185,7 +185,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   const auto& model = spec.model();
   if (model.format() != v1::MODEL_FORMAT_GGUF && model.format() != v1::MODEL_FORMAT_TINY_RANDOM) {
-    return bad("model.format", v1::ModelFormat_Name(model.format()), "use gguf or tiny-random");
+    return bad("model.format", runtime::EnumShortName(model.format()),
+               "use gguf or tiny-random");
   }
   const bool gguf = model.format() == v1::MODEL_FORMAT_GGUF;
   if (model.format() != v1::MODEL_FORMAT_TINY_RANDOM && model.random_shape().hidden_size() != 0) {
@@ -212,7 +213,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   const auto& data = spec.data();
   if (data.format() != v1::DATA_FORMAT_CLASSIFICATION && data.format() != v1::DATA_FORMAT_TEXT) {
-    return bad("data.format", v1::DataFormat_Name(data.format()), "use classification or text");
+    return bad("data.format", runtime::EnumShortName(data.format()),
+               "use classification or text");
   }
   if (data.train_path().empty()) {
     return bad("data.train_path", "\"\"", "give a training data file");
@@ -239,15 +241,15 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   if (spec.mode() != lspo::v1::MODE_LSP && spec.mode() != lspo::v1::MODE_NATIVE &&
       spec.mode() != lspo::v1::MODE_ZERO) {
-    return bad("mode", lspo::v1::TrainingMode_Name(spec.mode()), "use lsp, zero or native");
+    return bad("mode", runtime::EnumShortName(spec.mode()), "use lsp, zero or native");
   }
   if (spec.schedule() != v1::STEP_SCHEDULE_SERIAL && spec.schedule() != v1::STEP_SCHEDULE_OVERLAP) {
-    return bad("schedule", v1::StepSchedule_Name(spec.schedule()), "use overlap or serial");
+    return bad("schedule", runtime::EnumShortName(spec.schedule()), "use overlap or serial");
   }
   if (spec.weight_dtype() != v1::WEIGHT_DTYPE_FP32 && spec.weight_dtype() != v1::WEIGHT_DTYPE_BF16 &&
       !(spec.weight_dtype() == v1::WEIGHT_DTYPE_UNSPECIFIED &&
         spec.device() == v1::DEVICE_UNSPECIFIED)) {
-    return bad("weight_dtype", v1::WeightDtype_Name(spec.weight_dtype()), "use fp32 or bf16");
+    return bad("weight_dtype", runtime::EnumShortName(spec.weight_dtype()), "use fp32 or bf16");
   }
   const auto& lsp = spec.lsp();
   if (lsp.d() < 1) return bad("lsp.d", lsp.d(), "d must be >= 1");
@@ -270,7 +272,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!(lsp.fit_stop() >= 0)) return bad("lsp.fit_stop", lsp.fit_stop(), "must be >= 0");
   if (lsp.master_refresh() != v1::MASTER_REFRESH_REFIT &&
       lsp.master_refresh() != v1::MASTER_REFRESH_NEVER) {
-    return bad("lsp.master_refresh", v1::MasterRefresh_Name(lsp.master_refresh()),
+    return bad("lsp.master_refresh", runtime::EnumShortName(lsp.master_refresh()),
                "use refit or never");
   }
   if (!v1::CudaKernels_IsValid(lsp.kernels())) {
@@ -290,7 +292,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (optim.beta2() < 0 || optim.beta2() >= 1) return bad("optim.beta2", optim.beta2(), "[0,1)");
   if (optim.warmup_steps() < 0) return bad("optim.warmup_steps", optim.warmup_steps(), ">= 0");
   if (optim.schedule() != v1::LR_SCHEDULE_CONSTANT && optim.schedule() != v1::LR_SCHEDULE_COSINE) {
-    return bad("optim.schedule", v1::LrSchedule_Name(optim.schedule()), "use constant or cosine");
+    return bad("optim.schedule", runtime::EnumShortName(optim.schedule()),
+               "use constant or cosine");
   }
   if (!(optim.weight_decay() >= 0) || optim.weight_decay() * optim.lr() >= 1) {
     return bad("optim.weight_decay", optim.weight_decay(), "use 0 <= weight_decay < 1 / lr");

@@ -49,7 +49,7 @@ absl::Status JobStore::Save(const lspo::v1::JobStatus& status) const {
   if (!ValidId(status.job_id())) {
     return absl::InvalidArgumentError(absl::StrCat("bad job id '", status.job_id(), "'"));
   }
-  const std::string json = runtime::ProtoToJson(status, {.pretty = true});
+  const std::string json = runtime::ProtoToJson(status, runtime::ProtoJsonPrint::Pretty());
   const std::string path = dir_ + "/" + status.job_id() + ".json";
   // Replaced atomically (temp file, fsync, rename, fsync of the directory); 0600: specs may
   // name private paths.

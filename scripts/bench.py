@@ -391,11 +391,11 @@ def main():
 
     # Compress / apply rows.
     for key, b in sorted(kb.items()):
-        mm = re.match(r"BM_(Compress|Apply)Ours/m:(\d+)/n:(\d+)/d:(\d+)/r:(\d+)", key)
+        mm = re.match(r"ProjectorFixture/(Compress|Apply)Ours/m:(\d+)/n:(\d+)/d:(\d+)/r:(\d+)", key)
         if not mm:
             continue
         op, m, n, d, r = mm.group(1), *map(int, mm.groups()[1:])
-        dense = kb.get(f"BM_{op}Dense/m:{m}/n:{n}/d:{d}/r:4")
+        dense = kb.get(f"ProjectorFixture/{op}Dense/m:{m}/n:{n}/d:{d}/r:4")
         t_ours = seconds(b)
         t_dense = seconds(dense) if dense else None
         moved = b["bytes_per_second"] * t_ours

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "client/embedded.h"
+#include "cpu_optimizer_service/optimizer_core.h"
 #include "tests/integration/start_embedded.h"
 #include "offload/job_assets.h"
 #include "gtest/gtest.h"
@@ -75,6 +76,21 @@ TEST(EmbeddedTest, StartRefusesAStateDirItCannotUse) {
   EXPECT_EQ(runtime.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_NE(runtime.status().message().find(file), std::string::npos) << runtime.status();
   std::filesystem::remove_all(dir);
+}
+
+TEST(OptimizerCoreTest, AnArenaOfAnotherModeIsRefusedBeforeAnythingIsAttached) {
+  // The worker built a zero-mode arena, the spec given to the optimizer says lsp.
+  optimizer::OptimizerCore core;
+  v1::JobSpec spec;
+  spec.set_mode(v1::MODE_LSP);
+  v1::ArenaLayout layout;
+  layout.set_name("/lspo-not-created");
+  layout.set_mode(v1::MODE_ZERO);
+  auto st = core.LoadJob("job-x", spec, layout);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.status().message().find("MODE_ZERO"), std::string::npos) << st.status();
+  EXPECT_NE(st.status().message().find("MODE_LSP"), std::string::npos) << st.status();
 }
 
 TEST(EmbeddedTest, NativeModeTrainsTheSameJob) {
