@@ -7,6 +7,9 @@
 //   lspctl health [SERVICE]                              grpc.health.v1 check of any of the
 //                                                        three services (--scheduler=ADDRESS)
 //   lspctl metrics                                       jobs in Prometheus text format
+//   lspctl generate --model=DIR|FILE (--prompt=TEXT | --chat=FILE.jsonl) [--max_new_tokens
+//                   --temperature --top_k --top_p --seed]    KV-cached decoding, streamed
+//   lspctl eval --model=DIR|FILE --data=FILE [--format]  loss / perplexity / accuracy
 // Common flags: --scheduler=127.0.0.1:50060, spec overrides --steps, --mode, --output_dir;
 // security: --auth_token_file, --tls_ca (runtime/grpc_flags.h).
 // Exit codes: 0 success (job SUCCEEDED for run/watch, SERVING for health), 1 job
@@ -27,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/embedded.h"
+#include "client/model_tools.h"
 #include "client/prometheus.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
@@ -50,6 +54,22 @@ ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends");
 ABSL_FLAG(bool, json, false, "status/list: print JSON instead of a table");
 ABSL_FLAG(bool, verbose, false, "run: also print the services' INFO logs to stderr");
 ABSL_FLAG(double, timeout_seconds, 5, "health: deadline of the check, seconds");
+ABSL_FLAG(std::string, model, "", "generate/eval: HF model folder (e.g. a job's output) or GGUF");
+ABSL_FLAG(std::string, prompt, "", "generate: plain-text prompt");
+ABSL_FLAG(std::string, chat, "", "generate: JSONL conversations ({\"messages\": [...]} per line)");
+ABSL_FLAG(int64_t, max_new_tokens, 256, "generate: tokens generated at most");
+ABSL_FLAG(double, temperature, 0.0, "generate: sampling temperature (0 = greedy)");
+ABSL_FLAG(int64_t, top_k, 0, "generate: keep the k most likely tokens (0 = off)");
+ABSL_FLAG(double, top_p, 1.0, "generate: nucleus sampling mass (1 = off)");
+ABSL_FLAG(uint64_t, seed, 0, "generate: sampling seed");
+ABSL_FLAG(std::string, data, "", "eval: data file (.tsv/.jsonl classification, else text)");
+ABSL_FLAG(std::string, format, "", "eval: classification or text (default from the extension)");
+ABSL_FLAG(int32_t, seq_len, 0, "eval: tokens per example or block (0 = 128)");
+ABSL_FLAG(int32_t, max_examples, 0, "eval: at most this many examples (0 = all)");
+ABSL_FLAG(std::string, perplexity_path, "", "eval: also measure the perplexity of this text");
+ABSL_FLAG(std::string, question, "", "eval: classification question (default: the job's)");
+ABSL_FLAG(std::string, system_prompt, "", "eval: classification system prompt");
+ABSL_FLAG(int32_t, threads, 0, "generate/eval: CPU threads (0 = all cores)");
 
 namespace {
 
@@ -64,6 +84,12 @@ constexpr char kUsage[] =
     "                                      (also a worker or optimizer address); exit 0 when\n"
     "                                      SERVING, 1 otherwise\n"
     "  lspctl metrics                      the scheduler's jobs in Prometheus text format\n"
+    "  lspctl generate --model=DIR|FILE (--prompt=TEXT | --chat=FILE.jsonl)\n"
+    "                  [--max_new_tokens=256 --temperature=0 --top_k=0 --top_p=1 --seed=0]\n"
+    "                                      generate from a model (e.g. a job's output folder)\n"
+    "  lspctl eval --model=DIR|FILE --data=FILE [--format=classification|text\n"
+    "              --question --system_prompt --seq_len --max_examples --perplexity_path]\n"
+    "                                      loss, perplexity, accuracy; no training\n"
     "Flags: --scheduler=HOST:PORT (127.0.0.1:50060), --json, --watch, --verbose,\n"
     "  spec overrides --steps --mode --schedule --output_dir, --timeout_seconds (health),\n"
     "  --auth_token_file=FILE (bearer token, mode 0600), --tls_ca=CA.pem (TLS).\n"
@@ -335,11 +361,64 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   if (args.size() < 2) {
     std::fprintf(stderr,
-                 "usage: lspctl run|submit|status|watch|cancel|list|health|metrics ... (--help)\n");
+                 "usage: lspctl run|submit|status|watch|cancel|list|health|metrics|generate|eval "
+                 "... (--help)\n");
     return 2;
   }
   const std::string cmd = args[1];
   const std::string arg = args.size() > 2 ? args[2] : "";
+
+  if (cmd == "generate" || cmd == "eval") {
+    if (absl::GetFlag(FLAGS_model).empty()) {
+      std::fprintf(stderr, "lspctl %s: give --model=DIR|FILE (an HF folder or a GGUF file)\n",
+                   cmd.c_str());
+      return 2;
+    }
+    FLAGS_minloglevel = absl::GetFlag(FLAGS_verbose) ? 0 : 1;
+    if (cmd == "generate") {
+      lspo::client::GenerateCommand g;
+      g.model = absl::GetFlag(FLAGS_model);
+      g.prompt = absl::GetFlag(FLAGS_prompt);
+      g.chat_file = absl::GetFlag(FLAGS_chat);
+      g.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+      g.temperature = absl::GetFlag(FLAGS_temperature);
+      g.top_k = absl::GetFlag(FLAGS_top_k);
+      g.top_p = absl::GetFlag(FLAGS_top_p);
+      g.seed = absl::GetFlag(FLAGS_seed);
+      g.num_threads = absl::GetFlag(FLAGS_threads);
+      absl::Status st = lspo::client::RunGenerate(g, stdout, stderr);
+      return st.ok() ? 0 : Fail(st);
+    }
+    lspo::client::EvalCommand e;
+    e.model = absl::GetFlag(FLAGS_model);
+    e.data = absl::GetFlag(FLAGS_data);
+    e.format = absl::GetFlag(FLAGS_format);
+    e.seq_len = absl::GetFlag(FLAGS_seq_len);
+    e.max_examples = absl::GetFlag(FLAGS_max_examples);
+    e.perplexity_path = absl::GetFlag(FLAGS_perplexity_path);
+    e.num_threads = absl::GetFlag(FLAGS_threads);
+    e.question = absl::GetFlag(FLAGS_question);
+    e.system_prompt = absl::GetFlag(FLAGS_system_prompt);
+    auto m = lspo::client::RunEval(e);
+    if (!m.ok()) return Fail(m.status());
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s\n", ToJsonString(*m).c_str());
+    } else {
+      if (lspo::client::EvalFormat(e) == "text") {
+        std::printf("%d blocks, loss %.6f, perplexity %.4f", m->examples(), m->loss(),
+                    std::exp(m->loss()));
+      } else {
+        std::printf("%d examples, accuracy %.4f, answer loss %.6f", m->examples(),
+                    m->accuracy(), m->loss());
+      }
+      if (m->perplexity() > 0) {
+        std::printf(", perplexity of %s %.4f (%lld tokens)", e.perplexity_path.c_str(),
+                    m->perplexity(), static_cast<long long>(m->perplexity_tokens()));
+      }
+      std::printf(" (%.1f s)\n", m->seconds());
+    }
+    return 0;
+  }
 
   if (cmd == "run") {
     // The progress bar and evaluation lines are the default output; --verbose adds the
@@ -401,7 +480,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "lspctl: unknown command '%s' (run, submit, status, watch, cancel, list, health, "
-               "metrics; --help)\n",
+               "metrics, generate, eval; --help)\n",
                cmd.c_str());
   return 2;
 }

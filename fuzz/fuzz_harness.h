@@ -24,6 +24,7 @@ int FuzzGguf(const uint8_t* data, size_t size);
 int FuzzSafetensors(const uint8_t* data, size_t size);
 int FuzzTokenizerGguf(const uint8_t* data, size_t size);
 int FuzzTokenizer(const uint8_t* data, size_t size);
+int FuzzTokenizerHf(const uint8_t* data, size_t size);
 int FuzzJobSpec(const uint8_t* data, size_t size);
 
 // Loads the vocabulary FuzzTokenizer encodes with (once; later calls do nothing): the GGUF

@@ -1,7 +1,7 @@
 // make_seeds: writes the seed corpora of the fuzz targets from real inputs.
 //   make_seeds MODEL.gguf EXAMPLES_DIR OUT_DIR
 // MODEL.gguf is the real SmolLM2 checkpoint (scripts/setup fetches it); EXAMPLES_DIR holds the
-// job specs (examples/). Writes, under OUT_DIR (the committed fuzz/corpus/, ~60 KB):
+// job specs (examples/). Writes, under OUT_DIR (the committed fuzz/corpus/, ~75 KB):
 //   gguf/smollm2_header.gguf          the first 8 KiB of the model (a truncated file)
 //   gguf/tiny_v3.gguf, tiny_v2.gguf   the model's non-tokenizer metadata + one row of one
 //                                     tensor of each type it stores, and synthetic rows of the
@@ -9,6 +9,11 @@
 //   tokenizer_gguf/smollm2_vocab_small.gguf   tokenizer metadata cut down to the byte symbols,
 //                                     the special tokens and the tokens of the first merges
 //   tokenizer/*.txt                   short texts (ASCII, digits, Unicode, ChatML, bad UTF-8)
+//   tokenizer_hf/*.bin                the test tokenizer.json files of
+//                                     tests/oracle/data/hf_tokenizers/ (read from the working
+//                                     directory, the repository root) cut down to their first
+//                                     300 ids + added tokens, then \0, tokenizer_config.json, \0,
+//                                     a short text (the tokenizer_hf harness's input format)
 //   safetensors/*.safetensors         small files written by WriteSafetensors (every dtype)
 //   job_spec/*                        the example specs as YAML and as JSON (JobSpecToJson)
 // Deterministic: the same model gives the same bytes.
@@ -18,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -31,6 +37,7 @@
 #include "runtime/float16.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
+#include "nlohmann/json.hpp"
 #include "scheduler/job_spec.h"
 
 namespace fs = std::filesystem;
@@ -300,6 +307,79 @@ void MakeTokenizerSeeds(const GgufFile& model, const fs::path& out) {
   for (const auto& [name, text] : texts) WriteFile(out / "tokenizer" / name, text);
 }
 
+// tokenizer.json cut down to ids < kKeep plus the added tokens (renumbered after them), the
+// merges among the kept tokens, and the post-processor's ids renumbered likewise.
+void MakeTokenizerHfSeeds(const fs::path& out) {
+  using Json = nlohmann::json;
+  constexpr int kKeep = 300;
+  const fs::path src = "tests/oracle/data/hf_tokenizers";
+  const char* kFamilies[] = {"llama3", "qwen2", "spm_legacy", "spm_metaspace", "spm_unk", "misc"};
+  auto read = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  for (const char* family : kFamilies) {
+    const fs::path dir = src / family;
+    Json tj = Json::parse(read(dir / "tokenizer.json"), nullptr, false);
+    if (tj.is_discarded()) Die(absl::StrCat("cannot read ", (dir / "tokenizer.json").string()));
+    Json& model = tj["model"];
+    Json vocab = Json::object();
+    for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
+      if (it.value().get<int>() < kKeep) vocab[it.key()] = it.value();
+    }
+    std::map<int, int> renumber;
+    Json added = Json::array();
+    for (Json t : tj["added_tokens"]) {
+      const int id = t["id"].get<int>();
+      if (id >= kKeep) {
+        const int fresh = kKeep + static_cast<int>(renumber.size());
+        renumber[id] = fresh;
+        t["id"] = fresh;
+      }
+      added.push_back(t);
+    }
+    Json merges = Json::array();
+    for (const Json& m : model["merges"]) {
+      std::string a, b;
+      if (m.is_string()) {
+        const std::string line = m.get<std::string>();
+        a = line.substr(0, line.find(' '));
+        b = line.substr(line.find(' ') + 1);
+      } else {
+        a = m[0].get<std::string>();
+        b = m[1].get<std::string>();
+      }
+      if (vocab.contains(a) && vocab.contains(b) && vocab.contains(a + b)) merges.push_back(m);
+    }
+    model["vocab"] = vocab;
+    model["merges"] = merges;
+    tj["added_tokens"] = added;
+    std::function<void(Json&)> fix_post = [&](Json& p) {
+      if (!p.is_object()) return;
+      if (p.contains("processors")) {
+        for (Json& q : p["processors"]) fix_post(q);
+      }
+      if (p.contains("special_tokens")) {
+        for (auto& [name, entry] : p["special_tokens"].items()) {
+          for (Json& id : entry["ids"]) {
+            auto it = renumber.find(id.get<int>());
+            if (it != renumber.end()) id = it->second;
+          }
+        }
+      }
+    };
+    fix_post(tj["post_processor"]);
+    std::string seed = tj.dump();
+    seed += '\0';
+    if (fs::exists(dir / "tokenizer_config.json")) seed += read(dir / "tokenizer_config.json");
+    seed += '\0';
+    seed += "<|im_start|>user\nHi! It's 2024\xe2\x80\x94 caf\xc3\xa9 \xe4\xb8\xad <s>[INST] x [/INST]";
+    WriteFile(out / "tokenizer_hf" / absl::StrCat(family, "_small.bin"), seed);
+  }
+}
+
 void MakeSafetensorsSeeds(const GgufFile& model, const fs::path& out) {
   auto emb = model.ReadRowsF32("token_embd.weight", 0, 2);
   if (!emb.ok()) Die(std::string(emb.status().message()));
@@ -377,6 +457,7 @@ int main(int argc, char** argv) {
   const fs::path out = argv[3];
   MakeGgufSeeds(*model, argv[1], out);
   MakeTokenizerSeeds(*model, out);
+  MakeTokenizerHfSeeds(out);
   MakeSafetensorsSeeds(*model, out);
   MakeJobSpecSeeds(argv[2], out);
   return 0;

@@ -613,6 +613,21 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
         path, job->model->config().ToHfConfigJson("float32").dump(2) + "\n"));
     reply.add_files(path);
   }
+  {
+    // generation_config.json: the input folder's (sampling defaults, eos list) when it had
+    // one, else the special ids of the config.
+    const std::string path = dir + "/generation_config.json";
+    const std::string source = job->spec.model().path() + "/generation_config.json";
+    std::string text;
+    if (job->spec.model().format() == lspo::v1::MODEL_FORMAT_HF &&
+        runtime::IsRegularFile(source)) {
+      ASSIGN_OR_RETURN(text, runtime::ReadFileToString(source, "generation_config.json"));
+    } else {
+      text = job->model->config().ToHfGenerationConfigJson().dump(2) + "\n";
+    }
+    RETURN_IF_ERROR(runtime::WriteFileAtomically(path, text));
+    reply.add_files(path);
+  }
   RETURN_IF_ERROR(offload::TorchCall("flush updates", [&] { return ApplyPending(job, -1); }));
   RETURN_IF_ERROR(job->tokenizer->WriteHfFiles(dir));
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {

@@ -16,6 +16,7 @@
 
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
@@ -39,6 +40,29 @@ inline constexpr absl::string_view kSmolLmDefaultSystemPrompt =
 std::string ApplyChatMlTemplate(absl::Span<const ChatMessage> messages,
                                 bool add_generation_prompt,
                                 absl::string_view default_system = kSmolLmDefaultSystemPrompt);
+
+// A model's chat template, recognised from its Jinja source (no Jinja engine is packaged for
+// C++ on the registries this project uses, so the families' real templates are recognised
+// and rendered natively).
+//   kChatMl: "<|im_start|>ROLE\nCONTENT<|im_end|>\n" turns and "<|im_start|>assistant\n" as
+//            the generation prompt (SmolLM2, Qwen2.5). The default system prompt is the
+//            literal text of the first '<|im_start|>system\n...<|im_end|>' string literal in
+//            the template (SmolLM2's "You are a helpful AI assistant named SmolLM, ...",
+//            Qwen2.5's "You are Qwen, created by Alibaba Cloud. ..."); none if it has none.
+struct ChatTemplate {
+  enum class Kind { kChatMl };
+  Kind kind = Kind::kChatMl;
+  std::string default_system;  // inserted before a conversation without a system turn
+
+  // Recognises `jinja_source` (tokenizer_config.json's chat_template or chat_template.jinja).
+  // Errors: kUnimplemented when the template is empty or of a family not recognised, naming
+  // what it looked for (pass --chat_template / data.chat_template, or use a plain prompt).
+  static absl::StatusOr<ChatTemplate> Recognise(absl::string_view jinja_source);
+
+  // The conversation as text, as transformers' apply_chat_template(tokenize=False) renders it
+  // with this template. Never fails.
+  std::string Render(absl::Span<const ChatMessage> messages, bool add_generation_prompt) const;
+};
 
 }  // namespace lspo::model
 

@@ -5,12 +5,15 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "model/gguf.h"
+#include "model/hf_checkpoint.h"
 #include "model/hf_names.h"
 #include "runtime/status_macros.h"
 
@@ -19,16 +22,9 @@ namespace {
 
 using torch::autograd::variable_list;
 
-// Slots inside one layer's block of 9 tensors (NamedTensors order).
-constexpr int64_t kTensorsPerLayer = 9;
-constexpr int64_t kInputNormOffset = 0;
-constexpr int64_t kPostNormOffset = 5;
-// Offset of LinearKind k inside the layer block: q,k,v,o at 1..4; gate,up,down at 6..8.
-constexpr int64_t kLinearOffset[kLinearsPerLayer] = {1, 2, 3, 4, 6, 7, 8};
 constexpr const char* kLinearSuffix[kLinearsPerLayer] = {
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
-    "mlp.down_proj.weight"};
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
 
 std::string ShapeString(at::IntArrayRef shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
@@ -79,6 +75,33 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   }
 };
 
+at::Tensor RopeInverseFrequencies(const LlamaConfig& c, const at::Device& device) {
+  const auto fopts = at::TensorOptions().dtype(at::kFloat).device(device);
+  const int64_t hd = c.head_dim;
+  at::Tensor inv_freq =
+      at::pow(c.rope_theta, at::arange(0, hd, 2, fopts) / hd).reciprocal();  // (hd/2)
+  const RopeScaling& s = c.rope_scaling;
+  switch (s.type) {
+    case RopeScaling::Type::kNone:
+      return inv_freq;
+    case RopeScaling::Type::kLinear:
+      return inv_freq / s.factor;
+    case RopeScaling::Type::kLlama3: {
+      const double old_len = static_cast<double>(s.original_max_position_embeddings);
+      const double low_wavelen = old_len / s.low_freq_factor;
+      const double high_wavelen = old_len / s.high_freq_factor;
+      at::Tensor wavelen = 2.0 * M_PI / inv_freq;                      // (hd/2)
+      at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq);
+      at::Tensor smooth =
+          (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      at::Tensor smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+      at::Tensor medium = wavelen.ge(high_wavelen).logical_and(wavelen.le(low_wavelen));
+      return at::where(medium, smoothed, scaled);
+    }
+  }
+  return inv_freq;
+}
+
 LlamaModel LlamaModel::Allocate(const LlamaConfig& c) {
   LlamaModel model;
   model.config_ = c;
@@ -86,33 +109,36 @@ LlamaModel LlamaModel::Allocate(const LlamaConfig& c) {
   const int64_t q_out = c.num_heads * c.head_dim, kv_out = c.num_kv_heads * c.head_dim;
   const auto opts = at::TensorOptions().dtype(at::kFloat);
   auto add = [&model, &opts](std::string name, std::vector<int64_t> shape) {
-    model.slot_of_[name] = static_cast<int64_t>(model.tensors_.size());
+    const int64_t slot = static_cast<int64_t>(model.tensors_.size());
+    model.slot_of_[name] = slot;
     model.names_.push_back(std::move(name));
     model.tensors_.push_back(at::empty(shape, opts));
+    return slot;
   };
-  add("model.embed_tokens.weight", {c.vocab_size, H});
-  model.embed_slot_ = 0;
+  model.embed_slot_ = add("model.embed_tokens.weight", {c.vocab_size, H});
   const std::vector<int64_t> linear_shapes[kLinearsPerLayer] = {
       {q_out, H}, {kv_out, H}, {kv_out, H}, {H, q_out}, {F, H}, {F, H}, {H, F}};
+  const bool has_bias[kLinearsPerLayer] = {c.qkv_bias, c.qkv_bias, c.qkv_bias, c.o_bias,
+                                           false,      false,      false};
+  // transformers' state_dict order: input_layernorm, q, k, v, o (each weight then bias),
+  // post_attention_layernorm, gate, up, down.
+  auto add_linear = [&](const std::string& prefix, int64_t k) {
+    model.linear_slot_.push_back(
+        add(absl::StrCat(prefix, kLinearSuffix[k], ".weight"), linear_shapes[k]));
+    model.bias_slot_.push_back(
+        has_bias[k] ? add(absl::StrCat(prefix, kLinearSuffix[k], ".bias"), {linear_shapes[k][0]})
+                    : -1);
+  };
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string prefix = LayerPrefix(l);
-    const int64_t base = static_cast<int64_t>(model.tensors_.size());
-    add(prefix + "input_layernorm.weight", {H});
-    for (int64_t k = 0; k < 4; ++k) add(prefix + kLinearSuffix[k], linear_shapes[k]);
-    add(prefix + "post_attention_layernorm.weight", {H});
-    for (int64_t k = 4; k < kLinearsPerLayer; ++k) add(prefix + kLinearSuffix[k], linear_shapes[k]);
-    for (int64_t k = 0; k < kLinearsPerLayer; ++k) {
-      model.linear_slot_.push_back(base + kLinearOffset[k]);
-    }
+    model.input_norm_slot_.push_back(add(prefix + "input_layernorm.weight", {H}));
+    for (int64_t k = 0; k < 4; ++k) add_linear(prefix, k);
+    model.post_norm_slot_.push_back(add(prefix + "post_attention_layernorm.weight", {H}));
+    for (int64_t k = 4; k < kLinearsPerLayer; ++k) add_linear(prefix, k);
   }
-  model.final_norm_slot_ = static_cast<int64_t>(model.tensors_.size());
-  add("model.norm.weight", {H});
-  if (c.tie_word_embeddings) {
-    model.lm_head_slot_ = model.embed_slot_;
-  } else {
-    model.lm_head_slot_ = static_cast<int64_t>(model.tensors_.size());
-    add("lm_head.weight", {c.vocab_size, H});
-  }
+  model.final_norm_slot_ = add("model.norm.weight", {H});
+  model.lm_head_slot_ =
+      c.tie_word_embeddings ? model.embed_slot_ : add("lm_head.weight", {c.vocab_size, H});
   model.modes_.assign(model.linear_slot_.size(), LinearMode::kFrozen);
   return model;
 }
@@ -123,8 +149,11 @@ absl::StatusOr<LlamaModel> LlamaModel::RandomInit(const LlamaConfig& config, uin
     LlamaModel model = Allocate(config);
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
     at::NoGradGuard no_grad;
-    for (at::Tensor& t : model.tensors_) {
-      if (t.dim() == 1) {
+    for (size_t slot = 0; slot < model.tensors_.size(); ++slot) {
+      at::Tensor& t = model.tensors_[slot];
+      if (absl::EndsWith(model.names_[slot], ".bias")) {
+        t.zero_();
+      } else if (t.dim() == 1) {
         t.fill_(1.0);  // RMSNorm weights
       } else {
         t.normal_(0.0, 0.02, gen);
@@ -158,6 +187,56 @@ absl::StatusOr<LlamaModel> LlamaModel::FromGguf(const GgufFile& gguf) {
     return model;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("LlamaModel::FromGguf: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<LlamaModel> LlamaModel::FromHfCheckpoint(const HfCheckpoint& ckpt) {
+  const std::string config_path = ckpt.dir() + "/config.json";
+  ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfigFromHfJson(ckpt.config(), config_path));
+  try {
+    LlamaModel model = Allocate(config);
+    // Every stored tensor must be one the config implies (or a known leftover).
+    for (const std::string& name : ckpt.TensorNames()) {
+      if (model.slot_of_.contains(name)) continue;
+      if (absl::EndsWith(name, "rotary_emb.inv_freq")) continue;  // old checkpoints' buffer
+      if (name == "lm_head.weight" && config.tie_word_embeddings) continue;  // HF ties it
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", ckpt.FileOf(name), "' holds tensor '", name, "', which ", config_path,
+          " does not imply (architecture ", HfArchitecture(config.family),
+          absl::EndsWith(name, ".bias") ? ", no bias on this projection" : "",
+          "): config.json contradicts the weights"));
+    }
+    at::NoGradGuard no_grad;
+    for (size_t slot = 0; slot < model.tensors_.size(); ++slot) {
+      const std::string& name = model.names_[slot];
+      at::Tensor& t = model.tensors_[slot];
+      const SafetensorsTensorInfo* info = ckpt.Find(name);
+      if (info == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "HF model folder '", ckpt.dir(), "' lacks tensor '", name, "', which ",
+            config_path, " implies",
+            name == "lm_head.weight"
+                ? " (tie_word_embeddings is false; set it to true if the head is the embedding)"
+                : ""));
+      }
+      if (at::IntArrayRef(info->shape) != t.sizes()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", name, "' in '", ckpt.FileOf(name), "' has shape ",
+            ShapeString(info->shape), " but ", config_path, " implies ",
+            ShapeString(t.sizes()), "; config.json contradicts the weights"));
+      }
+      if (info->dtype != "F32" && info->dtype != "BF16" && info->dtype != "F16") {
+        return absl::UnimplementedError(absl::StrCat(
+            "tensor '", name, "' in '", ckpt.FileOf(name), "' has dtype ", info->dtype,
+            "; expected F32, BF16 or F16 (quantised checkpoints are not supported)"));
+      }
+      RETURN_IF_ERROR(ckpt.ReadF32Into(
+          name, absl::MakeSpan(t.data_ptr<float>(), static_cast<size_t>(t.numel()))));
+    }
+    return model;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("LlamaModel::FromHfCheckpoint: ", e.what_without_backtrace()));
   }
 }
 
@@ -234,22 +313,40 @@ at::Tensor LlamaModel::Linear(const at::Tensor& x, int64_t linear_index) {
   out_shape.back() = m;
   at::Tensor x2d = x.reshape({-1, n});  // (N, n)
   const LinearMode mode = modes_[static_cast<size_t>(linear_index)];
-  if (mode == LinearMode::kCustom && at::GradMode::is_enabled()) {
-    if (linear_impl_ != nullptr) {
-      return linear_impl_->Forward(x2d, w, linear_index).view(out_shape);
+  at::Tensor y;  // (N, m)
+  if (mode == LinearMode::kCustom && at::GradMode::is_enabled() && linear_impl_ != nullptr) {
+    y = linear_impl_->Forward(x2d, w, linear_index);
+  } else {
+    if (mode == LinearMode::kCustom && at::GradMode::is_enabled()) {
+      LOG_FIRST_N(WARNING, 8) << "LlamaModel: linear " << LinearName(linear_index)
+                              << " is in kCustom mode without a LinearImpl; treated as frozen "
+                                 "(call SetLinearImpl first)";
     }
-    LOG_FIRST_N(WARNING, 8) << "LlamaModel: linear " << LinearName(linear_index)
-                            << " is in kCustom mode without a LinearImpl; treated as frozen "
-                               "(call SetLinearImpl first)";
+    y = at::mm(x2d, w.t());
   }
-  return at::mm(x2d, w.t()).view(out_shape);  // (..., m)
+  const int64_t bias_slot = bias_slot_[static_cast<size_t>(linear_index)];
+  if (bias_slot >= 0) y = y + T(bias_slot).to(y.scalar_type());  // + b (m), frozen
+  return y.view(out_shape);  // (..., m)
 }
 
-at::Tensor LlamaModel::Attention(const at::Tensor& a, int64_t layer, const at::Tensor& cos,
-                                 const at::Tensor& sin, const at::Tensor& causal_mask) {
+std::pair<at::Tensor, at::Tensor> LlamaModel::RopeTables(int64_t start, int64_t T_len,
+                                                         const at::Tensor& like) const {
+  const int64_t hd = config_.head_dim;
+  const auto fopts = at::TensorOptions().dtype(at::kFloat).device(like.device());
+  // RoPE tables as HF LlamaRotaryEmbedding (fp32): inv_freq_i = θ^(-2i/hd) (then scaled,
+  // llama_config.h RopeScaling), angle(t, i) = t · inv_freq_i, emb = [angle, angle].
+  at::Tensor inv_freq = RopeInverseFrequencies(config_, like.device());  // (hd/2) fp32
+  at::Tensor angle = at::outer(at::arange(start, start + T_len, fopts), inv_freq);  // (T, hd/2)
+  at::Tensor cos_half = angle.cos(), sin_half = angle.sin();
+  at::Tensor cos = at::cat({cos_half, cos_half}, -1).view({T_len, 1, hd}).to(like.scalar_type());
+  at::Tensor sin = at::cat({-sin_half, sin_half}, -1).view({T_len, 1, hd}).to(like.scalar_type());
+  return {cos, sin};
+}
+
+std::array<at::Tensor, 3> LlamaModel::RotatedQkv(const at::Tensor& a, int64_t layer,
+                                                 const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t B = a.size(0), T = a.size(1);
   const int64_t nh = config_.num_heads, nkv = config_.num_kv_heads, hd = config_.head_dim;
-  const int64_t G = nh / nkv;
   const int64_t base = layer * kLinearsPerLayer;
   at::Tensor q = Linear(a, base + static_cast<int64_t>(LinearKind::kQ)).view({B, T, nh, hd});
   at::Tensor k = Linear(a, base + static_cast<int64_t>(LinearKind::kK)).view({B, T, nkv, hd});
@@ -258,6 +355,23 @@ at::Tensor LlamaModel::Attention(const at::Tensor& a, int64_t layer, const at::T
   // folded into `sin` ([-sin, sin] halves), so rotate_half(x) sin == SwapHalves(x) sin_signed.
   q = q * cos + SwapHalves(q) * sin;  // (B, T, nh, hd); cos/sin (T, 1, hd)
   k = k * cos + SwapHalves(k) * sin;  // (B, T, nkv, hd)
+  return {q, k, v};
+}
+
+at::Tensor LlamaModel::Mlp(const at::Tensor& a, int64_t layer) {
+  const int64_t lin = layer * kLinearsPerLayer;
+  at::Tensor gate = Linear(a, lin + static_cast<int64_t>(LinearKind::kGate));  // (B, T, F)
+  at::Tensor up = Linear(a, lin + static_cast<int64_t>(LinearKind::kUp));      // (B, T, F)
+  return Linear(at::silu(gate) * up, lin + static_cast<int64_t>(LinearKind::kDown));
+}
+
+at::Tensor LlamaModel::Attention(const at::Tensor& a, int64_t layer, const at::Tensor& cos,
+                                 const at::Tensor& sin, const at::Tensor& causal_mask) {
+  const int64_t B = a.size(0), T = a.size(1);
+  const int64_t nh = config_.num_heads, nkv = config_.num_kv_heads, hd = config_.head_dim;
+  const int64_t G = nh / nkv;
+  const int64_t base = layer * kLinearsPerLayer;
+  auto [q, k, v] = RotatedQkv(a, layer, cos, sin);
   // GQA without repeating k/v: query head j = kv * G + g, so (B, nh, T, hd) viewed as
   // (B, nkv, G*T, hd) pairs every query row with its kv head.
   at::Tensor qg = q.transpose(1, 2).contiguous().view({B, nkv, G * T, hd});
@@ -278,20 +392,17 @@ at::Tensor LlamaModel::LmHead(const at::Tensor& h) const {
 
 at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids) {
   const int64_t T_len = input_ids.size(1);
-  const int64_t hd = config_.head_dim;
   at::Tensor h = at::embedding(T(embed_slot_), input_ids);  // (B, T, H)
   const auto fopts = at::TensorOptions().dtype(at::kFloat).device(h.device());
-  // RoPE tables as HF LlamaRotaryEmbedding (fp32): inv_freq_i = θ^(-2i/hd),
-  // angle(t, i) = t · inv_freq_i, emb = [angle, angle].
-  at::Tensor inv_freq = at::pow(config_.rope_theta, at::arange(0, hd, 2, fopts) / hd)
-                            .reciprocal();                          // (hd/2)
-  at::Tensor angle = at::outer(at::arange(T_len, fopts), inv_freq);  // (T, hd/2)
-  at::Tensor cos_half = angle.cos(), sin_half = angle.sin();
-  at::Tensor cos = at::cat({cos_half, cos_half}, -1).view({T_len, 1, hd}).to(h.scalar_type());
-  at::Tensor sin = at::cat({-sin_half, sin_half}, -1).view({T_len, 1, hd}).to(h.scalar_type());
-  // Additive causal mask: -inf above the diagonal, (T, T).
-  at::Tensor mask = at::full({T_len, T_len}, -std::numeric_limits<float>::infinity(), fopts)
-                        .triu(1);
+  auto [cos, sin] = RopeTables(0, T_len, h);  // (T, 1, hd) each
+  // Additive causal mask: -inf above the diagonal, (T, T); with a sliding window W also -inf
+  // for keys at or before t - W (HF: key kept iff t - W < key <= t).
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  at::Tensor mask = at::full({T_len, T_len}, neg_inf, fopts).triu(1);
+  const int64_t W = config_.sliding_window;
+  if (W > 0 && T_len > W) {
+    mask = mask + at::full({T_len, T_len}, neg_inf, fopts).tril(-W);
+  }
   const bool grad = at::GradMode::is_enabled();
   if (grad && checkpointing_ && !h.requires_grad()) {
     // A checkpointed layer records a backward node only when its input needs a gradient
@@ -319,16 +430,82 @@ at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids) {
   return RmsNorm(h, T(final_norm_slot_));  // (B, T, H)
 }
 
+at::Tensor LlamaModel::CachedAttention(const at::Tensor& a, int64_t layer, const at::Tensor& cos,
+                                       const at::Tensor& sin, int64_t start, KvCache* cache) {
+  const int64_t B = a.size(0), t = a.size(1);
+  const int64_t nh = config_.num_heads, nkv = config_.num_kv_heads, hd = config_.head_dim;
+  const int64_t G = nh / nkv;
+  const int64_t base = layer * kLinearsPerLayer;
+  auto [q, k, v] = RotatedQkv(a, layer, cos, sin);  // (B, t, nh | nkv, hd)
+  at::Tensor& kc = cache->k[static_cast<size_t>(layer)];
+  at::Tensor& vc = cache->v[static_cast<size_t>(layer)];
+  at::Tensor kn = k.transpose(1, 2);  // (B, nkv, t, hd)
+  at::Tensor vn = v.transpose(1, 2);
+  kc = kc.defined() ? at::cat({kc, kn}, 2) : kn.contiguous();  // (B, nkv, L, hd)
+  vc = vc.defined() ? at::cat({vc, vn}, 2) : vn.contiguous();
+  const int64_t L = kc.size(2);  // start + t
+  at::Tensor qg = q.transpose(1, 2).contiguous().view({B, nkv, G * t, hd});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  at::Tensor scores = at::matmul(qg, kc.transpose(2, 3)).view({B, nkv, G, t, L});
+  // Query i (position start + i) sees key j iff j <= start + i and, with a window W,
+  // j > start + i - W.
+  const auto iopts = at::TensorOptions().dtype(at::kLong).device(a.device());
+  at::Tensor qpos = at::arange(start, start + t, iopts).unsqueeze(1);  // (t, 1)
+  at::Tensor kpos = at::arange(0, L, iopts).unsqueeze(0);             // (1, L)
+  at::Tensor hidden = kpos > qpos;
+  if (config_.sliding_window > 0) {
+    hidden = hidden.logical_or(kpos <= qpos - config_.sliding_window);
+  }
+  at::Tensor mask = at::zeros({t, L}, a.options().dtype(at::kFloat))
+                        .masked_fill(hidden, -std::numeric_limits<float>::infinity());
+  scores = at::add(mask, scores, scale);  // (B, nkv, G, t, L)
+  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(vc.scalar_type());
+  at::Tensor o = at::matmul(probs.view({B, nkv, G * t, L}), vc);  // (B, nkv, G*t, hd)
+  o = o.view({B, nh, t, hd}).transpose(1, 2).reshape({B, t, nh * hd});
+  return Linear(o, base + static_cast<int64_t>(LinearKind::kO));  // (B, t, H)
+}
+
+absl::StatusOr<at::Tensor> LlamaModel::ForwardCached(const at::Tensor& input_ids,
+                                                     KvCache* cache) {
+  RETURN_IF_ERROR(ValidateBatch(input_ids));
+  const int64_t B = input_ids.size(0), t = input_ids.size(1);
+  const size_t layers = static_cast<size_t>(config_.num_layers);
+  if (cache->length == 0) {
+    cache->k.assign(layers, at::Tensor());
+    cache->v.assign(layers, at::Tensor());
+  } else if (cache->k.size() != layers || cache->v.size() != layers ||
+             !cache->k[0].defined() || cache->k[0].size(0) != B) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ForwardCached: the KV cache holds ", cache->k.size(), " layers of batch ",
+        cache->k.empty() || !cache->k[0].defined() ? 0 : cache->k[0].size(0),
+        " but the model has ", layers, " layers and the batch is ", B,
+        "; use a fresh KvCache per batch"));
+  }
+  try {
+    const int64_t start = cache->length;
+    at::Tensor h = at::embedding(T(embed_slot_), input_ids);  // (B, t, H)
+    auto [cos, sin] = RopeTables(start, t, h);                // (t, 1, hd) each
+    for (int64_t l = 0; l < config_.num_layers; ++l) {
+      at::Tensor a = RmsNorm(h, T(input_norm_slot_[static_cast<size_t>(l)]));
+      h = h + CachedAttention(a, l, cos, sin, start, cache);
+      a = RmsNorm(h, T(post_norm_slot_[static_cast<size_t>(l)]));
+      h = h + Mlp(a, l);
+    }
+    cache->length = start + t;
+    at::Tensor last = h.select(1, t - 1);                     // (B, H)
+    return LmHead(RmsNorm(last, T(final_norm_slot_)));        // (B, V)
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("LlamaModel::ForwardCached: ", e.what_without_backtrace()));
+  }
+}
+
 at::Tensor LlamaModel::DecoderLayer(const at::Tensor& h_in, int64_t l, const at::Tensor& cos,
                                     const at::Tensor& sin, const at::Tensor& mask) {
-  const int64_t base = 1 + l * kTensorsPerLayer;
-  at::Tensor a = RmsNorm(h_in, T(base + kInputNormOffset));
+  at::Tensor a = RmsNorm(h_in, T(input_norm_slot_[static_cast<size_t>(l)]));
   at::Tensor h = h_in + Attention(a, l, cos, sin, mask);
-  a = RmsNorm(h, T(base + kPostNormOffset));
-  const int64_t lin = l * kLinearsPerLayer;
-  at::Tensor gate = Linear(a, lin + static_cast<int64_t>(LinearKind::kGate));  // (B, T, F)
-  at::Tensor up = Linear(a, lin + static_cast<int64_t>(LinearKind::kUp));      // (B, T, F)
-  return h + Linear(at::silu(gate) * up, lin + static_cast<int64_t>(LinearKind::kDown));
+  a = RmsNorm(h, T(post_norm_slot_[static_cast<size_t>(l)]));
+  return h + Mlp(a, l);
 }
 
 void LlamaModel::HookState::Run(const LayerHook& hook, int64_t layer) {

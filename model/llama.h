@@ -16,8 +16,11 @@
 //              h += o Wo^T ; a = RMSNorm(h) ; h += (silu(a Wg^T) * (a Wu^T)) Wd^T
 //   out = RMSNorm_final(h) ; logits = out lm_head^T (lm_head = embed_tokens when tied).
 //   RMSNorm(x) = w * x / sqrt(mean(x^2) + eps), computed in fp32.
+//   Linears with a bias (Qwen2 q/k/v; Llama attention_bias q/k/v/o) add it: y = x W^T + b.
 //   RoPE: HF rotate_half convention on un-permuted q/k rows (pairs (i, i + hd/2)),
-//   angle = pos · θ^(-2i/hd), positions 0..T-1 for every row.
+//   angle = pos · inv_freq_i (RopeInverseFrequencies: θ^(-2i/hd), scaled per
+//   config.rope_scaling), positions 0..T-1 for every row.
+//   Attention is causal; with config.sliding_window W > 0 a query at t sees keys in (t-W, t].
 //   Softmax is computed in fp32.
 // Padding: callers pad on the RIGHT; causal attention alone then gives the unpadded result
 // for every real token, so no attention mask is taken. Left padding is NOT supported (the
@@ -32,6 +35,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -50,6 +54,12 @@
 namespace lspo::model {
 
 class GgufFile;
+class HfCheckpoint;
+
+// RoPE inverse frequencies of `config`: (head_dim / 2) fp32 on `device`, inv_freq_i =
+// rope_theta^(-2i/head_dim), then the rope_scaling rule (llama_config.h RopeScaling;
+// transformers modeling_rope_utils.py), computed in fp32 as transformers does.
+at::Tensor RopeInverseFrequencies(const LlamaConfig& config, const at::Device& device);
 
 // The 7 linear weights of a decoder layer. Global linear index i = layer * 7 + kind.
 enum class LinearKind : int64_t { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
@@ -71,6 +81,15 @@ enum class LinearMode {
   kCustom,
 };
 
+// Keys and values of every decoder layer for the positions decoded so far (incremental
+// decoding, LlamaModel::ForwardCached). k[l], v[l]: (B, nkv, L, hd) fp32 on the model's
+// device, L = length. A fresh (default) cache is empty; one cache serves one batch of rows.
+struct KvCache {
+  std::vector<at::Tensor> k;
+  std::vector<at::Tensor> v;
+  int64_t length = 0;  // positions cached (tokens per row)
+};
+
 // Called with a decoder layer index (see LlamaModel::SetLayerHooks). A hook that fails
 // returns a non-OK status: the model stops calling hooks for that pass, and the forward (or
 // the end of the backward) reports the first such status through HookStatus().
@@ -90,8 +109,21 @@ class LlamaModel {
   // tensor's shape differs from the config's.
   static absl::StatusOr<LlamaModel> FromGguf(const GgufFile& gguf);
 
+  // Loads an HF model folder (model/hf_checkpoint.h) of a supported family: the config from
+  // config.json (LlamaConfigFromHfJson), then every tensor converted one at a time from
+  // F32 / BF16 / F16 to the model's fp32 tensor, the source pages released after each, so
+  // peak memory stays near the size of the fp32 model. A tied model ignores a stored
+  // lm_head.weight (as transformers' tie_weights does); rotary_emb.inv_freq buffers of old
+  // checkpoints are skipped.
+  // Errors (each names the file and tensor): those of LlamaConfigFromHfJson; kInvalidArgument
+  // when a tensor the config implies is missing (e.g. lm_head.weight with
+  // tie_word_embeddings false, or q_proj.bias of a Qwen2 config), when the folder has a
+  // tensor the config does not imply (config.json contradicts the weights), or when a shape
+  // differs from the config's; kUnimplemented for a dtype other than F32 / BF16 / F16.
+  static absl::StatusOr<LlamaModel> FromHfCheckpoint(const HfCheckpoint& checkpoint);
+
   // A randomly initialised model (HF `_init_weights`): linear and embedding weights
-  // ~ N(0, 0.02^2) fp32, RMSNorm weights 1. Deterministic in `seed` (own CPU generator; the
+  // ~ N(0, 0.02^2) fp32, RMSNorm weights 1, biases 0. Deterministic in `seed` (own CPU generator; the
   // global torch RNG is untouched). Errors: kInvalidArgument when config.Validate() fails.
   static absl::StatusOr<LlamaModel> RandomInit(const LlamaConfig& config, uint64_t seed);
 
@@ -125,6 +157,17 @@ class LlamaModel {
   // (still attached to the graph, so backward runs and yields zero gradients) where HF would
   // return NaN.
   at::Tensor CausalLmLoss(const at::Tensor& input_ids, const at::Tensor& labels);
+
+  // Incremental decoding (no autograd; call under at::NoGradGuard): runs the t new tokens
+  // input_ids (B, t) int64 at positions cache->length .. cache->length + t - 1, attending to
+  // the cached keys/values and to each other causally (and within the sliding window), appends
+  // their keys/values to `cache`, and returns the logits of the last new position: (B, V)
+  // fp32. Same formulas as Logits(): ForwardCached(prompt) then one token at a time gives the
+  // logits Logits() gives for the whole sequence (within fp32 rounding). No layer hooks run.
+  // Positions may run past max_position_embeddings (RoPE extends, as in transformers).
+  // Errors: kInvalidArgument for ids ValidateBatch rejects, or a non-empty cache of another
+  // batch size or layer count.
+  absl::StatusOr<at::Tensor> ForwardCached(const at::Tensor& input_ids, KvCache* cache);
 
   // Number of linear weights: 7 * num_layers.
   int64_t num_linears() const { return static_cast<int64_t>(linear_slot_.size()); }
@@ -203,8 +246,10 @@ class LlamaModel {
                           const at::Tensor& sin, const at::Tensor& mask);
 
   // Every model tensor with its HF name, in order: embed_tokens, per layer
-  // [input_layernorm, q, k, v, o, post_attention_layernorm, gate, up, down], norm, and
-  // lm_head only when not tied (272 tensors for SmolLM2-135M). The tensors alias the model's.
+  // [input_layernorm, q, k, v, o (each followed by its bias when the config has one),
+  // post_attention_layernorm, gate, up, down], norm, and lm_head only when not tied (272
+  // tensors for SmolLM2-135M). The tensors alias the model's. Biases, norms and embeddings
+  // stay frozen in every training mode (only the 7 linears per layer are trained).
   std::vector<std::pair<std::string, at::Tensor>> NamedTensors() const;
 
   // The tensor named `hf_name` (aliases the model's; e.g. to set requires_grad on
@@ -228,12 +273,28 @@ class LlamaModel {
   at::Tensor Attention(const at::Tensor& a, int64_t layer, const at::Tensor& cos,
                        const at::Tensor& sin, const at::Tensor& causal_mask);
   at::Tensor LmHead(const at::Tensor& h) const;
+  // RoPE cos / sin tables (T_len, 1, hd) in like's dtype and device for positions
+  // [start, start + T_len); the sign of rotate_half is folded into sin ([-sin, sin]).
+  std::pair<at::Tensor, at::Tensor> RopeTables(int64_t start, int64_t T_len,
+                                               const at::Tensor& like) const;
+  // q (B, T, nh, hd), k, v (B, T, nkv, hd) of layer `layer` from a (B, T, H), q and k rotated.
+  std::array<at::Tensor, 3> RotatedQkv(const at::Tensor& a, int64_t layer, const at::Tensor& cos,
+                                       const at::Tensor& sin);
+  // SwiGLU MLP of layer `layer`: a (B, T, H) -> (B, T, H).
+  at::Tensor Mlp(const at::Tensor& a, int64_t layer);
+  // Attention of t new rows a (B, t, H) at positions [start, start + t) against the cache of
+  // `layer` (extended in place). cos/sin (t, 1, hd).
+  at::Tensor CachedAttention(const at::Tensor& a, int64_t layer, const at::Tensor& cos,
+                             const at::Tensor& sin, int64_t start, KvCache* cache);
 
   LlamaConfig config_;
   std::vector<std::string> names_;    // HF names, NamedTensors order.
   std::vector<at::Tensor> tensors_;   // fp32, aliases handed out by NamedTensors.
   absl::flat_hash_map<std::string, int64_t> slot_of_;
   std::vector<int64_t> linear_slot_;  // linear index -> slot in tensors_.
+  std::vector<int64_t> bias_slot_;    // linear index -> slot of its bias, -1 = none.
+  std::vector<int64_t> input_norm_slot_;  // layer -> input_layernorm slot.
+  std::vector<int64_t> post_norm_slot_;   // layer -> post_attention_layernorm slot.
   int64_t embed_slot_ = 0;
   int64_t final_norm_slot_ = 0;
   int64_t lm_head_slot_ = 0;          // == embed_slot_ when tied.

@@ -1,6 +1,7 @@
 #include "model/llama_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -17,9 +18,10 @@ absl::Status Positive(const char* field, int64_t value) {
 }
 
 absl::Status TokenId(const char* field, int64_t value, int64_t vocab_size) {
-  if (value >= 0 && value < vocab_size) return absl::OkStatus();
+  if (value == -1 || (value >= 0 && value < vocab_size)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("LlamaConfig.", field, " is ", value,
-                                                 "; expected a token id in [0, vocab_size = ",
+                                                 "; expected -1 (none) or a token id in "
+                                                 "[0, vocab_size = ",
                                                  vocab_size, ")"));
 }
 
@@ -50,12 +52,6 @@ absl::Status LlamaConfig::Validate() const {
         absl::StrCat("LlamaConfig.num_heads (", num_heads, ") is not a multiple of num_kv_heads (",
                      num_kv_heads, "); GQA needs num_heads % num_kv_heads == 0"));
   }
-  if (num_heads * head_dim != hidden_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "LlamaConfig: num_heads * head_dim = ", num_heads, " * ", head_dim, " = ",
-        num_heads * head_dim, " but hidden_size = ", hidden_size,
-        "; this implementation needs num_heads * head_dim == hidden_size"));
-  }
   if (head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("LlamaConfig.head_dim is ", head_dim,
                                                    "; RoPE needs an even head_dim"));
@@ -68,17 +64,61 @@ absl::Status LlamaConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("LlamaConfig.rope_theta is ", rope_theta, "; expected > 0"));
   }
+  if (rope_scaling.type != RopeScaling::Type::kNone && !(rope_scaling.factor >= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LlamaConfig.rope_scaling.factor is ", rope_scaling.factor, "; expected >= 1"));
+  }
+  if (rope_scaling.type == RopeScaling::Type::kLlama3 &&
+      !(rope_scaling.low_freq_factor > 0.0 &&
+        rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
+        rope_scaling.original_max_position_embeddings > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LlamaConfig.rope_scaling (llama3) has low_freq_factor ", rope_scaling.low_freq_factor,
+        ", high_freq_factor ", rope_scaling.high_freq_factor,
+        ", original_max_position_embeddings ", rope_scaling.original_max_position_embeddings,
+        "; expected high_freq_factor > low_freq_factor > 0 and a positive context length"));
+  }
+  if (sliding_window < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("LlamaConfig.sliding_window is ",
+                                                   sliding_window, "; expected >= 0"));
+  }
   RETURN_IF_ERROR(TokenId("bos_token_id", bos_token_id, vocab_size));
   RETURN_IF_ERROR(TokenId("eos_token_id", eos_token_id, vocab_size));
   RETURN_IF_ERROR(TokenId("pad_token_id", pad_token_id, vocab_size));
+  for (int64_t id : eos_token_ids) RETURN_IF_ERROR(TokenId("eos_token_ids", id, vocab_size));
   return absl::OkStatus();
+}
+
+const char* HfArchitecture(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kQwen2:
+      return "Qwen2ForCausalLM";
+    case ModelFamily::kMistral:
+      return "MistralForCausalLM";
+    case ModelFamily::kLlama:
+      break;
+  }
+  return "LlamaForCausalLM";
+}
+
+const char* HfModelType(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kQwen2:
+      return "qwen2";
+    case ModelFamily::kMistral:
+      return "mistral";
+    case ModelFamily::kLlama:
+      break;
+  }
+  return "llama";
 }
 
 int64_t LlamaConfig::NumParameters() const {
   const int64_t kv = num_kv_heads * head_dim;
   const int64_t attn = hidden_size * (num_heads * head_dim) * 2 + hidden_size * kv * 2;
   const int64_t mlp = 3 * hidden_size * intermediate_size;
-  const int64_t per_layer = attn + mlp + 2 * hidden_size;
+  const int64_t biases = (qkv_bias ? num_heads * head_dim + 2 * kv : 0) + (o_bias ? hidden_size : 0);
+  const int64_t per_layer = attn + mlp + 2 * hidden_size + biases;
   int64_t total = vocab_size * hidden_size + num_layers * per_layer + hidden_size;
   if (!tie_word_embeddings) total += vocab_size * hidden_size;
   return total;
@@ -86,8 +126,8 @@ int64_t LlamaConfig::NumParameters() const {
 
 nlohmann::json LlamaConfig::ToHfConfigJson(absl::string_view torch_dtype) const {
   nlohmann::json j;
-  j["architectures"] = nlohmann::json::array({"LlamaForCausalLM"});
-  j["model_type"] = "llama";
+  j["architectures"] = nlohmann::json::array({HfArchitecture(family)});
+  j["model_type"] = HfModelType(family);
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -99,18 +139,52 @@ nlohmann::json LlamaConfig::ToHfConfigJson(absl::string_view torch_dtype) const 
   j["hidden_act"] = "silu";
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
-  j["rope_scaling"] = nullptr;
-  j["attention_bias"] = false;
+  switch (rope_scaling.type) {
+    case RopeScaling::Type::kNone:
+      j["rope_scaling"] = nullptr;
+      break;
+    case RopeScaling::Type::kLinear:
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
+      break;
+    case RopeScaling::Type::kLlama3:
+      j["rope_scaling"] = {
+          {"rope_type", "llama3"},
+          {"factor", rope_scaling.factor},
+          {"low_freq_factor", rope_scaling.low_freq_factor},
+          {"high_freq_factor", rope_scaling.high_freq_factor},
+          {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+      break;
+  }
+  if (family == ModelFamily::kLlama) j["attention_bias"] = qkv_bias;
+  if (family == ModelFamily::kQwen2) j["use_sliding_window"] = false;
+  if (family == ModelFamily::kMistral) {
+    j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json();
+  }
   j["attention_dropout"] = 0.0;
   j["mlp_bias"] = false;
   j["initializer_range"] = 0.02;
   j["pretraining_tp"] = 1;
   j["use_cache"] = true;
   j["tie_word_embeddings"] = tie_word_embeddings;
-  j["bos_token_id"] = bos_token_id;
-  j["eos_token_id"] = eos_token_id;
-  j["pad_token_id"] = pad_token_id;
+  auto id_or_null = [](int64_t id) { return id >= 0 ? nlohmann::json(id) : nlohmann::json(); };
+  j["bos_token_id"] = id_or_null(bos_token_id);
+  j["eos_token_id"] = eos_token_ids.size() > 1 ? nlohmann::json(eos_token_ids)
+                                                : id_or_null(eos_token_id);
+  j["pad_token_id"] = id_or_null(pad_token_id);
   j["torch_dtype"] = std::string(torch_dtype);
+  return j;
+}
+
+nlohmann::json LlamaConfig::ToHfGenerationConfigJson() const {
+  nlohmann::json j;
+  j["_from_model_config"] = true;
+  if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
+  if (eos_token_ids.size() > 1) {
+    j["eos_token_id"] = eos_token_ids;
+  } else if (eos_token_id >= 0) {
+    j["eos_token_id"] = eos_token_id;
+  }
+  if (pad_token_id >= 0) j["pad_token_id"] = pad_token_id;
   return j;
 }
 
@@ -151,6 +225,236 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& gguf) {
   if (!valid.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("GGUF llama hyperparameters are inconsistent: ", valid.message()));
+  }
+  return c;
+}
+
+namespace {
+
+// Reads fields of one config.json; every error names the file and the field.
+class HfConfigReader {
+ public:
+  HfConfigReader(const nlohmann::json& j, absl::string_view source) : j_(j), source_(source) {}
+
+  bool Has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+
+  absl::StatusOr<int64_t> Int(const char* key) const {
+    if (!Has(key)) {
+      return absl::InvalidArgumentError(absl::StrCat(source_, ": required field \"", key,
+                                                     "\" is missing; the file is not a "
+                                                     "complete transformers config.json"));
+    }
+    return IntValue(j_[key], key);
+  }
+  absl::StatusOr<int64_t> IntOr(const char* key, int64_t fallback) const {
+    if (!Has(key)) return fallback;
+    return IntValue(j_[key], key);
+  }
+  absl::StatusOr<double> NumberOr(const nlohmann::json& obj, const char* key,
+                                  double fallback) const {
+    if (!obj.contains(key) || obj[key].is_null()) return fallback;
+    if (!obj[key].is_number()) return Mistyped(key, obj[key], "a number");
+    return obj[key].get<double>();
+  }
+  absl::StatusOr<bool> BoolOr(const char* key, bool fallback) const {
+    if (!Has(key)) return fallback;
+    if (!j_[key].is_boolean()) return Mistyped(key, j_[key], "true or false");
+    return j_[key].get<bool>();
+  }
+  absl::StatusOr<std::string> StringOr(const char* key, std::string fallback) const {
+    if (!Has(key)) return fallback;
+    if (!j_[key].is_string()) return Mistyped(key, j_[key], "a string");
+    return j_[key].get<std::string>();
+  }
+  // A token id field: -1 when absent or null; a list keeps every entry in `all` (if given).
+  absl::Status TokenIds(const char* key, int64_t fallback, int64_t* first,
+                        std::vector<int64_t>* all) const {
+    *first = fallback;
+    if (!Has(key)) return absl::OkStatus();
+    const nlohmann::json& v = j_[key];
+    if (v.is_array()) {
+      if (v.empty()) return absl::OkStatus();
+      std::vector<int64_t> ids;
+      for (const auto& e : v) {
+        ASSIGN_OR_RETURN(int64_t id, IntValue(e, key));
+        ids.push_back(id);
+      }
+      *first = ids.front();
+      if (all != nullptr) *all = ids;
+      return absl::OkStatus();
+    }
+    ASSIGN_OR_RETURN(*first, IntValue(v, key));
+    return absl::OkStatus();
+  }
+  const nlohmann::json& json() const { return j_; }
+  absl::string_view source() const { return source_; }
+
+  absl::Status Mistyped(absl::string_view key, const nlohmann::json& v,
+                        absl::string_view expected) const {
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": field \"", key, "\" is ",
+                                                   v.dump(), "; expected ", expected));
+  }
+
+ private:
+  absl::StatusOr<int64_t> IntValue(const nlohmann::json& v, const char* key) const {
+    if (v.is_number_integer() || v.is_number_unsigned()) return v.get<int64_t>();
+    if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
+      return static_cast<int64_t>(v.get<double>());
+    }
+    return Mistyped(key, v, "an integer");
+  }
+
+  const nlohmann::json& j_;
+  std::string source_;
+};
+
+constexpr absl::string_view kSupportedArchitectures =
+    "LlamaForCausalLM (model_type llama: SmolLM2, TinyLlama, Llama 2, Llama 3.x), "
+    "Qwen2ForCausalLM (qwen2: Qwen2, Qwen2.5), MistralForCausalLM (mistral)";
+
+absl::StatusOr<ModelFamily> FamilyOf(const HfConfigReader& r) {
+  ASSIGN_OR_RETURN(std::string model_type, r.StringOr("model_type", ""));
+  std::string arch;
+  if (r.Has("architectures")) {
+    const nlohmann::json& a = r.json()["architectures"];
+    if (!a.is_array() || a.empty() || !a[0].is_string()) {
+      return r.Mistyped("architectures", a, "a list of architecture names");
+    }
+    arch = a[0].get<std::string>();
+  }
+  for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kMistral}) {
+    const bool arch_match = arch == HfArchitecture(f);
+    const bool type_match = model_type == HfModelType(f);
+    if ((arch_match && (model_type.empty() || type_match)) || (arch.empty() && type_match)) {
+      return f;
+    }
+  }
+  return absl::UnimplementedError(absl::StrCat(
+      r.source(), ": architecture \"", arch.empty() ? "(none)" : arch, "\" (model_type \"",
+      model_type, "\") is not supported; supported: ", kSupportedArchitectures));
+}
+
+// rope_theta and the scaling rule from `rope_parameters` (transformers 5) or
+// `rope_theta` + `rope_scaling` (transformers 4 and the published checkpoints).
+absl::Status ReadRope(const HfConfigReader& r, LlamaConfig* c) {
+  const nlohmann::json& j = r.json();
+  nlohmann::json scaling;  // null = none
+  const char* scaling_key = "rope_scaling";
+  if (r.Has("rope_parameters")) {
+    scaling = j["rope_parameters"];
+    scaling_key = "rope_parameters";
+    if (!scaling.is_object()) return r.Mistyped(scaling_key, scaling, "an object");
+    ASSIGN_OR_RETURN(c->rope_theta, r.NumberOr(scaling, "rope_theta", 10000.0));
+  } else {
+    ASSIGN_OR_RETURN(c->rope_theta, r.NumberOr(j, "rope_theta", 10000.0));
+    if (r.Has("rope_scaling")) scaling = j["rope_scaling"];
+  }
+  if (scaling.is_null()) return absl::OkStatus();
+  if (!scaling.is_object()) return r.Mistyped(scaling_key, scaling, "an object or null");
+  std::string type = "default";
+  for (const char* key : {"rope_type", "type"}) {
+    if (scaling.contains(key) && scaling[key].is_string()) {
+      type = scaling[key].get<std::string>();
+      break;
+    }
+  }
+  RopeScaling& s = c->rope_scaling;
+  if (type == "default") return absl::OkStatus();
+  ASSIGN_OR_RETURN(s.factor, r.NumberOr(scaling, "factor", 1.0));
+  if (type == "linear") {
+    s.type = RopeScaling::Type::kLinear;
+    return absl::OkStatus();
+  }
+  if (type == "llama3") {
+    s.type = RopeScaling::Type::kLlama3;
+    ASSIGN_OR_RETURN(s.low_freq_factor, r.NumberOr(scaling, "low_freq_factor", 1.0));
+    ASSIGN_OR_RETURN(s.high_freq_factor, r.NumberOr(scaling, "high_freq_factor", 4.0));
+    ASSIGN_OR_RETURN(double original,
+                     r.NumberOr(scaling, "original_max_position_embeddings", 8192.0));
+    s.original_max_position_embeddings = static_cast<int64_t>(original);
+    return absl::OkStatus();
+  }
+  return absl::UnimplementedError(absl::StrCat(
+      r.source(), ": ", scaling_key, ".rope_type \"", type,
+      "\" is not supported; supported: default, linear, llama3"));
+}
+
+}  // namespace
+
+absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const nlohmann::json& config,
+                                                  absl::string_view source) {
+  if (!config.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": expected a JSON object (a transformers config.json)"));
+  }
+  HfConfigReader r(config, source);
+  LlamaConfig c;
+  ASSIGN_OR_RETURN(c.family, FamilyOf(r));
+  ASSIGN_OR_RETURN(std::string act, r.StringOr("hidden_act", "silu"));
+  if (act != "silu") {
+    return absl::UnimplementedError(absl::StrCat(source, ": hidden_act \"", act,
+                                                 "\" is not supported; only silu (SwiGLU)"));
+  }
+  ASSIGN_OR_RETURN(bool mlp_bias, r.BoolOr("mlp_bias", false));
+  if (mlp_bias) {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": mlp_bias true is not supported (no supported family uses it)"));
+  }
+  ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size"));
+  ASSIGN_OR_RETURN(c.hidden_size, r.Int("hidden_size"));
+  ASSIGN_OR_RETURN(c.intermediate_size, r.Int("intermediate_size"));
+  ASSIGN_OR_RETURN(c.num_layers, r.Int("num_hidden_layers"));
+  ASSIGN_OR_RETURN(c.num_heads, r.Int("num_attention_heads"));
+  ASSIGN_OR_RETURN(c.num_kv_heads, r.IntOr("num_key_value_heads", c.num_heads));
+  ASSIGN_OR_RETURN(c.head_dim,
+                   r.IntOr("head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0));
+  const int64_t default_positions = c.family == ModelFamily::kLlama ? 2048 : 32768;
+  ASSIGN_OR_RETURN(c.max_position_embeddings,
+                   r.IntOr("max_position_embeddings", default_positions));
+  ASSIGN_OR_RETURN(c.rms_norm_eps, r.NumberOr(config, "rms_norm_eps", 1e-6));
+  RETURN_IF_ERROR(ReadRope(r, &c));
+  ASSIGN_OR_RETURN(c.tie_word_embeddings, r.BoolOr("tie_word_embeddings", false));
+  switch (c.family) {
+    case ModelFamily::kLlama: {
+      ASSIGN_OR_RETURN(bool attention_bias, r.BoolOr("attention_bias", false));
+      c.qkv_bias = c.o_bias = attention_bias;
+      break;
+    }
+    case ModelFamily::kQwen2: {
+      c.qkv_bias = true;
+      ASSIGN_OR_RETURN(bool sliding, r.BoolOr("use_sliding_window", false));
+      if (sliding) {
+        return absl::UnimplementedError(absl::StrCat(
+            source, ": use_sliding_window true (per-layer sliding-window attention of Qwen2) is "
+                    "not supported; set it to false (the published Qwen2.5 checkpoints do)"));
+      }
+      break;
+    }
+    case ModelFamily::kMistral:
+      ASSIGN_OR_RETURN(c.sliding_window, r.IntOr("sliding_window", 0));
+      break;
+  }
+  if (r.Has("layer_types")) {
+    const nlohmann::json& types = config["layer_types"];
+    if (!types.is_array()) return r.Mistyped("layer_types", types, "a list");
+    for (const auto& t : types) {
+      const bool full = t == "full_attention";
+      const bool sliding_ok = t == "sliding_attention" && c.sliding_window > 0;
+      if (!full && !sliding_ok) {
+        return absl::UnimplementedError(absl::StrCat(
+            source, ": layer_types entry ", t.dump(),
+            " is not supported; every layer must be full_attention (or, for Mistral, "
+            "sliding_attention with a sliding_window)"));
+      }
+    }
+  }
+  RETURN_IF_ERROR(r.TokenIds("bos_token_id", -1, &c.bos_token_id, nullptr));
+  RETURN_IF_ERROR(r.TokenIds("eos_token_id", -1, &c.eos_token_id, &c.eos_token_ids));
+  RETURN_IF_ERROR(r.TokenIds("pad_token_id", -1, &c.pad_token_id, nullptr));
+  if (c.eos_token_ids.size() == 1) c.eos_token_ids.clear();
+  absl::Status valid = c.Validate();
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", valid.message()));
   }
   return c;
 }

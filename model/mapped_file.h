@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -86,6 +87,18 @@ class MappedFile {
 
   const uint8_t* data() const { return map_ != nullptr ? map_ : buffer_.data(); }
   size_t size() const { return map_ != nullptr ? map_size_ : buffer_.size(); }
+
+  // Drops the pages covering bytes [offset, offset + length) from the resident set
+  // (madvise MADV_DONTNEED; the mapping is read-only and private, so a later read faults the
+  // file's bytes back in unchanged). Pages shared with neighbouring bytes are dropped too.
+  // No-op for an in-memory buffer or an empty range; out-of-range bytes are clamped.
+  void Release(size_t offset, size_t length) const {
+    if (map_ == nullptr || length == 0 || offset >= map_size_) return;
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    const size_t begin = offset / page * page;
+    const size_t end = std::min(map_size_, offset + length);
+    ::madvise(map_ + begin, end - begin, MADV_DONTNEED);
+  }
 
  private:
   void Reset() {

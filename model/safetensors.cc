@@ -385,11 +385,24 @@ absl::StatusOr<absl::Span<const uint8_t>> SafetensorsFile::RawData(absl::string_
 absl::StatusOr<std::vector<float>> SafetensorsFile::ReadF32(absl::string_view name) const {
   const SafetensorsTensorInfo* t = Find(name);
   if (t == nullptr) return MissingTensor(name_, name);
+  std::vector<float> out(static_cast<size_t>(t->numel()));
+  RETURN_IF_ERROR(ReadF32Into(name, absl::MakeSpan(out)));
+  return out;
+}
+
+absl::Status SafetensorsFile::ReadF32Into(absl::string_view name, absl::Span<float> dst) const {
+  const SafetensorsTensorInfo* t = Find(name);
+  if (t == nullptr) return MissingTensor(name_, name);
   const uint8_t* src = file_.data() + data_start_ + t->begin;
   const size_t n = static_cast<size_t>(t->numel());
-  std::vector<float> out(n);
+  if (dst.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("safetensors tensor '", name, "' in ", name_,
+                                                   " has ", n, " elements; the destination has ",
+                                                   dst.size()));
+  }
+  float* out = dst.data();
   if (t->dtype == "F32") {
-    if (n > 0) std::memcpy(out.data(), src, n * 4);
+    if (n > 0) std::memcpy(out, src, n * 4);
   } else if (t->dtype == "BF16" || t->dtype == "F16") {
     const bool bf = t->dtype == "BF16";
     for (size_t i = 0; i < n; ++i) {
@@ -408,7 +421,14 @@ absl::StatusOr<std::vector<float>> SafetensorsFile::ReadF32(absl::string_view na
                                                  "; ReadF32 converts F32, F16, BF16, F64 only; "
                                                  "use RawData"));
   }
-  return out;
+  return absl::OkStatus();
+}
+
+void SafetensorsFile::ReleasePages(absl::string_view name) const {
+  const SafetensorsTensorInfo* t = Find(name);
+  if (t == nullptr) return;
+  file_.Release(static_cast<size_t>(data_start_ + t->begin),
+                static_cast<size_t>(t->end - t->begin));
 }
 
 }  // namespace lspo::model

@@ -107,6 +107,16 @@ class SafetensorsFile {
   // for a dtype other than F32/F16/BF16/F64.
   absl::StatusOr<std::vector<float>> ReadF32(absl::string_view name) const;
 
+  // As ReadF32, into `dst` (exactly numel floats, caller-owned). kInvalidArgument when
+  // dst.size() != numel; otherwise the errors of ReadF32.
+  absl::Status ReadF32Into(absl::string_view name, absl::Span<float> dst) const;
+
+  // Hints that the mapped bytes of tensor `name` will not be read again soon: their pages
+  // leave this process's resident set (madvise MADV_DONTNEED on a read-only private mapping;
+  // a later read maps them back from the file). No-op for an in-memory file or an unknown
+  // name. Used to stream a checkpoint one tensor at a time.
+  void ReleasePages(absl::string_view name) const;
+
  private:
   SafetensorsFile() = default;
   static absl::StatusOr<SafetensorsFile> Parse(MappedFile file, const std::string& name);

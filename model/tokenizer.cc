@@ -1,4 +1,5 @@
-// Byte-level BPE tokenizer; see tokenizer.h and docs/formats.md §4-§6.
+// Byte-level BPE tokenizer; see tokenizer.h and docs/formats.md §4-§6. The tokenizer.json
+// reader and pipeline are in tokenizer_hf.cc.
 #include "model/tokenizer.h"
 
 #include <unicode/uchar.h>
@@ -16,42 +17,41 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "model/gguf.h"
+#include "model/tokenizer_internal.h"
 #include "nlohmann/json.hpp"
 #include "runtime/file_io.h"
 #include "runtime/status_macros.h"
 
 namespace lspo::model {
-namespace {
+namespace internal {
 
-// ---------------------------------------------------------------------------------------------
-// bytes_to_unicode (openai/gpt-2 src/encoder.py): bytes 33-126, 161-172, 174-255 keep their code
-// point; the remaining 68 bytes, in increasing order, map to U+0100 + k.
-struct ByteAlphabet {
-  UChar32 byte_to_cp[256];
-  // code point (< 512) -> byte, or -1.
-  int16_t cp_to_byte[512];
-  std::string byte_to_utf8[256];
-
-  ByteAlphabet() {
-    std::fill(std::begin(cp_to_byte), std::end(cp_to_byte), -1);
-    int k = 0;
-    for (int b = 0; b < 256; ++b) {
-      bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-      UChar32 cp = keep ? b : 256 + k++;
-      byte_to_cp[b] = cp;
-      cp_to_byte[cp] = static_cast<int16_t>(b);
-      char buf[4];
-      int32_t len = 0;
-      U8_APPEND_UNSAFE(buf, len, cp);
-      byte_to_utf8[b].assign(buf, len);
-    }
+// bytes_to_unicode (openai/gpt-2 src/encoder.py).
+ByteAlphabet::ByteAlphabet() {
+  std::fill(std::begin(cp_to_byte), std::end(cp_to_byte), -1);
+  int k = 0;
+  for (int b = 0; b < 256; ++b) {
+    bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    UChar32 cp = keep ? b : 256 + k++;
+    byte_to_cp[b] = cp;
+    cp_to_byte[cp] = static_cast<int16_t>(b);
+    char buf[4];
+    int32_t len = 0;
+    U8_APPEND_UNSAFE(buf, len, cp);
+    byte_to_utf8[b].assign(buf, len);
   }
-};
+}
 
 const ByteAlphabet& Alphabet() {
   static const ByteAlphabet* alphabet = new ByteAlphabet();
   return *alphabet;
 }
+
+}  // namespace internal
+
+namespace {
+
+using internal::Alphabet;
+using internal::ByteAlphabet;
 
 // Maps a bytes_to_unicode-encoded token string back to raw bytes. Code points outside the
 // alphabet are kept as their UTF-8 encoding.
@@ -430,6 +430,10 @@ bool BpeTokenizer::IsSpecial(int32_t id) const {
 }
 
 int32_t BpeTokenizer::TokenToId(absl::string_view token) const {
+  if (!added_to_id_.empty()) {
+    auto added = added_to_id_.find(token);
+    if (added != added_to_id_.end()) return added->second;
+  }
   auto it = token_to_id_.find(token);
   return it == token_to_id_.end() ? -1 : it->second;
 }
@@ -440,10 +444,25 @@ const std::string& BpeTokenizer::IdToToken(int32_t id) const {
   return tokens_[id];
 }
 
+bool BpeTokenizer::adds_bos() const { return hf_ != nullptr && hf_->adds_bos; }
+bool BpeTokenizer::adds_eos() const { return hf_ != nullptr && hf_->adds_eos; }
+
 void BpeTokenizer::EncodeWord(absl::string_view word, std::vector<int32_t>* out) const {
-  // Symbols form a doubly linked list over the word's bytes; a min-heap holds candidate pairs
+  // Bytes without a single-byte symbol are dropped before merging (as HF tokenizers does for a
+  // BPE model without unk_token), so their neighbours become adjacent.
+  std::vector<int32_t> symbols;
+  symbols.reserve(word.size());
+  for (char ch : word) {
+    int32_t id = byte_to_id_[static_cast<uint8_t>(ch)];
+    if (id >= 0) symbols.push_back(id);
+  }
+  ApplyMerges(std::move(symbols), out);
+}
+
+void BpeTokenizer::ApplyMerges(std::vector<int32_t> symbols, std::vector<int32_t>* out) const {
+  // Symbols form a doubly linked list over the word's symbols; a min-heap holds candidate pairs
   // ordered by (rank, position of the left symbol) so ties merge leftmost first. Stale heap
-  // entries (either side changed) are skipped when popped.
+  // entries (either side changed) are skipped when popped. (`tokenizers` Word::merge_all.)
   struct Symbol {
     int32_t id;
     int32_t prev;
@@ -458,15 +477,14 @@ void BpeTokenizer::EncodeWord(absl::string_view word, std::vector<int32_t>* out)
       return rank != o.rank ? rank > o.rank : left > o.left;
     }
   };
-  // Bytes without a single-byte symbol are dropped before merging (as HF tokenizers does for a
-  // BPE model without unk_token), so their neighbours become adjacent.
   std::vector<Symbol> sym;
-  sym.reserve(word.size());
-  for (char ch : word) {
-    int32_t id = byte_to_id_[static_cast<uint8_t>(ch)];
-    if (id >= 0) sym.push_back({id, static_cast<int32_t>(sym.size()) - 1, -1});
-  }
+  sym.reserve(symbols.size());
+  for (int32_t id : symbols) sym.push_back({id, static_cast<int32_t>(sym.size()) - 1, -1});
   const int32_t n = static_cast<int32_t>(sym.size());
+  if (n == 1) {
+    out->push_back(sym[0].id);
+    return;
+  }
   for (int32_t i = 0; i + 1 < n; ++i) sym[i].next = i + 1;
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
   auto push_pair = [&](int32_t left) {
@@ -512,6 +530,7 @@ void BpeTokenizer::EncodeOrdinary(absl::string_view text,
 }
 
 std::vector<int32_t> BpeTokenizer::Encode(absl::string_view utf8) const {
+  if (hf_ != nullptr) return EncodeHf(utf8);
   std::vector<int32_t> out;
   out.reserve(utf8.size() / 3 + 8);
   absl::flat_hash_map<std::string, std::vector<int32_t>> cache;
@@ -542,6 +561,7 @@ std::vector<int32_t> BpeTokenizer::Encode(absl::string_view utf8) const {
 }
 
 std::string BpeTokenizer::Decode(absl::Span<const int32_t> ids) const {
+  if (hf_ != nullptr) return DecodeHf(ids);
   std::string out;
   for (int32_t id : ids) {
     if (id < 0 || id >= vocab_size()) continue;
@@ -555,6 +575,86 @@ std::string BpeTokenizer::Decode(absl::Span<const int32_t> ids) const {
 }
 
 // -----------------------------------------------------------------------------------------------
+namespace {
+
+nlohmann::json GeneratedAddedToken(int32_t id, const std::string& content) {
+  nlohmann::json t;
+  t["id"] = id;
+  t["content"] = content;
+  t["single_word"] = false;
+  t["lstrip"] = false;
+  t["rstrip"] = false;
+  t["normalized"] = false;
+  t["special"] = true;
+  return t;
+}
+
+constexpr auto kJsonReplace = nlohmann::detail::error_handler_t::replace;
+
+}  // namespace
+
+std::string BpeTokenizer::GeneratedConfigJson() const {
+  using Json = nlohmann::json;  // keys sorted; HF readers do not depend on key order
+  std::vector<int32_t> specials;
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    if (IsSpecial(id)) specials.push_back(id);
+  }
+  auto content_or_null = [&](int32_t id) -> Json {
+    if (id < 0) return nullptr;
+    return tokens_[id];
+  };
+  Json cfg;
+  cfg["add_bos_token"] = false;
+  cfg["add_eos_token"] = false;
+  cfg["add_prefix_space"] = false;
+  Json decoder_map = Json::object();
+  for (int32_t id : specials) {
+    Json t = GeneratedAddedToken(id, tokens_[id]);
+    t.erase("id");
+    decoder_map[std::to_string(id)] = std::move(t);
+  }
+  cfg["added_tokens_decoder"] = std::move(decoder_map);
+  Json additional = Json::array();
+  for (int32_t id : specials) {
+    if (id != bos_id_ && id != eos_id_ && id != unk_id_ && id != pad_id_) {
+      additional.push_back(tokens_[id]);
+    }
+  }
+  cfg["additional_special_tokens"] = additional;
+  cfg["bos_token"] = content_or_null(bos_id_);
+  if (!chat_template_.empty()) cfg["chat_template"] = chat_template_;
+  cfg["clean_up_tokenization_spaces"] = false;
+  cfg["eos_token"] = content_or_null(eos_id_);
+  cfg["model_max_length"] = model_max_length_;
+  cfg["pad_token"] = content_or_null(pad_id_);
+  // Not "GPT2Tokenizer" (docs/formats.md §6 [I]): transformers 5.x rebuilds that class's backend
+  // with a plain ByteLevel pre-tokenizer, dropping the Digits split; PreTrainedTokenizerFast
+  // loads tokenizer.json verbatim in transformers 4.x and 5.x.
+  cfg["tokenizer_class"] = "PreTrainedTokenizerFast";
+  cfg["unk_token"] = content_or_null(unk_id_);
+  cfg["vocab_size"] = vocab_size();
+  return cfg.dump(2, ' ', false, kJsonReplace);
+}
+
+std::string BpeTokenizer::GeneratedSpecialTokensMapJson() const {
+  using Json = nlohmann::json;
+  Json additional = Json::array();
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    if (IsSpecial(id) && id != bos_id_ && id != eos_id_ && id != unk_id_ && id != pad_id_) {
+      additional.push_back(tokens_[id]);
+    }
+  }
+  Json stm;
+  stm["additional_special_tokens"] = additional;
+  for (auto [key, id] : {std::pair<const char*, int32_t>{"bos_token", bos_id_},
+                         {"eos_token", eos_id_},
+                         {"pad_token", pad_id_},
+                         {"unk_token", unk_id_}}) {
+    if (id >= 0) stm[key] = tokens_[id];
+  }
+  return stm.dump(2, ' ', false, kJsonReplace);
+}
+
 absl::Status BpeTokenizer::WriteHfFiles(const std::string& dir) const {
   namespace fs = std::filesystem;
   using Json = nlohmann::json;  // keys sorted; HF readers do not depend on key order
@@ -568,18 +668,8 @@ absl::Status BpeTokenizer::WriteHfFiles(const std::string& dir) const {
     return absl::PermissionDeniedError(absl::StrCat("WriteHfFiles: cannot create '", dir,
                                                     "': ", ec.message()));
   }
+  if (hf_ != nullptr) return WriteHfSourceFiles(dir);
 
-  auto added_token = [&](int32_t id) {
-    Json t;
-    t["id"] = id;
-    t["content"] = tokens_[id];
-    t["single_word"] = false;
-    t["lstrip"] = false;
-    t["rstrip"] = false;
-    t["normalized"] = false;
-    t["special"] = true;
-    return t;
-  };
   std::vector<int32_t> specials;
   for (int32_t id = 0; id < vocab_size(); ++id) {
     if (IsSpecial(id)) specials.push_back(id);
@@ -595,7 +685,7 @@ absl::Status BpeTokenizer::WriteHfFiles(const std::string& dir) const {
   tj["truncation"] = nullptr;
   tj["padding"] = nullptr;
   tj["added_tokens"] = Json::array();
-  for (int32_t id : specials) tj["added_tokens"].push_back(added_token(id));
+  for (int32_t id : specials) tj["added_tokens"].push_back(GeneratedAddedToken(id, tokens_[id]));
   tj["normalizer"] = nullptr;
   if (pre_ == PreTokenizerKind::kSmolLm) {
     tj["pre_tokenizer"] = {
@@ -626,61 +716,13 @@ absl::Status BpeTokenizer::WriteHfFiles(const std::string& dir) const {
   model["merges"] = merges_;
   tj["model"] = std::move(model);
 
-  // tokenizer_config.json -----------------------------------------------------------------------
-  auto content_or_null = [&](int32_t id) -> Json {
-    if (id < 0) return nullptr;
-    return tokens_[id];
-  };
-  Json cfg;
-  cfg["add_bos_token"] = false;
-  cfg["add_eos_token"] = false;
-  cfg["add_prefix_space"] = false;
-  Json decoder_map = Json::object();
-  for (int32_t id : specials) {
-    Json t = added_token(id);
-    t.erase("id");
-    decoder_map[std::to_string(id)] = std::move(t);
-  }
-  cfg["added_tokens_decoder"] = std::move(decoder_map);
-  Json additional = Json::array();
-  for (int32_t id : specials) {
-    if (id != bos_id_ && id != eos_id_ && id != unk_id_ && id != pad_id_) {
-      additional.push_back(tokens_[id]);
-    }
-  }
-  cfg["additional_special_tokens"] = additional;
-  cfg["bos_token"] = content_or_null(bos_id_);
-  if (!chat_template_.empty()) cfg["chat_template"] = chat_template_;
-  cfg["clean_up_tokenization_spaces"] = false;
-  cfg["eos_token"] = content_or_null(eos_id_);
-  cfg["model_max_length"] = model_max_length_;
-  cfg["pad_token"] = content_or_null(pad_id_);
-  // Not "GPT2Tokenizer" (docs/formats.md §6 [I]): transformers 5.x rebuilds that class's backend
-  // with a plain ByteLevel pre-tokenizer, dropping the Digits split; PreTrainedTokenizerFast
-  // loads tokenizer.json verbatim in transformers 4.x and 5.x.
-  cfg["tokenizer_class"] = "PreTrainedTokenizerFast";
-  cfg["unk_token"] = content_or_null(unk_id_);
-  cfg["vocab_size"] = vocab_size();
-
-  // special_tokens_map.json ---------------------------------------------------------------------
-  Json stm;
-  stm["additional_special_tokens"] = additional;
-  for (auto [key, id] : {std::pair<const char*, int32_t>{"bos_token", bos_id_},
-                         {"eos_token", eos_id_},
-                         {"pad_token", pad_id_},
-                         {"unk_token", unk_id_}}) {
-    if (id >= 0) stm[key] = tokens_[id];
-  }
-
-  const auto kReplace = nlohmann::detail::error_handler_t::replace;
   fs::path base(dir);
   RETURN_IF_ERROR(runtime::WriteFileAtomically((base / "tokenizer.json").string(),
-                                               tj.dump(2, ' ', false, kReplace)));
+                                               tj.dump(2, ' ', false, kJsonReplace)));
   RETURN_IF_ERROR(runtime::WriteFileAtomically((base / "tokenizer_config.json").string(),
-                                               cfg.dump(2, ' ', false, kReplace)));
-  RETURN_IF_ERROR(
-      runtime::WriteFileAtomically((base / "special_tokens_map.json").string(),
-                                   stm.dump(2, ' ', false, kReplace)));
+                                               GeneratedConfigJson()));
+  RETURN_IF_ERROR(runtime::WriteFileAtomically((base / "special_tokens_map.json").string(),
+                                               GeneratedSpecialTokensMapJson()));
   return absl::OkStatus();
 }
 

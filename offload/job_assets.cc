@@ -2,7 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/gguf.h"
+#include "model/hf_checkpoint.h"
 #include "model/llama_config.h"
+#include "runtime/file_io.h"
 #include "runtime/status_macros.h"
 
 namespace lspo::offload {
@@ -18,6 +20,11 @@ absl::StatusOr<model::BpeTokenizer> LoadJobTokenizer(const lspo::v1::JobSpec& sp
   const std::string& path = spec.model().tokenizer_path().empty()
                                 ? spec.model().path()
                                 : spec.model().tokenizer_path();
+  if (runtime::IsDirectory(path)) {
+    auto tok = model::BpeTokenizer::FromHfFolder(path);
+    if (!tok.ok()) return Prefix(tok.status(), "tokenizer of the model folder", path);
+    return tok;
+  }
   auto file = model::GgufFile::Open(path);
   if (!file.ok()) return Prefix(file.status(), "tokenizer file", path);
   auto tok = model::BpeTokenizer::FromGguf(*file);
@@ -55,6 +62,11 @@ absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec) {
     if (!model.ok()) return Prefix(model.status(), "model file", m.path());
     return model;
   }
+  if (m.format() == lspo::v1::MODEL_FORMAT_HF) {
+    auto ckpt = model::HfCheckpoint::Open(m.path());
+    if (!ckpt.ok()) return ckpt.status();  // messages name the folder and file
+    return model::LlamaModel::FromHfCheckpoint(*ckpt);
+  }
   if (m.format() == lspo::v1::MODEL_FORMAT_TINY_RANDOM) {
     auto tok = LoadJobTokenizer(spec);
     if (!tok.ok()) return tok.status();
@@ -64,7 +76,7 @@ absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "job spec field model.format = ", static_cast<int>(m.format()),
-      ": use gguf or tiny-random"));
+      ": use hf, gguf or tiny-random"));
 }
 
 }  // namespace lspo::offload

@@ -1,4 +1,5 @@
-// Loading what a job names: the model (GGUF or seeded tiny random Llama) and its tokenizer.
+// Loading what a job names: the model (HF folder, GGUF or seeded tiny random Llama) and its
+// tokenizer.
 // Shared by the worker (training copy) and the optimizer service (fp32 master weights), so
 // both start from bit-identical W0.
 #ifndef LSPO_OFFLOAD_JOB_ASSETS_H_
@@ -11,8 +12,9 @@
 
 namespace lspo::offload {
 
-// The tokenizer of spec.model.tokenizer_path (a GGUF file).
-// Errors: those of GgufFile::Open and BpeTokenizer::FromGguf, prefixed with the path.
+// The tokenizer of spec.model.tokenizer_path: an HF folder (BpeTokenizer::FromHfFolder:
+// tokenizer.json, tokenizer_config.json) or a GGUF file (BpeTokenizer::FromGguf).
+// Errors: those of the reader, prefixed with the path.
 absl::StatusOr<model::BpeTokenizer> LoadJobTokenizer(const lspo::v1::JobSpec& spec);
 
 // The config of a "tiny-random" model: TinyLlamaConfig(vocab_size) when shape.hidden_size is 0,
@@ -21,7 +23,8 @@ absl::StatusOr<model::BpeTokenizer> LoadJobTokenizer(const lspo::v1::JobSpec& sp
 absl::StatusOr<model::LlamaConfig> RandomLlamaConfig(const lspo::v1::LlamaShape& shape,
                                                      int64_t vocab_size);
 
-// The model: "gguf" -> dequantised fp32 weights of spec.model.path; "tiny-random" ->
+// The model: "hf" -> the folder's weights converted to fp32 (LlamaModel::FromHfCheckpoint);
+// "gguf" -> dequantised fp32 weights of spec.model.path; "tiny-random" ->
 // RandomLlamaConfig(spec.model.random_shape, vocab of the tokenizer file) initialised from
 // spec.model.init_seed.
 // Errors: kInvalidArgument (unknown format), file errors prefixed with the path.

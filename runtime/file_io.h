@@ -38,6 +38,12 @@ absl::Status WriteFileSynced(const std::string& path, absl::string_view contents
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents,
                                  int mode = 0644);
 
+// True when `path` names a directory (following symlinks); false when it is missing, is a
+// file or cannot be examined. Never fails.
+bool IsDirectory(const std::string& path);
+// True when `path` names a regular file (following symlinks). Never fails.
+bool IsRegularFile(const std::string& path);
+
 // fsyncs the directory `dir` (makes renames and creations inside it durable).
 absl::Status FsyncDir(const std::string& dir);
 // fsyncs the file `path` (opened read-only).

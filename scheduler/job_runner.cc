@@ -192,8 +192,10 @@ void JobRunner::InitSummary() {
   summary_["train_examples"] = wload_.train_examples();
   summary_["eval_examples"] = wload_.eval_examples();
   summary_["trainable_parameters"] = wload_.trainable_parameters();
-  summary_["model"] = spec_.model().format() == v1::MODEL_FORMAT_GGUF ? spec_.model().path()
-                                                                     : "tiny-random";
+  summary_["model"] = spec_.model().format() == v1::MODEL_FORMAT_TINY_RANDOM
+                          ? std::string("tiny-random")
+                          : spec_.model().path();
+  summary_["model_format"] = runtime::EnumShortName(spec_.model().format());
   summary_["train_path"] = spec_.data().train_path();
   has_eval_ = wload_.eval_examples() > 0 || !spec_.data().perplexity_path().empty();
 }

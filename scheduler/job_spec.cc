@@ -114,7 +114,10 @@ void ResolveDefaults(JobSpec* spec) {
   if (spec->name().empty()) spec->set_name("job");
   if (spec->mode() == lspo::v1::MODE_UNSPECIFIED) spec->set_mode(lspo::v1::MODE_LSP);
   auto* model = spec->mutable_model();
-  if (model->format() == v1::MODEL_FORMAT_UNSPECIFIED) model->set_format(v1::MODEL_FORMAT_GGUF);
+  if (model->format() == v1::MODEL_FORMAT_UNSPECIFIED) {
+    model->set_format(runtime::IsDirectory(model->path()) ? v1::MODEL_FORMAT_HF
+                                                          : v1::MODEL_FORMAT_GGUF);
+  }
   if (model->init_seed() == 0) model->set_init_seed(spec->seed());
   if (model->tokenizer_path().empty()) model->set_tokenizer_path(model->path());
   auto* data = spec->mutable_data();
@@ -184,27 +187,48 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
         "<output_dir>/checkpoints/step-NNNNNNNN or \"latest\""));
   }
   const auto& model = spec.model();
-  if (model.format() != v1::MODEL_FORMAT_GGUF && model.format() != v1::MODEL_FORMAT_TINY_RANDOM) {
+  if (model.format() != v1::MODEL_FORMAT_GGUF && model.format() != v1::MODEL_FORMAT_TINY_RANDOM &&
+      model.format() != v1::MODEL_FORMAT_HF) {
     return bad("model.format", runtime::EnumShortName(model.format()),
-               "use gguf or tiny-random");
+               "use hf, gguf or tiny-random");
   }
-  const bool gguf = model.format() == v1::MODEL_FORMAT_GGUF;
+  const bool hf = model.format() == v1::MODEL_FORMAT_HF;
+  if (hf) {
+    if (model.path().empty()) {
+      return bad("model.path", "\"\"",
+                 "give a Hugging Face model folder (config.json + *.safetensors)");
+    }
+    if (!runtime::IsDirectory(model.path())) {
+      return absl::NotFoundError(absl::StrCat(
+          "job spec field model.path: '", model.path(),
+          "' is not a directory, but model.format is hf; give the model folder (the one with "
+          "config.json), or set model.format to gguf for a .gguf file"));
+    }
+    if (!Readable(model.path() + "/config.json")) {
+      return absl::NotFoundError(absl::StrCat(
+          "job spec field model.path: folder '", model.path(),
+          "' has no readable config.json; it is not a Hugging Face model folder"));
+    }
+  }
+  const bool has_model_path = model.format() != v1::MODEL_FORMAT_TINY_RANDOM;  // gguf, hf
   if (model.format() != v1::MODEL_FORMAT_TINY_RANDOM && model.random_shape().hidden_size() != 0) {
     return bad("model.random_shape.hidden_size", model.random_shape().hidden_size(),
                "a random shape only applies to model.format \"tiny-random\"; remove it");
   }
-  if (gguf && model.path().empty()) {
-    return bad("model.path", "\"\"", "give the path of a GGUF file (scripts/setup fetches one)");
+  if (has_model_path && model.path().empty()) {
+    return bad("model.path", "\"\"",
+               "give a GGUF file (scripts/setup fetches one) or a Hugging Face model folder");
   }
   const std::string& model_file =
-      gguf ? model.path() : model.tokenizer_path();
+      has_model_path ? model.path() : model.tokenizer_path();
   if (model_file.empty()) {
     return bad("model.tokenizer_path", "\"\"",
-               "tiny-random models take their tokenizer from a GGUF file: set model.path or "
+               "tiny-random models take their tokenizer from a GGUF file or an HF folder: set "
+               "model.path or "
                "model.tokenizer_path");
   }
   if (!Readable(model_file)) {
-    const char* field = gguf ? "model.path" : "model.tokenizer_path";
+    const char* field = has_model_path ? "model.path" : "model.tokenizer_path";
     return absl::NotFoundError(absl::StrCat(
         "job spec field ", field, ": file '", model_file,
         "' does not exist or is not readable (relative paths resolve against the scheduler's "

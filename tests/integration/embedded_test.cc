@@ -225,6 +225,34 @@ TEST(JobSpecTest, YamlAndJsonGiveTheSameSpecAndBadFieldsAreNamed) {
   EXPECT_NE(st.message().find("device"), std::string::npos) << st;
 }
 
+// model.format unset: a directory is an HF folder, a file a GGUF; a forced hf format on a
+// file, or a folder without config.json, is refused naming model.path and the fix.
+TEST(JobSpecTest, ModelFormatIsDetectedFromThePath) {
+  v1::JobSpec spec;
+  spec.mutable_model()->set_path("tests/oracle/data/hf_models/qwen2-bf16");
+  spec.mutable_data()->set_train_path("datasets/sms-spam/train.tsv");
+  spec.set_steps(1);
+  v1::JobSpec folder = spec;
+  scheduler::ResolveDefaults(&folder);
+  EXPECT_EQ(folder.model().format(), v1::MODEL_FORMAT_HF);
+  EXPECT_EQ(folder.model().tokenizer_path(), folder.model().path());
+  EXPECT_TRUE(scheduler::ValidateJobSpec(folder).ok()) << scheduler::ValidateJobSpec(folder);
+  v1::JobSpec file = spec;
+  file.mutable_model()->set_path("tests/oracle/data/hf_models/qwen2-bf16/config.json");
+  scheduler::ResolveDefaults(&file);
+  EXPECT_EQ(file.model().format(), v1::MODEL_FORMAT_GGUF);
+  file.mutable_model()->set_format(v1::MODEL_FORMAT_HF);
+  absl::Status st = scheduler::ValidateJobSpec(file);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  EXPECT_NE(st.message().find("model.path"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("not a directory"), std::string::npos) << st;
+  v1::JobSpec no_config = folder;
+  no_config.mutable_model()->set_path("tests/oracle/data/hf_models");
+  st = scheduler::ValidateJobSpec(no_config);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  EXPECT_NE(st.message().find("config.json"), std::string::npos) << st;
+}
+
 TEST(JobSpecTest, ClosedSetsReadTheirShortNamesAndTheFullNames) {
   // Today's strings (every example spec uses them) and the enum names give the same spec.
   auto short_names = scheduler::ParseJobSpecYaml(

@@ -1,0 +1,205 @@
+#include "client/model_tools.h"
+
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "gpu_worker/worker_core.h"
+#include "model/chat_template.h"
+#include "model/generate.h"
+#include "model/hf_checkpoint.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "offload/job_assets.h"
+#include "proto/job_spec.pb.h"
+#include "runtime/file_io.h"
+#include "runtime/status_macros.h"
+#include "scheduler/job_spec.h"
+
+namespace lspo::client {
+namespace {
+
+// A job spec that names `model` (format detected from the path) and nothing else trained.
+lspo::v1::JobSpec ModelSpec(const std::string& model, int32_t num_threads) {
+  lspo::v1::JobSpec spec;
+  spec.mutable_model()->set_path(model);
+  spec.set_num_threads(num_threads);
+  spec.set_mode(lspo::v1::MODE_NATIVE);
+  spec.set_steps(1);
+  spec.set_skip_checkpoint(true);
+  return spec;
+}
+
+absl::StatusOr<model::ChatMessage> Message(const nlohmann::json& m, const std::string& where) {
+  if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+      !m.contains("content") || !m["content"].is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": expected a message {\"role\": \"user\", \"content\": \"...\"}; got ",
+        m.dump().substr(0, 120)));
+  }
+  return model::ChatMessage{m["role"].get<std::string>(), m["content"].get<std::string>()};
+}
+
+// Conversations of a chat file (see GenerateCommand::chat_file).
+absl::StatusOr<std::vector<std::vector<model::ChatMessage>>> ReadChats(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, runtime::ReadFileToString(path, "--chat file"));
+  std::vector<std::vector<model::ChatMessage>> chats;
+  std::vector<model::ChatMessage> single;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    const std::string where = absl::StrCat(path, ":", line_no);
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": not valid JSON"));
+    }
+    if (j.is_object() && j.contains("messages")) {
+      if (!j["messages"].is_array() || j["messages"].empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": \"messages\" must be a non-empty list of messages"));
+      }
+      std::vector<model::ChatMessage> chat;
+      for (const auto& m : j["messages"]) {
+        ASSIGN_OR_RETURN(model::ChatMessage msg, Message(m, where));
+        chat.push_back(std::move(msg));
+      }
+      chats.push_back(std::move(chat));
+    } else {
+      ASSIGN_OR_RETURN(model::ChatMessage msg, Message(j, where));
+      single.push_back(std::move(msg));
+    }
+  }
+  if (!single.empty() && !chats.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": mixes {\"messages\": [...]} lines with bare message lines; use one form"));
+  }
+  if (!single.empty()) chats.push_back(std::move(single));
+  if (chats.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no conversation"));
+  return chats;
+}
+
+// Extra stop ids: the tokenizer's eos and generation_config.json's eos list.
+std::vector<int64_t> ExtraStops(const std::string& model_path, const model::BpeTokenizer& tok) {
+  std::vector<int64_t> extra = {tok.eos_id()};
+  auto ckpt_gen = runtime::IsDirectory(model_path)
+                      ? runtime::ReadFileToString(model_path + "/generation_config.json")
+                      : absl::StatusOr<std::string>(absl::NotFoundError(""));
+  if (ckpt_gen.ok()) {
+    nlohmann::json g = nlohmann::json::parse(*ckpt_gen, nullptr, false);
+    if (g.is_object() && g.contains("eos_token_id")) {
+      const auto& e = g["eos_token_id"];
+      if (e.is_number_integer()) extra.push_back(e.get<int64_t>());
+      if (e.is_array()) {
+        for (const auto& id : e) {
+          if (id.is_number_integer()) extra.push_back(id.get<int64_t>());
+        }
+      }
+    }
+  }
+  return extra;
+}
+
+}  // namespace
+
+absl::Status RunGenerate(const GenerateCommand& cmd, std::FILE* out, std::FILE* err) {
+  if (cmd.prompt.empty() == cmd.chat_file.empty()) {
+    return absl::InvalidArgumentError(
+        "lspctl generate: give exactly one of --prompt=TEXT and --chat=FILE.jsonl");
+  }
+  if (cmd.num_threads > 0) at::set_num_threads(cmd.num_threads);
+  lspo::v1::JobSpec spec = ModelSpec(cmd.model, cmd.num_threads);
+  scheduler::ResolveDefaults(&spec);
+  ASSIGN_OR_RETURN(model::BpeTokenizer tok, offload::LoadJobTokenizer(spec));
+  ASSIGN_OR_RETURN(model::LlamaModel m, offload::LoadJobModel(spec));
+  std::vector<std::vector<int32_t>> prompts;
+  if (!cmd.prompt.empty()) {
+    std::vector<int32_t> ids;
+    if (tok.adds_bos() && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
+    std::vector<int32_t> body = tok.Encode(cmd.prompt);
+    ids.insert(ids.end(), body.begin(), body.end());
+    prompts.push_back(std::move(ids));
+  } else {
+    ASSIGN_OR_RETURN(model::ChatTemplate tmpl,
+                     model::ChatTemplate::Recognise(tok.chat_template()));
+    ASSIGN_OR_RETURN(auto chats, ReadChats(cmd.chat_file));
+    for (const auto& chat : chats) {
+      prompts.push_back(tok.Encode(tmpl.Render(chat, /*add_generation_prompt=*/true)));
+    }
+  }
+  model::GenerationOptions options;
+  options.max_new_tokens = cmd.max_new_tokens;
+  options.temperature = cmd.temperature;
+  options.top_k = cmd.top_k;
+  options.top_p = cmd.top_p;
+  options.seed = cmd.seed;
+  options.stop_ids = model::StopIds(m.config(), ExtraStops(cmd.model, tok));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (prompts.size() > 1) std::fprintf(out, "%s--- reply %zu\n", i > 0 ? "\n" : "", i + 1);
+    std::vector<int32_t> generated;
+    size_t printed = 0;
+    auto stream = [&](int32_t id) {
+      generated.push_back(id);
+      // Decoding the whole reply each time keeps multi-byte characters and SentencePiece
+      // spacing right; the stop token itself is not printed.
+      if (std::find(options.stop_ids.begin(), options.stop_ids.end(), id) !=
+          options.stop_ids.end()) {
+        return;
+      }
+      const std::string text = tok.Decode(generated);
+      if (text.size() > printed) {
+        std::fwrite(text.data() + printed, 1, text.size() - printed, out);
+        std::fflush(out);
+        printed = text.size();
+      }
+    };
+    ASSIGN_OR_RETURN(model::GenerationResult r, model::Generate(m, prompts[i], options, stream));
+    std::fprintf(out, "\n");
+    std::fprintf(err, "[%zu tokens, %.1f tokens/s, prompt %zu tokens in %.2f s, %s]\n",
+                 r.tokens.size(), r.tokens_per_second(), prompts[i].size(), r.prefill_seconds,
+                 r.stopped ? "stopped at eos" : "reached max_new_tokens");
+  }
+  return absl::OkStatus();
+}
+
+std::string EvalFormat(const EvalCommand& cmd) {
+  if (!cmd.format.empty()) return cmd.format;
+  return absl::EndsWith(cmd.data, ".tsv") || absl::EndsWith(cmd.data, ".jsonl") ? "classification"
+                                                                                : "text";
+}
+
+absl::StatusOr<lspo::v1::EvalMetrics> RunEval(const EvalCommand& cmd) {
+  lspo::v1::JobSpec spec = ModelSpec(cmd.model, cmd.num_threads);
+  auto* data = spec.mutable_data();
+  data->set_train_path(cmd.data);
+  data->set_eval_path(cmd.data);
+  data->set_max_train_examples(1);
+  data->set_max_eval_examples(cmd.max_examples);
+  data->set_perplexity_path(cmd.perplexity_path);
+  data->set_question(cmd.question);
+  data->set_system_prompt(cmd.system_prompt);
+  const std::string format = EvalFormat(cmd);
+  if (format == "classification") {
+    data->set_format(lspo::v1::DATA_FORMAT_CLASSIFICATION);
+  } else if (format == "text") {
+    data->set_format(lspo::v1::DATA_FORMAT_TEXT);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lspctl eval: --format=", format, " is not a data format; use classification or text"));
+  }
+  spec.set_seq_len(cmd.seq_len);
+  scheduler::ResolveDefaults(&spec);
+  RETURN_IF_ERROR(scheduler::ValidateJobSpec(spec));
+  worker::WorkerCore core;
+  RETURN_IF_ERROR(core.LoadJob("eval", spec).status());
+  auto metrics = core.Evaluate("eval", 0);
+  core.UnloadJob("eval").IgnoreError();
+  return metrics;
+}
+
+}  // namespace lspo::client
