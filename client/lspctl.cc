@@ -376,6 +376,11 @@ int main(int argc, char** argv) {
     }
     FLAGS_minloglevel = absl::GetFlag(FLAGS_verbose) ? 0 : 1;
     if (cmd == "generate") {
+      if (absl::GetFlag(FLAGS_prompt).empty() == absl::GetFlag(FLAGS_chat).empty()) {
+        std::fprintf(stderr, "lspctl generate: give exactly one of --prompt=TEXT and "
+                             "--chat=FILE.jsonl\n");
+        return 2;
+      }
       lspo::client::GenerateCommand g;
       g.model = absl::GetFlag(FLAGS_model);
       g.prompt = absl::GetFlag(FLAGS_prompt);
@@ -388,6 +393,13 @@ int main(int argc, char** argv) {
       g.num_threads = absl::GetFlag(FLAGS_threads);
       absl::Status st = lspo::client::RunGenerate(g, stdout, stderr);
       return st.ok() ? 0 : Fail(st);
+    }
+    const std::string format = absl::GetFlag(FLAGS_format);
+    if (absl::GetFlag(FLAGS_data).empty() ||
+        (!format.empty() && format != "classification" && format != "text")) {
+      std::fprintf(stderr, "lspctl eval: give --data=FILE and, optionally, "
+                           "--format=classification|text\n");
+      return 2;
     }
     lspo::client::EvalCommand e;
     e.model = absl::GetFlag(FLAGS_model);

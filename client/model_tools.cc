@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -43,6 +45,38 @@ absl::StatusOr<model::ChatMessage> Message(const nlohmann::json& m, const std::s
         m.dump().substr(0, 120)));
   }
   return model::ChatMessage{m["role"].get<std::string>(), m["content"].get<std::string>()};
+}
+
+// --model must be an HF folder (with config.json) or a .gguf file; says which fix applies.
+absl::Status CheckModelPath(const std::string& path) {
+  if (runtime::IsDirectory(path)) {
+    if (model::IsHfModelFolder(path)) return absl::OkStatus();
+    return absl::NotFoundError(absl::StrCat(
+        "--model '", path, "' is a folder without config.json: not a Hugging Face model "
+        "folder (give the folder save_pretrained or a job wrote)"));
+  }
+  if (!runtime::IsRegularFile(path)) {
+    return absl::NotFoundError(absl::StrCat("--model '", path, "' does not exist"));
+  }
+  if (!absl::EndsWith(path, ".gguf")) {
+    const std::string parent = path.substr(0, path.find_last_of('/') + 1);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model '", path, "' is a file but not a .gguf; give a GGUF file or the model folder",
+        parent.empty() ? "" : absl::StrCat(" (e.g. --model=", parent, ")")));
+  }
+  return absl::OkStatus();
+}
+
+// Applies --threads: 0 = all cores; more than the cores is capped (oversubscription only
+// slows LibTorch down). kInvalidArgument when negative.
+absl::Status SetThreads(int32_t threads) {
+  if (threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads=", threads, ": give 0 (all cores) or a positive count"));
+  }
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads > 0) at::set_num_threads(std::min(threads, cores));
+  return absl::OkStatus();
 }
 
 // Conversations of a chat file (see GenerateCommand::chat_file).
@@ -112,11 +146,17 @@ absl::Status RunGenerate(const GenerateCommand& cmd, std::FILE* out, std::FILE* 
     return absl::InvalidArgumentError(
         "lspctl generate: give exactly one of --prompt=TEXT and --chat=FILE.jsonl");
   }
-  if (cmd.num_threads > 0) at::set_num_threads(cmd.num_threads);
+  RETURN_IF_ERROR(SetThreads(cmd.num_threads));
+  RETURN_IF_ERROR(CheckModelPath(cmd.model));
+  std::vector<std::vector<model::ChatMessage>> chats;
+  if (!cmd.chat_file.empty()) {
+    ASSIGN_OR_RETURN(chats, ReadChats(cmd.chat_file));
+  }
   lspo::v1::JobSpec spec = ModelSpec(cmd.model, cmd.num_threads);
   scheduler::ResolveDefaults(&spec);
   ASSIGN_OR_RETURN(model::BpeTokenizer tok, offload::LoadJobTokenizer(spec));
   ASSIGN_OR_RETURN(model::LlamaModel m, offload::LoadJobModel(spec));
+  RETURN_IF_ERROR(offload::CheckTokenizerFitsModel(tok, m.config(), spec));
   std::vector<std::vector<int32_t>> prompts;
   if (!cmd.prompt.empty()) {
     std::vector<int32_t> ids;
@@ -125,11 +165,25 @@ absl::Status RunGenerate(const GenerateCommand& cmd, std::FILE* out, std::FILE* 
     ids.insert(ids.end(), body.begin(), body.end());
     prompts.push_back(std::move(ids));
   } else {
-    ASSIGN_OR_RETURN(model::ChatTemplate tmpl,
-                     model::ChatTemplate::Recognise(tok.chat_template()));
-    ASSIGN_OR_RETURN(auto chats, ReadChats(cmd.chat_file));
+    auto tmpl = model::ChatTemplate::Recognise(tok.chat_template());
+    if (!tmpl.ok()) {
+      return absl::Status(tmpl.status().code(), absl::StrCat("model '", cmd.model, "': ",
+                                                             tmpl.status().message()));
+    }
     for (const auto& chat : chats) {
-      prompts.push_back(tok.Encode(tmpl.Render(chat, /*add_generation_prompt=*/true)));
+      prompts.push_back(tok.Encode(tmpl->Render(chat, /*add_generation_prompt=*/true)));
+    }
+  }
+  // Past the trained context RoPE extrapolates and the prompt's attention grows as T^2:
+  // refuse rather than produce garbage or exhaust memory.
+  const int64_t limit = m.config().max_position_embeddings;
+  for (const auto& p : prompts) {
+    const int64_t total = static_cast<int64_t>(p.size()) + cmd.max_new_tokens;
+    if (total > limit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the prompt (", p.size(), " tokens) plus --max_new_tokens=", cmd.max_new_tokens,
+          " is ", total, " positions, more than the model's max_position_embeddings ", limit,
+          " (", cmd.model, " config); shorten the prompt or lower --max_new_tokens"));
     }
   }
   model::GenerationOptions options;
@@ -174,6 +228,16 @@ std::string EvalFormat(const EvalCommand& cmd) {
 }
 
 absl::StatusOr<lspo::v1::EvalMetrics> RunEval(const EvalCommand& cmd) {
+  RETURN_IF_ERROR(SetThreads(cmd.num_threads));
+  RETURN_IF_ERROR(CheckModelPath(cmd.model));
+  if (cmd.data.empty()) return absl::InvalidArgumentError("lspctl eval: give --data=FILE");
+  if (!runtime::IsRegularFile(cmd.data)) {
+    return absl::NotFoundError(absl::StrCat("--data '", cmd.data, "' is not a readable file"));
+  }
+  if (!cmd.perplexity_path.empty() && !runtime::IsRegularFile(cmd.perplexity_path)) {
+    return absl::NotFoundError(
+        absl::StrCat("--perplexity_path '", cmd.perplexity_path, "' is not a readable file"));
+  }
   lspo::v1::JobSpec spec = ModelSpec(cmd.model, cmd.num_threads);
   auto* data = spec.mutable_data();
   data->set_train_path(cmd.data);

@@ -38,9 +38,12 @@ struct GenerateCommand {
 
 // Runs `cmd`: streams each reply to `out` as it is generated and a summary line per reply
 // ("[N tokens, X tokens/s, prefill Y s, stopped at eos | max_new_tokens]") to `err`.
-// Errors: kInvalidArgument when neither or both of prompt and chat_file are given, or a
-// conversation line is malformed (file:line named); the model's and tokenizer's load errors;
-// kUnimplemented for a chat template that is not recognised; Generate's errors.
+// Errors: kInvalidArgument when neither or both of prompt and chat_file are given, a
+// conversation line is malformed (file:line named), num_threads < 0, the model path is a file
+// that is not a .gguf, the tokenizer has more ids than the model's vocab_size, or a prompt
+// plus max_new_tokens exceeds max_position_embeddings; kNotFound for a missing model path or
+// a folder without config.json; the model's and tokenizer's load errors; kUnimplemented for
+// a chat template that is not recognised; Generate's errors.
 absl::Status RunGenerate(const GenerateCommand& cmd, std::FILE* out, std::FILE* err);
 
 struct EvalCommand {
@@ -60,8 +63,9 @@ struct EvalCommand {
 std::string EvalFormat(const EvalCommand& cmd);
 
 // Evaluates `cmd.model` on `cmd.data` (no training, no output directory written): the
-// EvalMetrics of a job's step-0 evaluation. Errors: the job spec's validation errors (named
-// fields), load errors, evaluation errors.
+// EvalMetrics of a job's step-0 evaluation. Errors: kNotFound for a missing --model / --data /
+// --perplexity_path, the model path checks of RunGenerate, the job spec's validation errors
+// (named fields), load errors (tokenizer larger than the model included), evaluation errors.
 absl::StatusOr<lspo::v1::EvalMetrics> RunEval(const EvalCommand& cmd);
 
 }  // namespace lspo::client

@@ -157,6 +157,13 @@ absl::Status LoadAssets(WorkerJob* job) {
   job->tokenizer = std::make_unique<model::BpeTokenizer>(std::move(tok));
   ASSIGN_OR_RETURN(auto m, offload::LoadJobModel(spec));
   job->model = std::make_unique<model::LlamaModel>(std::move(m));
+  RETURN_IF_ERROR(offload::CheckTokenizerFitsModel(*job->tokenizer, job->model->config(), spec));
+  if (spec.seq_len() > job->model->config().max_position_embeddings) {
+    LOG(WARNING) << "seq_len " << spec.seq_len() << " exceeds the model's "
+                 << "max_position_embeddings " << job->model->config().max_position_embeddings
+                 << " (" << spec.model().path()
+                 << "): RoPE extrapolates past the trained context";
+  }
   ASSIGN_OR_RETURN(job->train, LoadExamples(spec, *job->tokenizer, spec.data().train_path(),
                                             spec.data().max_train_examples(),
                                             &job->train_class));

@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <limits>
 
@@ -60,13 +61,13 @@ absl::StatusOr<GenerationResult> Generate(LlamaModel& model, absl::Span<const in
   if (prompt.empty()) {
     return absl::InvalidArgumentError("Generate: the prompt is empty; give at least one token");
   }
-  if (o.max_new_tokens < 1 || o.temperature < 0.0 || o.top_k < 0 || !(o.top_p > 0.0) ||
-      o.top_p > 1.0) {
+  if (o.max_new_tokens < 1 || !(o.temperature >= 0.0) || !std::isfinite(o.temperature) ||
+      o.top_k < 0 || !(o.top_p > 0.0) || o.top_p > 1.0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Generate: max_new_tokens ", o.max_new_tokens, ", temperature ", o.temperature,
         ", top_k ", o.top_k, ", top_p ", o.top_p,
-        "; expected max_new_tokens >= 1, temperature >= 0 (0 = greedy), top_k >= 0 (0 = off) "
-        "and top_p in (0, 1]"));
+        "; expected max_new_tokens >= 1, a finite temperature >= 0 (0 = greedy), top_k >= 0 "
+        "(0 = off) and top_p in (0, 1]"));
   }
   at::NoGradGuard no_grad;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);

@@ -47,7 +47,8 @@ struct GenerationResult {
 // Generates up to options.max_new_tokens ids after `prompt` (>= 1 id, each in [0, V)).
 // `on_token` (may be empty) is called with each id as soon as it is chosen, for streaming.
 // Errors: kInvalidArgument for an empty prompt, an id outside the vocabulary, max_new_tokens
-// < 1, temperature < 0, top_k < 0 or top_p outside (0, 1]; ForwardCached's errors.
+// < 1, a temperature that is negative or not finite, top_k < 0 or top_p outside (0, 1];
+// ForwardCached's errors.
 absl::StatusOr<GenerationResult> Generate(LlamaModel& model, absl::Span<const int32_t> prompt,
                                           const GenerationOptions& options,
                                           const std::function<void(int32_t)>& on_token = {});

@@ -79,4 +79,15 @@ absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec) {
       ": use hf, gguf or tiny-random"));
 }
 
+absl::Status CheckTokenizerFitsModel(const model::BpeTokenizer& tokenizer,
+                                     const model::LlamaConfig& config,
+                                     const lspo::v1::JobSpec& spec) {
+  if (tokenizer.vocab_size() <= config.vocab_size) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the tokenizer of '", spec.model().tokenizer_path(), "' has ", tokenizer.vocab_size(),
+      " ids but the model '", spec.model().path(), "' has vocab_size ", config.vocab_size,
+      " embedding rows; they do not belong together (use the tokenizer files saved with "
+      "the model)"));
+}
+
 }  // namespace lspo::offload

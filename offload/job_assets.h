@@ -30,6 +30,15 @@ absl::StatusOr<model::LlamaConfig> RandomLlamaConfig(const lspo::v1::LlamaShape&
 // Errors: kInvalidArgument (unknown format), file errors prefixed with the path.
 absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec);
 
+// Checks that every id the tokenizer can produce is a row of the model's embedding:
+// tokenizer.vocab_size() <= config.vocab_size (a smaller tokenizer is normal: checkpoints pad
+// the embedding, e.g. Qwen2.5's 151,936 rows for 151,665 tokens).
+// Errors: kInvalidArgument naming spec.model.tokenizer_path and spec.model.path, both sizes and
+// the fix.
+absl::Status CheckTokenizerFitsModel(const model::BpeTokenizer& tokenizer,
+                                     const model::LlamaConfig& config,
+                                     const lspo::v1::JobSpec& spec);
+
 }  // namespace lspo::offload
 
 #endif  // LSPO_OFFLOAD_JOB_ASSETS_H_

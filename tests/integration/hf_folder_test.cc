@@ -4,6 +4,7 @@
 // transformers (tests/oracle/data/hf_models) trains end to end.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -141,6 +142,52 @@ TEST(HfFolderTest, GenerateReadsConversationsAndRefusesBadInput) {
   st = client::RunGenerate(g, stdout, stderr);
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
   EXPECT_NE(std::string(st.message()).find("ChatML"), std::string::npos) << st;
+
+  // A prompt past max_position_embeddings (256) is refused, naming the limit.
+  client::GenerateCommand longer;
+  longer.model = "tests/oracle/data/hf_models/qwen2-job";
+  longer.max_new_tokens = 250;
+  longer.prompt = "Call me Ishmael. Some years ago, never mind how long precisely.";
+  st = client::RunGenerate(longer, stdout, stderr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(std::string(st.message()).find("max_position_embeddings 256"), std::string::npos)
+      << st;
+  // Paths: missing, a folder that is not a model, a file that is not a GGUF.
+  longer.max_new_tokens = 4;
+  for (const std::string& bad_model :
+       {std::string("no/such/model"), std::string("tests/oracle/data/hf_models"),
+        std::string("tests/oracle/data/hf_models/qwen2-job/config.json")}) {
+    longer.model = bad_model;
+    st = client::RunGenerate(longer, stdout, stderr);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(std::string(st.message()).find("--model '" + bad_model), std::string::npos) << st;
+  }
+  // A tokenizer with more ids (6072) than the model's embedding rows (320): refused at load
+  // by generate and by a job's worker (eval), naming both.
+  const std::string mism = testing_jobs::TempDir("mism");
+  std::filesystem::copy("tests/oracle/data/hf_models/llama-fp32", mism,
+                        std::filesystem::copy_options::recursive |
+                            std::filesystem::copy_options::overwrite_existing);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(std::string("tests/oracle/data/hf_models/llama-job/") + f,
+                               mism + "/" + f);
+  }
+  longer.model = mism;
+  st = client::RunGenerate(longer, stdout, stderr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(std::string(st.message()).find("6072 ids"), std::string::npos) << st;
+  client::EvalCommand eval;
+  eval.model = mism;
+  eval.data = testing_jobs::MobyDickPath();
+  eval.format = "text";
+  auto m = client::RunEval(eval);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
+  EXPECT_NE(std::string(m.status().message()).find("vocab_size 320"), std::string::npos)
+      << m.status();
+  eval.data = "no/such/data.txt";
+  m = client::RunEval(eval);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound) << m.status();
+  EXPECT_NE(std::string(m.status().message()).find("--data"), std::string::npos) << m.status();
 }
 
 std::string ReadAll(const std::string& path) {

@@ -396,6 +396,7 @@ TEST(GenerateTest, SamplingOptionsBehaveAsTransformersWarpers) {
   ASSERT_TRUE(p0.ok());
   EXPECT_EQ(p0->tokens, g->tokens);
   for (auto bad : {GenerationOptions{0}, GenerationOptions{4, -1.0},
+                   GenerationOptions{4, std::nan("")}, GenerationOptions{4, HUGE_VAL},
                    GenerationOptions{4, 1.0, -1}, GenerationOptions{4, 1.0, 0, 0.0}}) {
     EXPECT_EQ(Generate(*model, prompt, bad).status().code(), absl::StatusCode::kInvalidArgument);
   }
