@@ -44,7 +44,8 @@ named model family's Hub tokenizer.json, then reloaded with Tokenizer.from_file)
 
 Text: training text is Moby-Dick and the SMS spam training set (datasets/, committed), an
 excerpt of cooking.stackexchange titles (tests/oracle/data/hf_tokenizers/corpus/, copied from
-/work/shared/data/cooking-stackexchange by --copy-corpus) and the hand-written lines below.
+the team's data folder's cooking-stackexchange/ by --copy-corpus=DIR) and the hand-written
+lines below.
 Test lines (the same for every family): Moby-Dick lines and multi-line passages, SMS test
 messages, cooking test titles, and hand-written lines covering code, digit runs, whitespace runs
 (tabs, spaces, \\r\\n), non-Latin scripts, emoji, contractions, special tokens.
@@ -69,7 +70,7 @@ DATA = os.path.join(ROOT, "tests", "oracle", "data")
 HF_DIR = os.path.join(DATA, "hf_tokenizers")
 CORPUS_DIR = os.path.join(HF_DIR, "corpus")
 COOKING = os.path.join(CORPUS_DIR, "cooking-stackexchange-excerpt.tsv")
-SHARED_COOKING = "/work/shared/data/cooking-stackexchange"
+# --copy-corpus=DIR: the cooking-stackexchange folder (train.tsv, test.tsv) of the team's data.
 OUT = os.path.join(DATA, "hf_tokenizer_oracle.json")
 GGUF_DIR = os.path.join(ROOT, "models")
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -185,12 +186,12 @@ def read_lines(path, encoding="utf-8"):
     return out
 
 
-def copy_corpus():
-    """Copies the cooking excerpt used here from the shared data folder into the repository."""
+def copy_corpus(source):
+    """Copies the cooking excerpt used here from `source` (train.tsv, test.tsv) into the repository."""
     os.makedirs(CORPUS_DIR, exist_ok=True)
-    with open(os.path.join(SHARED_COOKING, "train.tsv"), encoding="utf-8") as f:
+    with open(os.path.join(source, "train.tsv"), encoding="utf-8") as f:
         train = f.read().split("\n")[:3000]
-    with open(os.path.join(SHARED_COOKING, "test.tsv"), encoding="utf-8") as f:
+    with open(os.path.join(source, "test.tsv"), encoding="utf-8") as f:
         test = f.read().split("\n")[:700]
     with open(COOKING, "w", encoding="utf-8", newline="\n") as f:
         f.write("\n".join(train + test) + "\n")
@@ -524,11 +525,14 @@ def make_smollm2():
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--copy-corpus", action="store_true",
-                   help=f"copy the cooking excerpt from {SHARED_COOKING} first")
+    p.add_argument("--copy-corpus", metavar="DIR", default="",
+                   help="copy the cooking excerpt from DIR (cooking-stackexchange/ of the "
+                        "team's data: train.tsv, test.tsv) first")
     a = p.parse_args()
-    if a.copy_corpus or not os.path.exists(COOKING):
-        copy_corpus()
+    if a.copy_corpus:
+        copy_corpus(a.copy_corpus)
+    elif not os.path.exists(COOKING):
+        sys.exit(f"{COOKING} is missing: pass --copy-corpus=DIR")
     texts = training_texts()
     spm = spm_model(texts)
     dirs = {
