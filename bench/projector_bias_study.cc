@@ -304,10 +304,11 @@ absl::Status LoadSubsets(const StudyOptions& o, const model::BpeTokenizer& tok,
         "--heldout_examples = ", need, " needs at least that many"));
   }
   const std::vector<int64_t> order = data::ShuffledOrder(rows->size(), o.seed, 0);
+  ASSIGN_OR_RETURN(model::ChatTemplate tmpl, model::ChatTemplate::ForTokenizer(tok));
   for (int64_t k = 0; k < need; ++k) {
     const data::LabeledText& row = (*rows)[order[k]];
     ASSIGN_OR_RETURN(data::TokenizedExample ex,
-                     data::BuildClassificationChat(tok, row.text, row.label, o.question,
+                     data::BuildClassificationChat(tok, tmpl, row.text, row.label, o.question,
                                                    o.system_prompt, o.seq_len));
     const bool is_cal = k < o.cal_examples;
     (is_cal ? cal : ho)->push_back(std::move(ex));

@@ -8,16 +8,20 @@
 //                                                        three services (--scheduler=ADDRESS)
 //   lspctl metrics                                       jobs in Prometheus text format
 //   lspctl generate --model=DIR|FILE (--prompt=TEXT | --chat=FILE.jsonl) [--max_new_tokens
-//                   --temperature --top_k --top_p --seed]    KV-cached decoding, streamed
+//                   --temperature --top_k --top_p --seed --chat_template]
+//                                                        KV-cached decoding, streamed
 //   lspctl eval --model=DIR|FILE --data=FILE [--format]  loss / perplexity / accuracy
+//   lspctl convert --model=FILE.gguf --output_dir=DIR    a GGUF as a Hugging Face model folder
 // Common flags: --scheduler=127.0.0.1:50060, spec overrides --steps, --mode, --output_dir;
 // security: --auth_token_file, --tls_ca (runtime/grpc_flags.h).
 // Exit codes: 0 success (job SUCCEEDED for run/watch, SERVING for health), 1 job
 // failed/cancelled, not SERVING, nothing to cancel, or RPC error; 2 usage error.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -29,6 +33,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/embedded.h"
 #include "client/model_tools.h"
 #include "client/prometheus.h"
@@ -49,14 +54,19 @@ ABSL_FLAG(std::string, scheduler, "127.0.0.1:50060", "scheduler address for remo
 ABSL_FLAG(int32_t, steps, 0, "override the spec's steps (0 = keep)");
 ABSL_FLAG(std::string, mode, "", "override the spec's mode: lsp, zero or native");
 ABSL_FLAG(std::string, schedule, "", "override the spec's offload schedule: overlap or serial");
-ABSL_FLAG(std::string, output_dir, "", "override the spec's output directory");
+ABSL_FLAG(std::string, output_dir, "",
+          "run/submit: override the spec's output directory; convert: the folder to write");
 ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends");
 ABSL_FLAG(bool, json, false, "status/list: print JSON instead of a table");
 ABSL_FLAG(bool, verbose, false, "run: also print the services' INFO logs to stderr");
 ABSL_FLAG(double, timeout_seconds, 5, "health: deadline of the check, seconds");
-ABSL_FLAG(std::string, model, "", "generate/eval: HF model folder (e.g. a job's output) or GGUF");
+ABSL_FLAG(std::string, model, "",
+          "generate/eval: HF model folder (e.g. a job's output) or GGUF; convert: the GGUF");
 ABSL_FLAG(std::string, prompt, "", "generate: plain-text prompt");
 ABSL_FLAG(std::string, chat, "", "generate: JSONL conversations ({\"messages\": [...]} per line)");
+ABSL_FLAG(std::string, chat_template, "",
+          "generate --chat / eval: a Jinja chat template (text or a .jinja file) instead of the "
+          "model's");
 ABSL_FLAG(int64_t, max_new_tokens, 256, "generate: tokens generated at most");
 ABSL_FLAG(double, temperature, 0.0, "generate: sampling temperature (0 = greedy)");
 ABSL_FLAG(int64_t, top_k, 0, "generate: keep the k most likely tokens (0 = off)");
@@ -69,7 +79,7 @@ ABSL_FLAG(int32_t, max_examples, 0, "eval: at most this many examples (0 = all)"
 ABSL_FLAG(std::string, perplexity_path, "", "eval: also measure the perplexity of this text");
 ABSL_FLAG(std::string, question, "", "eval: classification question (default: the job's)");
 ABSL_FLAG(std::string, system_prompt, "", "eval: classification system prompt");
-ABSL_FLAG(int32_t, threads, 0, "generate/eval: CPU threads (0 = all cores)");
+ABSL_FLAG(int32_t, threads, 0, "generate/eval/convert: CPU threads (0 = all cores)");
 
 namespace {
 
@@ -85,11 +95,17 @@ constexpr char kUsage[] =
     "                                      SERVING, 1 otherwise\n"
     "  lspctl metrics                      the scheduler's jobs in Prometheus text format\n"
     "  lspctl generate --model=DIR|FILE (--prompt=TEXT | --chat=FILE.jsonl)\n"
-    "                  [--max_new_tokens=256 --temperature=0 --top_k=0 --top_p=1 --seed=0]\n"
+    "                  [--max_new_tokens=256 --temperature=0 --top_k=0 --top_p=1 --seed=0\n"
+    "                   --chat_template=JINJA|FILE.jinja]\n"
     "                                      generate from a model (e.g. a job's output folder)\n"
-    "  lspctl eval --model=DIR|FILE --data=FILE [--format=classification|text\n"
+    "  lspctl eval --model=DIR|FILE --data=FILE [--format=classification|text|alpaca|chat|\n"
+    "              prompt_completion --chat_template\n"
     "              --question --system_prompt --seq_len --max_examples --perplexity_path]\n"
     "                                      loss, perplexity, accuracy; no training\n"
+    "  lspctl convert --model=FILE.gguf --output_dir=DIR\n"
+    "                                      write a GGUF as a Hugging Face model folder\n"
+    "                                      (config.json, fp32 model.safetensors, tokenizer\n"
+    "                                      files); DIR must be new or empty\n"
     "Flags: --scheduler=HOST:PORT (127.0.0.1:50060), --json, --watch, --verbose,\n"
     "  spec overrides --steps --mode --schedule --output_dir, --timeout_seconds (health),\n"
     "  --auth_token_file=FILE (bearer token, mode 0600), --tls_ca=CA.pem (TLS).\n"
@@ -183,8 +199,8 @@ int Finish(const JobStatus& s) {
   }
   if (!s.last_error().empty()) std::printf("last error: %s\n", s.last_error().c_str());
   if (s.state() == lspo::v1::SUCCEEDED && !s.output_dir().empty()) {
-    std::printf("output: %s (summary.json, metrics.jsonl, model.safetensors, config.json, "
-                "tokenizer.json)\n",
+    std::printf("output: %s (summary.json, metrics.jsonl, events.out.tfevents.* for "
+                "tensorboard --logdir, model.safetensors, config.json, tokenizer.json)\n",
                 s.output_dir().c_str());
   }
   return s.state() == lspo::v1::SUCCEEDED ? 0 : 1;
@@ -361,12 +377,35 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   if (args.size() < 2) {
     std::fprintf(stderr,
-                 "usage: lspctl run|submit|status|watch|cancel|list|health|metrics|generate|eval "
-                 "... (--help)\n");
+                 "usage: lspctl run|submit|status|watch|cancel|list|health|metrics|generate|eval"
+                 "|convert ... (--help)\n");
     return 2;
   }
   const std::string cmd = args[1];
   const std::string arg = args.size() > 2 ? args[2] : "";
+
+  if (cmd == "convert") {
+    if (absl::GetFlag(FLAGS_model).empty() || absl::GetFlag(FLAGS_output_dir).empty()) {
+      std::fprintf(stderr, "lspctl convert: give --model=FILE.gguf and --output_dir=DIR (a new "
+                           "or empty folder)\n");
+      return 2;
+    }
+    FLAGS_minloglevel = absl::GetFlag(FLAGS_verbose) ? 0 : 1;
+    lspo::client::ConvertCommand c;
+    c.model = absl::GetFlag(FLAGS_model);
+    c.output_dir = absl::GetFlag(FLAGS_output_dir);
+    c.num_threads = absl::GetFlag(FLAGS_threads);
+    absl::Status st = lspo::client::RunConvert(c);
+    if (!st.ok()) return Fail(st);
+    std::vector<std::string> files;
+    std::error_code fs_error;
+    for (const auto& e : std::filesystem::directory_iterator(c.output_dir, fs_error)) {
+      files.push_back(e.path().filename().string());
+    }
+    std::sort(files.begin(), files.end());
+    std::printf("wrote %s: %s\n", c.output_dir.c_str(), absl::StrJoin(files, ", ").c_str());
+    return 0;
+  }
 
   if (cmd == "generate" || cmd == "eval") {
     if (absl::GetFlag(FLAGS_model).empty()) {
@@ -381,10 +420,16 @@ int main(int argc, char** argv) {
                              "--chat=FILE.jsonl\n");
         return 2;
       }
+      if (!absl::GetFlag(FLAGS_chat_template).empty() && absl::GetFlag(FLAGS_chat).empty()) {
+        std::fprintf(stderr, "lspctl generate: --chat_template applies to --chat conversations; "
+                             "a --prompt is tokenized as it is\n");
+        return 2;
+      }
       lspo::client::GenerateCommand g;
       g.model = absl::GetFlag(FLAGS_model);
       g.prompt = absl::GetFlag(FLAGS_prompt);
       g.chat_file = absl::GetFlag(FLAGS_chat);
+      g.chat_template = absl::GetFlag(FLAGS_chat_template);
       g.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
       g.temperature = absl::GetFlag(FLAGS_temperature);
       g.top_k = absl::GetFlag(FLAGS_top_k);
@@ -396,9 +441,10 @@ int main(int argc, char** argv) {
     }
     const std::string format = absl::GetFlag(FLAGS_format);
     if (absl::GetFlag(FLAGS_data).empty() ||
-        (!format.empty() && format != "classification" && format != "text")) {
+        (!format.empty() && format != "classification" && format != "text" &&
+         format != "alpaca" && format != "chat" && format != "prompt_completion")) {
       std::fprintf(stderr, "lspctl eval: give --data=FILE and, optionally, "
-                           "--format=classification|text\n");
+                           "--format=classification|text|alpaca|chat|prompt_completion\n");
       return 2;
     }
     lspo::client::EvalCommand e;
@@ -411,14 +457,19 @@ int main(int argc, char** argv) {
     e.num_threads = absl::GetFlag(FLAGS_threads);
     e.question = absl::GetFlag(FLAGS_question);
     e.system_prompt = absl::GetFlag(FLAGS_system_prompt);
+    e.chat_template = absl::GetFlag(FLAGS_chat_template);
     auto m = lspo::client::RunEval(e);
     if (!m.ok()) return Fail(m.status());
     if (absl::GetFlag(FLAGS_json)) {
       std::printf("%s\n", ToJsonString(*m).c_str());
     } else {
-      if (lspo::client::EvalFormat(e) == "text") {
+      const std::string f = lspo::client::EvalFormat(e);
+      if (f == "text") {
         std::printf("%d blocks, loss %.6f, perplexity %.4f", m->examples(), m->loss(),
                     std::exp(m->loss()));
+      } else if (f != "classification") {
+        std::printf("%d examples (%s), answer loss %.6f, answer perplexity %.4f", m->examples(),
+                    f.c_str(), m->loss(), std::exp(m->loss()));
       } else {
         std::printf("%d examples, accuracy %.4f, answer loss %.6f", m->examples(),
                     m->accuracy(), m->loss());
@@ -492,7 +543,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "lspctl: unknown command '%s' (run, submit, status, watch, cancel, list, health, "
-               "metrics, generate, eval; --help)\n",
+               "metrics, generate, eval, convert; --help)\n",
                cmd.c_str());
   return 2;
 }

@@ -1,8 +1,14 @@
 #include "client/model_tools.h"
 
+#include <unistd.h>
+
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -17,10 +23,14 @@
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "offload/hf_export.h"
 #include "offload/job_assets.h"
+#include "offload/torch_call.h"
 #include "proto/job_spec.pb.h"
 #include "runtime/file_io.h"
+#include "runtime/proto_json.h"
 #include "runtime/status_macros.h"
+#include "runtime/utf8.h"
 #include "scheduler/job_spec.h"
 
 namespace lspo::client {
@@ -44,7 +54,13 @@ absl::StatusOr<model::ChatMessage> Message(const nlohmann::json& m, const std::s
         where, ": expected a message {\"role\": \"user\", \"content\": \"...\"}; got ",
         m.dump().substr(0, 120)));
   }
-  return model::ChatMessage{m["role"].get<std::string>(), m["content"].get<std::string>()};
+  const std::string role = m["role"].get<std::string>();
+  if (role != "system" && role != "user" && role != "assistant") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": role \"", role, "\"; supported roles: system, user, assistant (as in "
+        "training data, docs/data.md)"));
+  }
+  return model::ChatMessage{role, m["content"].get<std::string>()};
 }
 
 // --model must be an HF folder (with config.json) or a .gguf file; says which fix applies.
@@ -89,6 +105,10 @@ absl::StatusOr<std::vector<std::vector<model::ChatMessage>>> ReadChats(const std
     ++line_no;
     if (absl::StripAsciiWhitespace(line).empty()) continue;
     const std::string where = absl::StrCat(path, ":", line_no);
+    if (size_t bad = 0; !runtime::IsValidUtf8(line, &bad)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": invalid UTF-8 at byte ", bad + 1, " of the line; the file must be UTF-8"));
+    }
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": not valid JSON"));
@@ -139,6 +159,30 @@ std::vector<int64_t> ExtraStops(const std::string& model_path, const model::BpeT
   return extra;
 }
 
+// True when the file at `path` starts with the GGUF magic.
+bool HasGgufMagic(const std::string& path) {
+  char magic[4] = {0};
+  std::ifstream in(path, std::ios::binary);
+  return in.read(magic, sizeof(magic)) && std::string(magic, sizeof(magic)) == "GGUF";
+}
+
+// --output_dir of convert: absent, or an empty folder; anything else is refused with the fix.
+absl::Status CheckNewOutputDir(const std::string& dir) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(dir, ec);
+  if (!std::filesystem::exists(st)) return absl::OkStatus();
+  if (!std::filesystem::is_directory(st)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--output_dir '", dir, "' exists and is a file; give a new folder path"));
+  }
+  if (!std::filesystem::is_empty(dir, ec) || ec) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--output_dir '", dir, "' exists and is not empty; convert does not overwrite: give a "
+        "new folder (or remove this one first)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunGenerate(const GenerateCommand& cmd, std::FILE* out, std::FILE* err) {
@@ -165,13 +209,24 @@ absl::Status RunGenerate(const GenerateCommand& cmd, std::FILE* out, std::FILE* 
     ids.insert(ids.end(), body.begin(), body.end());
     prompts.push_back(std::move(ids));
   } else {
-    auto tmpl = model::ChatTemplate::Recognise(tok.chat_template());
+    auto tmpl = model::ChatTemplate::ForTokenizer(tok, cmd.chat_template);
     if (!tmpl.ok()) {
       return absl::Status(tmpl.status().code(), absl::StrCat("model '", cmd.model, "': ",
                                                              tmpl.status().message()));
     }
-    for (const auto& chat : chats) {
-      prompts.push_back(tok.Encode(tmpl->Render(chat, /*add_generation_prompt=*/true)));
+    for (size_t i = 0; i < chats.size(); ++i) {
+      auto text = tmpl->Render(chats[i], /*add_generation_prompt=*/true);
+      if (!text.ok()) {
+        return absl::Status(text.status().code(),
+                            absl::StrCat(cmd.chat_file, ": conversation ", i + 1, ": ",
+                                         text.status().message()));
+      }
+      if (text->text.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            cmd.chat_file, ": conversation ", i + 1, ": the chat template renders it as empty "
+            "text; check the template (--chat_template or the model's)"));
+      }
+      prompts.push_back(tok.Encode(text->text));
     }
   }
   // Past the trained context RoPE extrapolates and the prompt's attention grows as T^2:
@@ -223,8 +278,14 @@ absl::Status RunGenerate(const GenerateCommand& cmd, std::FILE* out, std::FILE* 
 
 std::string EvalFormat(const EvalCommand& cmd) {
   if (!cmd.format.empty()) return cmd.format;
-  return absl::EndsWith(cmd.data, ".tsv") || absl::EndsWith(cmd.data, ".jsonl") ? "classification"
-                                                                                : "text";
+  if (absl::EndsWith(cmd.data, ".tsv")) return "classification";
+  if (absl::EndsWith(cmd.data, ".jsonl") || absl::EndsWith(cmd.data, ".json")) {
+    lspo::v1::JobSpec probe;
+    probe.mutable_data()->set_train_path(cmd.data);
+    scheduler::ResolveDefaults(&probe);  // detected from the keys of the first record
+    return runtime::EnumShortName(probe.data().format());
+  }
+  return "text";
 }
 
 absl::StatusOr<lspo::v1::EvalMetrics> RunEval(const EvalCommand& cmd) {
@@ -247,15 +308,22 @@ absl::StatusOr<lspo::v1::EvalMetrics> RunEval(const EvalCommand& cmd) {
   data->set_perplexity_path(cmd.perplexity_path);
   data->set_question(cmd.question);
   data->set_system_prompt(cmd.system_prompt);
+  data->set_chat_template(cmd.chat_template);
   const std::string format = EvalFormat(cmd);
-  if (format == "classification") {
-    data->set_format(lspo::v1::DATA_FORMAT_CLASSIFICATION);
-  } else if (format == "text") {
-    data->set_format(lspo::v1::DATA_FORMAT_TEXT);
-  } else {
+  static const std::pair<const char*, lspo::v1::DataFormat> kFormats[] = {
+      {"classification", lspo::v1::DATA_FORMAT_CLASSIFICATION},
+      {"text", lspo::v1::DATA_FORMAT_TEXT},
+      {"alpaca", lspo::v1::DATA_FORMAT_ALPACA},
+      {"chat", lspo::v1::DATA_FORMAT_CHAT},
+      {"prompt_completion", lspo::v1::DATA_FORMAT_PROMPT_COMPLETION}};
+  auto known = std::find_if(std::begin(kFormats), std::end(kFormats),
+                            [&](const auto& f) { return format == f.first; });
+  if (known == std::end(kFormats)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "lspctl eval: --format=", format, " is not a data format; use classification or text"));
+        "lspctl eval: --format=", format, " is not a data format; use classification, text, "
+        "alpaca, chat or prompt_completion"));
   }
+  data->set_format(known->second);
   spec.set_seq_len(cmd.seq_len);
   scheduler::ResolveDefaults(&spec);
   RETURN_IF_ERROR(scheduler::ValidateJobSpec(spec));
@@ -264,6 +332,59 @@ absl::StatusOr<lspo::v1::EvalMetrics> RunEval(const EvalCommand& cmd) {
   auto metrics = core.Evaluate("eval", 0);
   core.UnloadJob("eval").IgnoreError();
   return metrics;
+}
+
+absl::Status RunConvert(const ConvertCommand& cmd) {
+  if (cmd.model.empty()) {
+    return absl::InvalidArgumentError("lspctl convert: give --model=FILE.gguf");
+  }
+  if (cmd.output_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "lspctl convert: give --output_dir=DIR (a new or empty folder)");
+  }
+  RETURN_IF_ERROR(SetThreads(cmd.num_threads));
+  if (runtime::IsDirectory(cmd.model)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model '", cmd.model, "' is a folder; convert reads a GGUF file (a Hugging Face model "
+        "folder needs no conversion: give it as --model or model.path)"));
+  }
+  if (!runtime::IsRegularFile(cmd.model)) {
+    return absl::NotFoundError(absl::StrCat("--model '", cmd.model, "' does not exist"));
+  }
+  if (!HasGgufMagic(cmd.model)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model '", cmd.model, "' is not a GGUF file (it does not start with \"GGUF\"); give "
+        "a llama.cpp GGUF model file"));
+  }
+  RETURN_IF_ERROR(CheckNewOutputDir(cmd.output_dir));
+  lspo::v1::JobSpec spec = ModelSpec(cmd.model, cmd.num_threads);
+  spec.mutable_model()->set_format(lspo::v1::MODEL_FORMAT_GGUF);
+  ASSIGN_OR_RETURN(model::BpeTokenizer tok, offload::LoadJobTokenizer(spec));
+  ASSIGN_OR_RETURN(model::LlamaModel m, offload::LoadJobModel(spec));
+  RETURN_IF_ERROR(offload::CheckTokenizerFitsModel(tok, m.config(), spec));
+
+  // Written under a temporary name beside the destination, then renamed into place (rename(2)
+  // replaces an empty folder), so the destination is either absent/empty or complete.
+  std::string dest = cmd.output_dir;
+  while (dest.size() > 1 && dest.back() == '/') dest.pop_back();
+  const std::string tmp = absl::StrCat(dest, ".convert-tmp-", ::getpid());
+  std::error_code ec;
+  std::filesystem::remove_all(tmp, ec);
+  const offload::NamedTensors weights = m.NamedTensors();
+  absl::Status st = offload::TorchCall("convert", [&]() -> absl::Status {
+    return offload::WriteHfModelFolder(m.config(), tok, /*generation_config_source=*/"",
+                                       &weights, tmp)
+        .status();
+  });
+  if (st.ok() && std::rename(tmp.c_str(), dest.c_str()) != 0) {
+    st = runtime::FileErrnoStatus("rename", tmp + " -> " + dest, errno);
+  }
+  if (!st.ok()) {
+    std::filesystem::remove_all(tmp, ec);
+    return st;
+  }
+  const std::string parent = std::filesystem::path(dest).parent_path().string();
+  return runtime::FsyncDir(parent.empty() ? "." : parent);
 }
 
 }  // namespace lspo::client

@@ -1,10 +1,12 @@
-// `lspctl generate` and `lspctl eval`: use a model (an HF folder such as a job's output
-// directory, or a GGUF file) without a training job.
+// `lspctl generate`, `lspctl eval` and `lspctl convert`: use a model (an HF folder such as a
+// job's output directory, or a GGUF file) without a training job.
 //
 //   generate: KV-cached decoding (model/generate.h) from a plain prompt or from conversations,
 //             streaming the text as it is generated, stopping at the model's EOS ids.
 //   eval:     loss, perplexity and (classification) accuracy of a data file through the same
 //             evaluation code as a job (the worker's EvaluateJob on a job that trains nothing).
+//   convert:  a Llama-architecture GGUF written as a Hugging Face model folder by the same code
+//             that writes a job's output_dir (offload/hf_export.h).
 //
 // Thread-safety: functions of a command-line process; not for concurrent use.
 #ifndef LSPO_CLIENT_MODEL_TOOLS_H_
@@ -28,6 +30,9 @@ struct GenerateCommand {
   // per line), or each line one {"role", "content"} message (the whole file is one
   // conversation). Rendered with the model's chat template and the generation prompt.
   std::string chat_file;
+  // Overrides the model's chat template: Jinja text, or the path of a file holding it (as
+  // data.chat_template in a job spec). Empty = the template in the model's tokenizer files.
+  std::string chat_template;
   int64_t max_new_tokens = 256;
   double temperature = 0.0;  // 0 = greedy
   int64_t top_k = 0;
@@ -42,15 +47,21 @@ struct GenerateCommand {
 // conversation line is malformed (file:line named), num_threads < 0, the model path is a file
 // that is not a .gguf, the tokenizer has more ids than the model's vocab_size, or a prompt
 // plus max_new_tokens exceeds max_position_embeddings; kNotFound for a missing model path or
-// a folder without config.json; the model's and tokenizer's load errors; kUnimplemented for
-// a chat template that is not recognised; Generate's errors.
+// a folder without config.json; the model's and tokenizer's load errors; for --chat,
+// kFailedPrecondition when the model has no chat template and none is given, and the
+// template's parse and render errors (model/chat_template.h: kInvalidArgument naming the
+// template line, e.g. the template's own "roles must alternate"; kUnimplemented for Jinja
+// outside the supported subset), with the chat file and conversation number; Generate's
+// errors.
 absl::Status RunGenerate(const GenerateCommand& cmd, std::FILE* out, std::FILE* err);
 
 struct EvalCommand {
   std::string model;    // HF folder or GGUF file
   std::string data;     // evaluation file
-  std::string format;   // "classification" or "text" (empty = classification for .tsv /
-                        // .jsonl, text otherwise)
+  std::string format;   // classification, text, alpaca, chat or prompt_completion (empty:
+                        // classification for .tsv, detected from the keys for .jsonl /
+                        // .json as in a job, text otherwise)
+  std::string chat_template;  // as data.chat_template (empty = the model's)
   int32_t seq_len = 0;  // 0 = the job default (128)
   int32_t max_examples = 0;  // 0 = all
   std::string perplexity_path;  // optional text file whose perplexity is also measured
@@ -59,7 +70,8 @@ struct EvalCommand {
   int32_t num_threads = 0;
 };
 
-// The data format eval uses: cmd.format, or classification for .tsv / .jsonl, else text.
+// The data format eval uses: cmd.format, or classification for .tsv, the detected format for
+// .jsonl / .json (proto/job_spec.proto DataFormat), else text.
 std::string EvalFormat(const EvalCommand& cmd);
 
 // Evaluates `cmd.model` on `cmd.data` (no training, no output directory written): the
@@ -67,6 +79,33 @@ std::string EvalFormat(const EvalCommand& cmd);
 // --perplexity_path, the model path checks of RunGenerate, the job spec's validation errors
 // (named fields), load errors (tokenizer larger than the model included), evaluation errors.
 absl::StatusOr<lspo::v1::EvalMetrics> RunEval(const EvalCommand& cmd);
+
+struct ConvertCommand {
+  std::string model;       // a Llama-architecture GGUF file
+  std::string output_dir;  // the HF folder to write: must not exist, or be an empty folder
+  int32_t num_threads = 0;  // 0 = all cores
+};
+
+// Writes the GGUF `cmd.model` as a Hugging Face model folder `cmd.output_dir` (parents
+// created), through offload::WriteHfModelFolder, the writer of a job's output_dir:
+//   config.json             LlamaConfig::ToHfConfigJson("float32") of the GGUF's metadata
+//   generation_config.json  the special ids (bos, eos, pad)
+//   model.safetensors       F32, every tensor of LlamaModel::FromGguf (dequantised) under its
+//                           HF name and shape (e.g. model.embed_tokens.weight [vocab, hidden])
+//   tokenizer.json, tokenizer_config.json (with the GGUF's tokenizer.chat_template),
+//   special_tokens_map.json (BpeTokenizer::WriteHfFiles of the GGUF's tokenizer)
+// The folder is written beside `output_dir` under a temporary name and renamed into place
+// when complete, so a failure leaves no partial folder. Loading it back
+// (LlamaModel::FromHfCheckpoint, BpeTokenizer::FromHfFolder) gives tensors bit-identical to
+// FromGguf's and the GGUF tokenizer's ids.
+// Errors: kInvalidArgument when --model or --output_dir is empty, --model is a folder or a file
+// that is not a GGUF (no "GGUF" magic), --output_dir is a file or a folder that is not empty
+// (refused, never overwritten), num_threads < 0, or the tokenizer has more ids than the
+// model's vocab_size; kNotFound for a missing --model; the GGUF reader's and FromGguf's errors
+// (kDataLoss for a corrupt file, kUnimplemented for an architecture or tensor type that is not
+// supported), prefixed with the path; write errors (kPermissionDenied, kResourceExhausted,
+// kInternal) naming the path.
+absl::Status RunConvert(const ConvertCommand& cmd);
 
 }  // namespace lspo::client
 

@@ -15,6 +15,7 @@
 #include "glog/logging.h"
 #include "offload/arena_layout.h"
 #include "offload/arena_tensors.h"
+#include "offload/hf_export.h"
 #include "offload/state_file.h"
 #include "offload/job_assets.h"
 #include "offload/torch_call.h"
@@ -427,13 +428,8 @@ absl::StatusOr<lspo::v1::SaveReply> OptimizerCore::SaveModel(const std::string& 
     return absl::OkStatus();
   }));
   RETURN_IF_ERROR(runtime::MakeDirs(dir));
-  std::vector<model::SafetensorsEntry> entries;
-  for (auto& [name, t] : tensors) {
-    entries.push_back({name, "F32", t.sizes().vec(), t.data_ptr(),
-                       static_cast<size_t>(t.numel() * 4)});
-  }
   const std::string path = dir + "/model.safetensors";
-  RETURN_IF_ERROR(model::WriteSafetensors(path, entries, {{"format", "pt"}}));
+  RETURN_IF_ERROR(offload::WriteFp32Safetensors(tensors, path));
   lspo::v1::SaveReply reply;
   reply.add_files(path);
   reply.set_seconds(runtime::SecondsSince(t0));

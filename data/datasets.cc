@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "data/records.h"
 #include "model/chat_template.h"
 #include "nlohmann/json.hpp"
 #include "runtime/file_io.h"
@@ -22,42 +23,6 @@ namespace {
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return runtime::ReadFileToString(path, "data file");
-}
-
-// True if `s` is well-formed UTF-8 (RFC 3629: no overlongs, no surrogates, <= U+10FFFF).
-bool IsValidUtf8(absl::string_view s) {
-  size_t i = 0;
-  const size_t n = s.size();
-  while (i < n) {
-    uint8_t c = static_cast<uint8_t>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int len;
-    uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    } else {
-      return false;
-    }
-    if (i + len > n) return false;
-    uint8_t c1 = static_cast<uint8_t>(s[i + 1]);
-    if (c1 < lo || c1 > hi) return false;
-    for (int k = 2; k < len; ++k) {
-      if ((static_cast<uint8_t>(s[i + k]) & 0xC0) != 0x80) return false;
-    }
-    i += len;
-  }
-  return true;
 }
 
 std::string Latin1ToUtf8(absl::string_view s) {
@@ -73,18 +38,6 @@ std::string Latin1ToUtf8(absl::string_view s) {
     }
   }
   return out;
-}
-
-// Splits into lines, removing a trailing "\r"; calls fn(line_number starting at 1, line).
-template <typename Fn>
-absl::Status ForEachLine(absl::string_view content, Fn fn) {
-  int64_t line_no = 0;
-  for (absl::string_view line : absl::StrSplit(content, '\n')) {
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    RETURN_IF_ERROR(fn(line_no, line));
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<LabeledText> JsonToLabeled(const nlohmann::json& j, const std::string& where) {
@@ -126,26 +79,42 @@ absl::StatusOr<std::vector<LabeledText>> ParseJsonl(absl::string_view content,
   return rows;
 }
 
-// "<|im_start|>system..." prompt text for a (possibly cut) message text.
-std::string RenderPrompt(absl::string_view text, absl::string_view question,
-                         absl::string_view system_prompt) {
+// The classification conversation: [system: system_prompt (omitted if empty)] +
+// [user: question + "\n\n" + text] (+ [assistant: answer] when not empty).
+std::vector<model::ChatMessage> ClassificationMessages(absl::string_view text,
+                                                       absl::string_view question,
+                                                       absl::string_view system_prompt,
+                                                       absl::string_view answer = "") {
   std::vector<model::ChatMessage> messages;
   if (!system_prompt.empty()) messages.push_back({"system", std::string(system_prompt)});
   messages.push_back({"user", question.empty() ? std::string(text)
                                                : absl::StrCat(question, "\n\n", text)});
-  return model::ApplyChatMlTemplate(messages, /*add_generation_prompt=*/true);
+  if (!answer.empty()) messages.push_back({"assistant", std::string(answer)});
+  return messages;
+}
+
+// The prompt text (ending in the template's generation prompt) for a possibly cut text.
+absl::StatusOr<std::string> RenderPrompt(const model::ChatTemplate& tmpl, absl::string_view text,
+                                         absl::string_view question,
+                                         absl::string_view system_prompt) {
+  ASSIGN_OR_RETURN(model::RenderedChat r,
+                   tmpl.Render(ClassificationMessages(text, question, system_prompt),
+                               /*add_generation_prompt=*/true));
+  return std::move(r.text);
 }
 
 // Prompt ids with the text cut so that they number at most `budget`.
 absl::StatusOr<std::vector<int32_t>> FitPrompt(const model::BpeTokenizer& tok,
+                                               const model::ChatTemplate& tmpl,
                                                absl::string_view text,
                                                absl::string_view question,
                                                absl::string_view system_prompt,
                                                int64_t budget, int64_t answer_tokens) {
-  std::vector<int32_t> full = tok.Encode(RenderPrompt(text, question, system_prompt));
+  ASSIGN_OR_RETURN(std::string whole, RenderPrompt(tmpl, text, question, system_prompt));
+  std::vector<int32_t> full = tok.Encode(whole);
   if (static_cast<int64_t>(full.size()) <= budget) return full;
-  const int64_t overhead = static_cast<int64_t>(tok.Encode(RenderPrompt("", question,
-                                                                        system_prompt)).size());
+  ASSIGN_OR_RETURN(std::string empty, RenderPrompt(tmpl, "", question, system_prompt));
+  const int64_t overhead = static_cast<int64_t>(tok.Encode(empty).size());
   if (overhead > budget) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_len ", budget + answer_tokens, " cannot hold the chat prompt (", overhead,
@@ -166,8 +135,9 @@ absl::StatusOr<std::vector<int32_t>> FitPrompt(const model::BpeTokenizer& tok,
     while (cut > 0 && cut < text.size() && (static_cast<uint8_t>(text[cut]) & 0xC0) == 0x80) {
       --cut;  // do not split a UTF-8 character
     }
-    std::vector<int32_t> ids = tok.Encode(RenderPrompt(text.substr(0, cut), question,
-                                                       system_prompt));
+    ASSIGN_OR_RETURN(std::string cut_prompt,
+                     RenderPrompt(tmpl, text.substr(0, cut), question, system_prompt));
+    std::vector<int32_t> ids = tok.Encode(cut_prompt);
     int64_t excess = static_cast<int64_t>(ids.size()) - budget;
     if (excess <= 0) return ids;
     if (k == 0) {  // cannot happen (overhead <= budget), kept as a guard
@@ -228,7 +198,47 @@ absl::StatusOr<std::vector<LabeledText>> LoadLabeled(const std::string& path) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The answer ids of a classification example: the tokens the template writes after the
+// prompt for an assistant turn `label`, up to and including the first special token (the
+// end-of-turn token: <|im_end|>, <|eot_id|>, </s>); the prompt must be a prefix of the whole
+// conversation, as text and as ids.
+absl::StatusOr<std::vector<int32_t>> AnswerIds(const model::BpeTokenizer& tok,
+                                               const model::ChatTemplate& tmpl,
+                                               absl::string_view text, absl::string_view label,
+                                               absl::string_view question,
+                                               absl::string_view system_prompt) {
+  ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(tmpl, text, question, system_prompt));
+  ASSIGN_OR_RETURN(model::RenderedChat whole,
+                   tmpl.Render(ClassificationMessages(text, question, system_prompt, label),
+                               /*add_generation_prompt=*/false));
+  if (!absl::StartsWith(whole.text, prompt)) {
+    return absl::InvalidArgumentError(
+        "the chat template renders the prompt (with the generation prompt) differently from "
+        "the start of the conversation with the answer (Mistral v0.3's template, for one, drops "
+        "the system turn unless the last turn is the user's); leave data.system_prompt empty or "
+        "set data.chat_template to a template whose prompt is a prefix of the conversation");
+  }
+  const std::vector<int32_t> prompt_ids = tok.Encode(prompt);
+  const std::vector<int32_t> all = tok.Encode(whole.text);
+  if (all.size() <= prompt_ids.size() ||
+      !std::equal(prompt_ids.begin(), prompt_ids.end(), all.begin())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompt's tokens are not a prefix of the conversation's (the answer '", label,
+        "' merges with the end of the prompt when tokenized); end the question with a space "
+        "or newline, or set data.chat_template"));
+  }
+  std::vector<int32_t> answer(all.begin() + static_cast<ptrdiff_t>(prompt_ids.size()), all.end());
+  for (size_t i = 0; i < answer.size(); ++i) {
+    if (tok.IsSpecial(answer[i])) {
+      answer.resize(i + 1);
+      break;
+    }
+  }
+  return answer;
+}
+
 absl::StatusOr<TokenizedExample> BuildClassificationChat(const model::BpeTokenizer& tokenizer,
+                                                         const model::ChatTemplate& chat_template,
                                                          absl::string_view text,
                                                          absl::string_view label,
                                                          absl::string_view question,
@@ -241,16 +251,11 @@ absl::StatusOr<TokenizedExample> BuildClassificationChat(const model::BpeTokeniz
     return absl::InvalidArgumentError(
         absl::StrCat("BuildClassificationChat: max_len = ", max_len, "; expected >= 1"));
   }
-  const int32_t im_end = tokenizer.TokenToId("<|im_end|>");
-  if (im_end < 0) {
-    return absl::InvalidArgumentError(
-        "BuildClassificationChat: the tokenizer has no <|im_end|> token; use a ChatML model");
-  }
-  std::vector<int32_t> answer = tokenizer.Encode(label);
-  answer.push_back(im_end);
+  ASSIGN_OR_RETURN(std::vector<int32_t> answer,
+                   AnswerIds(tokenizer, chat_template, text, label, question, system_prompt));
   const int64_t budget = static_cast<int64_t>(max_len) - static_cast<int64_t>(answer.size());
   ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
-                   FitPrompt(tokenizer, text, question, system_prompt, budget,
+                   FitPrompt(tokenizer, chat_template, text, question, system_prompt, budget,
                              static_cast<int64_t>(answer.size())));
   TokenizedExample ex;
   ex.answer_start = static_cast<int32_t>(prompt.size());
@@ -262,6 +267,7 @@ absl::StatusOr<TokenizedExample> BuildClassificationChat(const model::BpeTokeniz
 }
 
 absl::StatusOr<TokenizedExample> BuildClassificationPrompt(const model::BpeTokenizer& tokenizer,
+                                                           const model::ChatTemplate& chat_template,
                                                            absl::string_view text,
                                                            absl::string_view question,
                                                            absl::string_view system_prompt,
@@ -271,7 +277,7 @@ absl::StatusOr<TokenizedExample> BuildClassificationPrompt(const model::BpeToken
         absl::StrCat("BuildClassificationPrompt: max_len = ", max_len, "; expected >= 1"));
   }
   ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
-                   FitPrompt(tokenizer, text, question, system_prompt, max_len, 0));
+                   FitPrompt(tokenizer, chat_template, text, question, system_prompt, max_len, 0));
   TokenizedExample ex;
   ex.answer_start = static_cast<int32_t>(prompt.size());
   ex.labels.assign(prompt.size(), kIgnoreIndex);

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "model/chat_template.h"
 #include "model/tokenizer.h"
 
 namespace lspo::data {
@@ -59,32 +60,40 @@ struct TokenizedExample {
   int32_t answer_start = 0;        // index of the first answer token (= prompt length)
 };
 
-// Builds a supervised classification chat (ChatML, model/chat_template.h):
-//   messages = [system: system_prompt (omitted if empty, so the template's default SmolLM2
-//               system turn is used)] + [user: question + "\n\n" + text]
-//   prompt   = Encode(ApplyChatMlTemplate(messages, add_generation_prompt=true))
-//   input_ids = prompt ++ Encode(label) ++ [<|im_end|>]
-//   labels    = kIgnoreIndex on the prompt, = input_ids on the answer tokens and <|im_end|>.
-// The prompt is tokenised as one string (as HF apply_chat_template does), the answer
-// separately (the prompt ends in "\n", so the boundary is a pre-token boundary either way).
-// If input_ids would exceed max_len tokens, the text is cut to its longest token prefix that
-// fits (cut at a UTF-8 character boundary); the question, template and answer are never cut.
-// Errors: kInvalidArgument if label is empty, max_len < 1, the tokenizer has no
-// "<|im_end|>" token, or max_len cannot hold the prompt with an empty text plus the answer
-// (the message gives both sizes).
+// Builds a supervised classification chat with the model's chat template
+// (model/chat_template.h; the job's ChatTemplate::ForTokenizer(tokenizer, data.chat_template)):
+//   messages  = [system: system_prompt (omitted if empty, so that a template's default system
+//                turn, e.g. SmolLM2's, is used)] + [user: question + "\n\n" + text]
+//   prompt    = Encode(Render(messages, add_generation_prompt=true))
+//   answer    = the ids of Render(messages + [assistant: label]) after the prompt's, up to and
+//               including the first special token (the template's end-of-turn token:
+//               <|im_end|> for ChatML, <|eot_id|> for Llama 3, </s> for Mistral)
+//   input_ids = prompt ++ answer
+//   labels    = kIgnoreIndex on the prompt, = input_ids on the answer.
+// For SmolLM2's ChatML this is prompt ++ Encode(label) ++ [<|im_end|>]. Each text is tokenised
+// as one string (as apply_chat_template does). If input_ids would exceed max_len tokens, the
+// text is cut to its longest token prefix that fits (cut at a UTF-8 character boundary); the
+// question, template and answer are never cut.
+// Errors: kInvalidArgument if label is empty, max_len < 1, max_len cannot hold the prompt with
+// an empty text plus the answer (the message gives both sizes), the template's prompt is not a
+// prefix of the conversation with the answer (as text or as ids; the message says why), or
+// the template fails to render (its own message, e.g. roles that must alternate).
 absl::StatusOr<TokenizedExample> BuildClassificationChat(const model::BpeTokenizer& tokenizer,
+                                                         const model::ChatTemplate& chat_template,
                                                          absl::string_view text,
                                                          absl::string_view label,
                                                          absl::string_view question,
                                                          absl::string_view system_prompt,
                                                          int max_len);
 
-// The evaluation variant: input_ids = the prompt of BuildClassificationChat (ending in
-// "<|im_start|>assistant\n"), labels all kIgnoreIndex, answer_start = input_ids.size(); the
+// The evaluation variant: input_ids = the prompt of BuildClassificationChat (ending in the
+// template's generation prompt), labels all kIgnoreIndex, answer_start = input_ids.size(); the
 // text is cut so that the prompt has at most max_len tokens. For a prompt consistent with a
-// training example of length max_len, pass max_len minus the answer length (label + 1).
-// Errors: kInvalidArgument if max_len < 1 or cannot hold the prompt with an empty text.
+// training example of length max_len, pass max_len minus the answer length.
+// Errors: kInvalidArgument if max_len < 1, cannot hold the prompt with an empty text, or the
+// template fails to render.
 absl::StatusOr<TokenizedExample> BuildClassificationPrompt(const model::BpeTokenizer& tokenizer,
+                                                           const model::ChatTemplate& chat_template,
                                                            absl::string_view text,
                                                            absl::string_view question,
                                                            absl::string_view system_prompt,

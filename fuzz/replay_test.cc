@@ -68,6 +68,7 @@ TEST(FuzzReplay, Tokenizer) {
   EXPECT_GE(ReplayDir("tokenizer", FuzzTokenizer), 5);
 }
 TEST(FuzzReplay, TokenizerHf) { EXPECT_GE(ReplayDir("tokenizer_hf", FuzzTokenizerHf), 6); }
+TEST(FuzzReplay, Jinja) { EXPECT_GE(ReplayDir("jinja", FuzzJinja), 8); }
 TEST(FuzzReplay, JobSpec) { EXPECT_GE(ReplayDir("job_spec", FuzzJobSpec), 2); }
 
 // Findings of the fuzzers (fuzz/README.md, "Findings"), fixed; each test states the behaviour.

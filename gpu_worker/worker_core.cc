@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "data/datasets.h"
+#include "data/sft.h"
 #include "glog/logging.h"
 #include "gpu_worker/calibration.h"
 #include "gpu_worker/device_offload.h"
@@ -28,8 +29,8 @@
 #include "gpu_worker/worker_job.h"
 #include "gpu_worker/worker_state.h"
 #include "lsp/projector.h"
-#include "model/safetensors.h"
 #include "offload/arena_tensors.h"
+#include "offload/hf_export.h"
 #include "offload/job_assets.h"
 #include "offload/torch_call.h"
 #include "runtime/clock.h"
@@ -100,6 +101,11 @@ absl::StatusOr<std::vector<data::TokenizedExample>> LoadExamples(
   std::vector<data::TokenizedExample> out;
   if (spec.data().format() == lspo::v1::DATA_FORMAT_CLASSIFICATION) {
     ASSIGN_OR_RETURN(auto rows, data::LoadLabeled(path));
+    auto tmpl = model::ChatTemplate::ForTokenizer(tok, spec.data().chat_template());
+    if (!tmpl.ok()) {
+      return absl::Status(tmpl.status().code(),
+                          absl::StrCat("classification data: ", tmpl.status().message()));
+    }
     std::map<std::string, int32_t> label_ids;
     for (const auto& row : rows) {
       if (max > 0 && static_cast<int>(out.size()) >= max) break;
@@ -107,12 +113,32 @@ absl::StatusOr<std::vector<data::TokenizedExample>> LoadExamples(
         auto it = label_ids.emplace(row.label, static_cast<int32_t>(label_ids.size())).first;
         class_of->push_back(it->second);
       }
-      ASSIGN_OR_RETURN(auto ex, data::BuildClassificationChat(tok, row.text, row.label,
+      ASSIGN_OR_RETURN(auto ex, data::BuildClassificationChat(tok, *tmpl, row.text, row.label,
                                                               spec.data().question(),
                                                               spec.data().system_prompt(),
                                                               spec.seq_len()));
       out.push_back(std::move(ex));
     }
+  } else if (spec.data().format() == lspo::v1::DATA_FORMAT_ALPACA ||
+             spec.data().format() == lspo::v1::DATA_FORMAT_CHAT ||
+             spec.data().format() == lspo::v1::DATA_FORMAT_PROMPT_COMPLETION) {
+    const data::SftFormat format =
+        spec.data().format() == lspo::v1::DATA_FORMAT_ALPACA ? data::SftFormat::kAlpaca
+        : spec.data().format() == lspo::v1::DATA_FORMAT_CHAT ? data::SftFormat::kChat
+                                                             : data::SftFormat::kPromptCompletion;
+    // Plain prompt-completion text needs no template; conversations need one (the records
+    // that need it say so).
+    auto tmpl = model::ChatTemplate::ForTokenizer(tok, spec.data().chat_template());
+    if (!tmpl.ok() && (format != data::SftFormat::kPromptCompletion ||
+                       tmpl.status().code() != absl::StatusCode::kFailedPrecondition)) {
+      return absl::Status(tmpl.status().code(),
+                          absl::StrCat(data::SftFormatName(format), " data: ",
+                                       tmpl.status().message()));
+    }
+    data::DataSummary summary;
+    ASSIGN_OR_RETURN(out, data::LoadSftExamples(path, &format, tok, tmpl.ok() ? &*tmpl : nullptr,
+                                                spec.seq_len(), max, &summary));
+    LOG(INFO) << "worker: " << data::FormatDataSummary(path, format, spec.seq_len(), summary);
   } else {
     ASSIGN_OR_RETURN(auto blocks, data::PackTextBlocks(tok, path, spec.seq_len(),
                                                        spec.data().max_blocks()));
@@ -612,47 +638,24 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
   auto t0 = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(runtime::MakeDirs(dir));
-  lspo::v1::SaveReply reply;
-  {
-    const std::string path = dir + "/config.json";
-    RETURN_IF_ERROR(runtime::WriteFileAtomically(
-        path, job->model->config().ToHfConfigJson("float32").dump(2) + "\n"));
-    reply.add_files(path);
-  }
-  {
-    // generation_config.json: the input folder's (sampling defaults, eos list) when it had
-    // one, else the special ids of the config.
-    const std::string path = dir + "/generation_config.json";
-    const std::string source = job->spec.model().path() + "/generation_config.json";
-    std::string text;
-    if (job->spec.model().format() == lspo::v1::MODEL_FORMAT_HF &&
-        runtime::IsRegularFile(source)) {
-      ASSIGN_OR_RETURN(text, runtime::ReadFileToString(source, "generation_config.json"));
-    } else {
-      text = job->model->config().ToHfGenerationConfigJson().dump(2) + "\n";
-    }
-    RETURN_IF_ERROR(runtime::WriteFileAtomically(path, text));
-    reply.add_files(path);
-  }
   RETURN_IF_ERROR(offload::TorchCall("flush updates", [&] { return ApplyPending(job, -1); }));
-  RETURN_IF_ERROR(job->tokenizer->WriteHfFiles(dir));
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
-    reply.add_files(dir + "/" + f);
-  }
-  if (!job->path->offloaded()) {
-    // Offloaded modes: the scheduler writes the optimizer's master weights instead.
-    std::vector<std::pair<std::string, at::Tensor>> tensors = job->model->NamedTensors();
-    std::vector<model::SafetensorsEntry> entries;
-    for (auto& [name, t] : tensors) {
-      t = t.detach().to(at::kFloat).cpu().contiguous();
-      entries.push_back({name, "F32", t.sizes().vec(), t.data_ptr(),
-                         static_cast<size_t>(t.numel() * 4)});
-    }
-    const std::string path = dir + "/model.safetensors";
-    RETURN_IF_ERROR(model::WriteSafetensors(path, entries, {{"format", "pt"}}));
-    reply.add_files(path);
-  }
+  // generation_config.json: the input folder's (sampling defaults, eos list) when it had one,
+  // else the special ids of the config. Offloaded modes: the scheduler writes the optimizer's
+  // master weights instead of the worker's copy.
+  const std::string gen_source = job->spec.model().format() == lspo::v1::MODEL_FORMAT_HF
+                                     ? job->spec.model().path() + "/generation_config.json"
+                                     : "";
+  offload::NamedTensors weights;
+  if (!job->path->offloaded()) weights = job->model->NamedTensors();
+  std::vector<std::string> files;
+  RETURN_IF_ERROR(offload::TorchCall("save artifacts", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(files, offload::WriteHfModelFolder(
+                                job->model->config(), *job->tokenizer, gen_source,
+                                job->path->offloaded() ? nullptr : &weights, dir));
+    return absl::OkStatus();
+  }));
+  lspo::v1::SaveReply reply;
+  for (const std::string& f : files) reply.add_files(f);
   reply.set_seconds(runtime::SecondsSince(t0));
   return reply;
 }

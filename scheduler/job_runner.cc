@@ -62,7 +62,7 @@ void JobRunner::Log(const nlohmann::json& line) {
   if (!st.ok() && !log_failed_) {
     // The run goes on (a full disk is reported by the next checkpoint); warn once.
     log_failed_ = true;
-    LOG(WARNING) << "scheduler: " << id_ << ": metrics.jsonl: " << st;
+    LOG(WARNING) << "scheduler: " << id_ << ": run log: " << st;  // Names the file.
   }
 }
 

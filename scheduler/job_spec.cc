@@ -57,6 +57,49 @@ nlohmann::json YamlToJson(const YAML::Node& node) {
 
 bool Readable(const std::string& path) { return access(path.c_str(), R_OK) == 0; }
 
+// data.format from the keys of the first record of a .json / .jsonl file (proto/job_spec.proto
+// DataFormat); classification when the file is of another kind, unreadable or matches none
+// (the worker's reader then names the problem).
+v1::DataFormat DetectDataFormat(const std::string& path) {
+  if (!absl::EndsWith(path, ".jsonl") && !absl::EndsWith(path, ".json")) {
+    return v1::DATA_FORMAT_CLASSIFICATION;
+  }
+  std::ifstream in(path, std::ios::binary);
+  // The first record: the first element of a top-level array, or the first non-blank line
+  // (read whole, however long).
+  nlohmann::json first;
+  std::string line;
+  while (std::getline(in, line) && line.find_first_not_of(" \t\r") == std::string::npos) {
+  }
+  const size_t start = line.find_first_not_of(" \t\r");
+  if (start == std::string::npos) return v1::DATA_FORMAT_CLASSIFICATION;
+  if (line[start] == '[') {
+    std::ifstream whole(path, std::ios::binary);
+    first = nlohmann::json::parse(whole, nullptr, /*allow_exceptions=*/false);
+    if (first.is_array() && !first.empty()) first = first[0];
+  } else {
+    first = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  }
+  if (first.is_discarded()) {
+    // Not parseable (invalid UTF-8, a broken line): go by the key names in the raw text, so
+    // that the format's own reader reports the problem with its line and byte offset.
+    if (line.find("\"messages\"") != std::string::npos) return v1::DATA_FORMAT_CHAT;
+    if (line.find("\"instruction\"") != std::string::npos) return v1::DATA_FORMAT_ALPACA;
+    if (line.find("\"prompt\"") != std::string::npos &&
+        line.find("\"completion\"") != std::string::npos) {
+      return v1::DATA_FORMAT_PROMPT_COMPLETION;
+    }
+    return v1::DATA_FORMAT_CLASSIFICATION;
+  }
+  if (!first.is_object()) return v1::DATA_FORMAT_CLASSIFICATION;
+  if (first.contains("messages")) return v1::DATA_FORMAT_CHAT;
+  if (first.contains("instruction")) return v1::DATA_FORMAT_ALPACA;
+  if (first.contains("prompt") && first.contains("completion")) {
+    return v1::DATA_FORMAT_PROMPT_COMPLETION;
+  }
+  return v1::DATA_FORMAT_CLASSIFICATION;
+}
+
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json, absl::string_view source) {
@@ -122,7 +165,7 @@ void ResolveDefaults(JobSpec* spec) {
   if (model->tokenizer_path().empty()) model->set_tokenizer_path(model->path());
   auto* data = spec->mutable_data();
   if (data->format() == v1::DATA_FORMAT_UNSPECIFIED) {
-    data->set_format(v1::DATA_FORMAT_CLASSIFICATION);
+    data->set_format(DetectDataFormat(data->train_path()));
   }
   if (data->question().empty()) data->set_question("Is this message spam or ham?");
   auto* lsp = spec->mutable_lsp();
@@ -236,9 +279,9 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
         "to fetch the model, or fix the path"));
   }
   const auto& data = spec.data();
-  if (data.format() != v1::DATA_FORMAT_CLASSIFICATION && data.format() != v1::DATA_FORMAT_TEXT) {
+  if (data.format() == v1::DATA_FORMAT_UNSPECIFIED || !v1::DataFormat_IsValid(data.format())) {
     return bad("data.format", runtime::EnumShortName(data.format()),
-               "use classification or text");
+               "use classification, text, alpaca, chat or prompt_completion");
   }
   if (data.train_path().empty()) {
     return bad("data.train_path", "\"\"", "give a training data file");
@@ -259,6 +302,12 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return absl::NotFoundError(absl::StrCat("job spec field data.perplexity_path: file '",
                                             data.perplexity_path(),
                                             "' does not exist or is not readable"));
+  }
+  if (const std::string& t = data.chat_template(); !t.empty() &&
+      t.find("{{") == std::string::npos && t.find("{%") == std::string::npos && !Readable(t)) {
+    return absl::NotFoundError(absl::StrCat(
+        "job spec field data.chat_template: '", t, "' is neither Jinja text (no {{ or {%) nor "
+        "a readable file; give the template itself or the path of a .jinja file"));
   }
   if (data.perplexity_blocks() < 0) {
     return bad("data.perplexity_blocks", data.perplexity_blocks(), "must be >= 0");

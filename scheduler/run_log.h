@@ -5,11 +5,17 @@
 //   timeline.jsonl  lsp/zero only: per step the plan and every per-layer event (CLOCK_MONOTONIC
 //                   seconds; scripts/plot --timeline renders one)
 //   summary.json    the run's summary, replaced atomically and durably at the end
+//   events.out.tfevents.*
+//                   TensorBoard events: the scalars of every metrics.jsonl line
+//                   (scheduler/tensorboard_scalars.h has the tags), step = optimizer step;
+//                   one new file per Open (a resumed job adds one, TensorBoard merges them)
 // Each line goes to the kernel at once (write(2), no user-space buffer: a crash of the
 // scheduler loses no line it had logged); a write that fails part-way is truncated back, so
-// the files hold whole lines only. Sync() fdatasyncs both logs (called before a checkpoint is
-// committed and at the end, so a checkpoint never refers to log lines a power loss could
-// drop) and returns the first append error since the log was opened (lines are missing).
+// the files hold whole lines (and whole event records) only. Sync() fdatasyncs both logs
+// (called before a checkpoint is committed and at the end, so a checkpoint never refers to
+// log lines a power loss could drop) and returns the first append error of metrics.jsonl or
+// timeline.jsonl since the log was opened (lines are missing). The events file is a view of
+// metrics.jsonl: its errors are returned by Metrics() but do not fail Sync().
 //
 // Thread-safety: not thread-safe; owned by the job runner's thread.
 #ifndef LSPO_SCHEDULER_RUN_LOG_H_
@@ -20,25 +26,31 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "runtime/append_file.h"
+#include "scheduler/tensorboard.h"
 
 namespace lspo::scheduler {
 
 class RunLog {
  public:
   // Opens (append = true: continues after a resume; else truncates) metrics.jsonl and, when
-  // `with_timeline`, timeline.jsonl in `out_dir` (which must exist).
+  // `with_timeline`, timeline.jsonl in `out_dir` (which must exist), and creates a new
+  // TensorBoard events file there (append = false first removes the events files of an
+  // earlier run in `out_dir`, as metrics.jsonl is truncated).
   // Errors: those of the open (kPermissionDenied, kNotFound, ...) naming the file.
-  static absl::StatusOr<RunLog> Open(const std::string& out_dir, bool append,
-                                     bool with_timeline);
+  static absl::StatusOr<RunLog> Open(const std::string& out_dir, bool append, bool with_timeline);
 
-  RunLog(RunLog&& other) noexcept;
-  RunLog& operator=(RunLog&& other) noexcept;
+  RunLog(RunLog&& other) noexcept = default;
+  RunLog& operator=(RunLog&& other) noexcept = default;
   RunLog(const RunLog&) = delete;
   RunLog& operator=(const RunLog&) = delete;
-  ~RunLog();
+  // Closes the files (fdatasync, close), ignoring errors.
+  ~RunLog() = default;
 
   // One line of metrics.jsonl / timeline.jsonl (the timeline call is a no-op without one).
-  // Errors: kResourceExhausted (disk full) and other write errors naming the file.
+  // Metrics also writes the line's TensorBoard scalars (wall time: now) to the events file.
+  // Errors: kResourceExhausted (disk full) and other write errors naming the file (the
+  // events file's after the line itself was written).
   absl::Status Metrics(const nlohmann::json& line);
   absl::Status Timeline(const nlohmann::json& line);
   // fdatasync of both logs; the first earlier append error if there was one.
@@ -47,16 +59,18 @@ class RunLog {
   absl::Status WriteSummary(const nlohmann::json& summary);
 
   const std::string& out_dir() const { return out_dir_; }
+  // The events file of this log (a path in out_dir).
+  const std::string& events_path() const { return events_.path(); }
 
  private:
   RunLog() = default;
-  absl::Status Append(int fd, const std::string& path, const nlohmann::json& line);
-  void Close();
+  absl::Status Append(runtime::AppendFile& file, const nlohmann::json& line);
 
   std::string out_dir_;
-  int metrics_fd_ = -1;
-  int timeline_fd_ = -1;
-  absl::Status error_;  // First append error (sticky).
+  runtime::AppendFile metrics_;
+  runtime::AppendFile timeline_;  // Closed without a timeline.
+  EventFileWriter events_;
+  absl::Status error_;  // First append error of metrics_ / timeline_ (sticky).
 };
 
 }  // namespace lspo::scheduler

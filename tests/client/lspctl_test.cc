@@ -120,6 +120,20 @@ TEST_F(LspctlTest, HelpExitsZeroWithUsage) {
   EXPECT_EQ(Lspctl("frobnicate").exit_code, 2);
 }
 
+// lspctl convert: a missing flag is a usage error (2, naming both flags); a missing file is a
+// failure (1) naming --model.
+TEST_F(LspctlTest, ConvertUsageErrorsExitTwo) {
+  EXPECT_THAT(Lspctl("--help").output, HasSubstr("lspctl convert --model=FILE.gguf"));
+  for (const char* args : {"convert", "convert --model=m.gguf", "convert --output_dir=/tmp/x"}) {
+    const Result r = Lspctl(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_THAT(r.output, HasSubstr("--model=FILE.gguf and --output_dir=DIR")) << args;
+  }
+  const Result r = Lspctl("convert --model=/no/such/model.gguf --output_dir=/tmp/lspo-never");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--model '/no/such/model.gguf' does not exist"));
+}
+
 TEST_F(LspctlTest, HealthIsZeroWhenServingAndOneOtherwise) {
   const std::string flag = Serve();
   Result r = Lspctl("health " + flag);

@@ -56,7 +56,10 @@ const model::BpeTokenizer* SmolLm() {
 #define REQUIRE_SMOLLM()                                                              \
   const model::BpeTokenizer* tok = SmolLm();                                          \
   if (tok == nullptr) GTEST_SKIP() << kGgufPath << " is absent (gitignored model); " \
-                                   << "place the GGUF there to run this test"
+                                   << "place the GGUF there to run this test";        \
+  auto tmpl_or = model::ChatTemplate::ForTokenizer(*tok);                             \
+  ASSERT_TRUE(tmpl_or.ok()) << tmpl_or.status();                                      \
+  const model::ChatTemplate& tmpl = *tmpl_or
 
 // Independent count: std::getline, label = bytes before the first tab.
 std::map<std::string, int> CountLabelsByHand(const std::string& path) {
@@ -179,14 +182,14 @@ TEST(BuildClassificationChatTest, PromptMatchesOracleChat) {
     if (c["name"] == "user_only_gen") want = c["ids"].get<std::vector<int32_t>>();
   }
   ASSERT_FALSE(want.empty());
-  auto prompt = BuildClassificationPrompt(*tok, "WINNER!! Call 09061701461 now.",
+  auto prompt = BuildClassificationPrompt(*tok, tmpl, "WINNER!! Call 09061701461 now.",
                                           kSpamQuestion, "", 512);
   ASSERT_TRUE(prompt.ok()) << prompt.status();
   EXPECT_THAT(prompt->input_ids, ElementsAreArray(want));
   EXPECT_EQ(prompt->answer_start, static_cast<int32_t>(want.size()));
   for (int32_t l : prompt->labels) EXPECT_EQ(l, kIgnoreIndex);
 
-  auto train = BuildClassificationChat(*tok, "WINNER!! Call 09061701461 now.", "spam",
+  auto train = BuildClassificationChat(*tok, tmpl, "WINNER!! Call 09061701461 now.", "spam",
                                        kSpamQuestion, "", 512);
   ASSERT_TRUE(train.ok()) << train.status();
   ASSERT_GT(train->input_ids.size(), want.size());
@@ -201,7 +204,7 @@ TEST(BuildClassificationChatTest, LossOnlyOnAnswerAndImEnd) {
   ASSERT_TRUE(rows.ok());
   for (size_t i = 0; i < 40; ++i) {
     const LabeledText& r = (*rows)[i];
-    auto ex = BuildClassificationChat(*tok, r.text, r.label, kSpamQuestion,
+    auto ex = BuildClassificationChat(*tok, tmpl, r.text, r.label, kSpamQuestion,
                                       "You classify SMS messages.", 256);
     ASSERT_TRUE(ex.ok()) << ex.status();
     ASSERT_EQ(ex->input_ids.size(), ex->labels.size());
@@ -227,11 +230,67 @@ TEST(BuildClassificationChatTest, LossOnlyOnAnswerAndImEnd) {
   }
 }
 
+// With SmolLM2's ChatML template the examples are the ChatML formula of earlier versions:
+// Encode(ApplyChatMlTemplate(prompt)) ++ Encode(label) ++ [<|im_end|>], on every training row.
+TEST(BuildClassificationChatTest, SmolLm2ExamplesAreTheChatMlFormula) {
+  REQUIRE_SMOLLM();
+  auto rows = LoadLabeledTsv(kTrain);
+  ASSERT_TRUE(rows.ok());
+  for (const LabeledText& r : *rows) {
+    auto ex = BuildClassificationChat(*tok, tmpl, r.text, r.label, kSpamQuestion, "", 4096);
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    std::vector<int32_t> want = tok->Encode(model::ApplyChatMlTemplate(
+        {{"user", std::string(kSpamQuestion) + "\n\n" + r.text}}, true));
+    const std::vector<int32_t> label = tok->Encode(r.label);
+    want.insert(want.end(), label.begin(), label.end());
+    want.push_back(2);  // <|im_end|>
+    ASSERT_EQ(ex->input_ids, want) << r.text;
+  }
+}
+
+// Other families' templates: Llama 3.1 ends the answer with <|eot_id|>, Mistral v0.1 with
+// </s>; Mistral v0.3 drops the system turn unless the user's turn is last, so a system prompt
+// is refused with the reason instead of a silently different prompt.
+TEST(BuildClassificationChatTest, AnswerEndsWithTheTemplatesEndOfTurnToken) {
+  const std::string tokenizers = "tests/oracle/data/hf_tokenizers/";
+  const std::string templates = "tests/oracle/data/chat_templates/";
+  struct Case {
+    const char* tokenizer;
+    const char* tmpl;
+    const char* system;
+    const char* answer;  // decoded answer tokens
+  };
+  for (const Case& c : {Case{"llama3", "llama3.1.jinja", "Be brief.", "spam<|eot_id|>"},
+                        Case{"llama3", "llama3.jinja", "", "spam<|eot_id|>"},
+                        Case{"spm_metaspace", "mistral-v0.3.jinja", "", "spam</s>"},
+                        Case{"qwen2", "qwen2.5.jinja", "", "spam<|im_end|>"}}) {
+    SCOPED_TRACE(c.tmpl);
+    auto tok = model::BpeTokenizer::FromHfFolder(tokenizers + c.tokenizer);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    auto tmpl = model::ChatTemplate::ForTokenizer(*tok, templates + c.tmpl);
+    ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+    auto ex = BuildClassificationChat(*tok, *tmpl, "WINNER!! Call now.", "spam", kSpamQuestion,
+                                      c.system, 256);
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    std::vector<int32_t> answer(ex->input_ids.begin() + ex->answer_start, ex->input_ids.end());
+    EXPECT_EQ(tok->Decode(answer), c.answer);
+    EXPECT_TRUE(tok->IsSpecial(answer.back()));
+    for (int32_t t = 0; t < ex->answer_start; ++t) EXPECT_EQ(ex->labels[t], kIgnoreIndex);
+  }
+  auto tok = model::BpeTokenizer::FromHfFolder(tokenizers + "spm_metaspace");
+  ASSERT_TRUE(tok.ok());
+  auto v03 = model::ChatTemplate::ForTokenizer(*tok, templates + "mistral-v0.3.jinja");
+  ASSERT_TRUE(v03.ok());
+  auto refused = BuildClassificationChat(*tok, *v03, "x", "spam", kSpamQuestion, "Be brief.", 256);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("system"));
+}
+
 TEST(BuildClassificationChatTest, LongTextIsCutToFit) {
   REQUIRE_SMOLLM();
   std::string text = ReadAll(kMobyDick).substr(0, 20000);
   for (int max_len : {60, 64, 100, 257}) {
-    auto ex = BuildClassificationChat(*tok, text, "ham", kSpamQuestion, "", max_len);
+    auto ex = BuildClassificationChat(*tok, tmpl, text, "ham", kSpamQuestion, "", max_len);
     ASSERT_TRUE(ex.ok()) << ex.status();
     EXPECT_LE(ex->input_ids.size(), static_cast<size_t>(max_len));
     EXPECT_GE(ex->input_ids.size(), static_cast<size_t>(max_len) - 3);  // nearly full
@@ -248,16 +307,16 @@ TEST(BuildClassificationChatTest, LongTextIsCutToFit) {
     EXPECT_TRUE(absl::StartsWith(text, message)) << message;
     EXPECT_GT(message.size(), 0u);
 
-    auto eval = BuildClassificationPrompt(*tok, text, kSpamQuestion, "", max_len);
+    auto eval = BuildClassificationPrompt(*tok, tmpl, text, kSpamQuestion, "", max_len);
     ASSERT_TRUE(eval.ok());
     EXPECT_LE(eval->input_ids.size(), static_cast<size_t>(max_len));
   }
-  auto too_small = BuildClassificationChat(*tok, text, "ham", kSpamQuestion, "", 20);
+  auto too_small = BuildClassificationChat(*tok, tmpl, text, "ham", kSpamQuestion, "", 20);
   EXPECT_EQ(too_small.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(too_small.status().message()), HasSubstr("max_len 20"));
-  EXPECT_EQ(BuildClassificationChat(*tok, text, "", kSpamQuestion, "", 100).status().code(),
+  EXPECT_EQ(BuildClassificationChat(*tok, tmpl, text, "", kSpamQuestion, "", 100).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(BuildClassificationPrompt(*tok, text, kSpamQuestion, "", 0).status().code(),
+  EXPECT_EQ(BuildClassificationPrompt(*tok, tmpl, text, kSpamQuestion, "", 0).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -1,18 +1,25 @@
 // A job's output folder is an HF model folder the product reads back: evaluate it (lspctl
 // eval's RunEval), generate from it (RunGenerate), and fine-tune again from it (model.path =
 // the folder, format detected). Also a job on a Hugging Face random Qwen2 folder made by
-// transformers (tests/oracle/data/hf_models) trains end to end.
+// transformers (tests/oracle/data/hf_models) trains end to end, and lspctl convert (RunConvert)
+// writes the real SmolLM2 GGUF as such a folder that loads bit-identical to the GGUF.
+#include <torch/torch.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "client/model_tools.h"
 #include "gtest/gtest.h"
 #include "model/generate.h"
+#include "model/gguf.h"
 #include "model/hf_checkpoint.h"
 #include "model/llama.h"
+#include "model/safetensors.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "offload/job_assets.h"
@@ -137,11 +144,18 @@ TEST(HfFolderTest, GenerateReadsConversationsAndRefusesBadInput) {
   st = client::RunGenerate(g, stdout, stderr);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(std::string(st.message()).find(bad + ":2"), std::string::npos) << st;
+  // Mistral's [INST] template (SentencePiece tokenizer) runs too; a template that raises
+  // names the chat file and the conversation.
   g.model = "tests/oracle/data/hf_models/mistral-job";
   g.chat_file = chat;
   st = client::RunGenerate(g, stdout, stderr);
-  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
-  EXPECT_NE(std::string(st.message()).find("ChatML"), std::string::npos) << st;
+  EXPECT_TRUE(st.ok()) << st;
+  g.chat_template = "{{ raise_exception('roles must alternate') }}";
+  st = client::RunGenerate(g, stdout, stderr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(std::string(st.message()).find(chat + ": conversation 1"), std::string::npos) << st;
+  EXPECT_NE(std::string(st.message()).find("roles must alternate"), std::string::npos) << st;
+  g.chat_template.clear();
 
   // A prompt past max_position_embeddings (256) is refused, naming the limit.
   client::GenerateCommand longer;
@@ -193,6 +207,127 @@ TEST(HfFolderTest, GenerateReadsConversationsAndRefusesBadInput) {
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The entries of folder `dir`, sorted.
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// lspctl convert on the real SmolLM2 GGUF: the folder holds the files of a job's output (fp32
+// weights, the GGUF's chat template), loads through the HF path to the same tensors and logits
+// as FromGguf, and its tokenizer.json encodes as the GGUF tokenizer does.
+TEST(ConvertTest, SmolLm2GgufBecomesAnHfFolderIdenticalToIt) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  const std::string parent = testing_jobs::TempDir("convert");
+  const std::string out = parent + "/smollm2";
+  client::ConvertCommand cmd;
+  cmd.model = testing_jobs::kModel;
+  cmd.output_dir = out;
+  cmd.num_threads = 2;
+  absl::Status st = client::RunConvert(cmd);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(Entries(parent), std::vector<std::string>{"smollm2"});  // no temporary left
+  EXPECT_EQ(Entries(out),
+            (std::vector<std::string>{"config.json", "generation_config.json", "model.safetensors",
+                                      "special_tokens_map.json", "tokenizer.json",
+                                      "tokenizer_config.json"}));
+  EXPECT_TRUE(model::IsHfModelFolder(out));
+
+  auto gguf = model::GgufFile::Open(testing_jobs::kModel);
+  ASSERT_TRUE(gguf.ok()) << gguf.status();
+  auto from_gguf = model::LlamaModel::FromGguf(*gguf);
+  ASSERT_TRUE(from_gguf.ok()) << from_gguf.status();
+  auto ckpt = model::HfCheckpoint::Open(out);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto from_hf = model::LlamaModel::FromHfCheckpoint(*ckpt);
+  ASSERT_TRUE(from_hf.ok()) << from_hf.status();
+  EXPECT_EQ(from_hf->config().NumParameters(), 134515008);
+  auto weights = model::SafetensorsFile::Open(out + "/model.safetensors");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const auto a = from_gguf->NamedTensors(), b = from_hf->NamedTensors();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_TRUE(at::equal(a[i].second, b[i].second)) << a[i].first;
+    const model::SafetensorsTensorInfo* info = weights->Find(a[i].first);
+    ASSERT_NE(info, nullptr) << a[i].first;
+    EXPECT_EQ(info->dtype, "F32") << a[i].first;
+  }
+  {
+    at::NoGradGuard no_grad;
+    at::Tensor ids =
+        torch::tensor({1, 9690, 198, 2683, 359, 253, 5356}, torch::kLong).view({1, 7});
+    EXPECT_TRUE(at::equal(from_gguf->Logits(ids), from_hf->Logits(ids)));
+  }
+
+  auto tok_gguf = model::BpeTokenizer::FromGguf(*gguf);
+  ASSERT_TRUE(tok_gguf.ok()) << tok_gguf.status();
+  auto tok_hf = model::BpeTokenizer::FromHfFolder(out);
+  ASSERT_TRUE(tok_hf.ok()) << tok_hf.status();
+  for (const std::string sample :
+       {"Call me Ishmael. Some years ago—never mind how long precisely 1851.",
+        "<|im_start|>user\nIs this message spam or ham?\n\nWIN £1000 now!!! txt 87121<|im_end|>\n",
+        "  naïve café, 日本語, emoji 🙂 and tabs\tand\r\nnewlines"}) {
+    EXPECT_EQ(tok_hf->Encode(sample), tok_gguf->Encode(sample)) << sample;
+  }
+  EXPECT_EQ(tok_hf->eos_id(), tok_gguf->eos_id());
+  EXPECT_EQ(tok_hf->bos_id(), tok_gguf->bos_id());
+  ASSERT_FALSE(tok_gguf->chat_template().empty());
+  std::ifstream cfg_in(out + "/tokenizer_config.json");
+  const nlohmann::json cfg = nlohmann::json::parse(cfg_in);
+  EXPECT_EQ(cfg.value("chat_template", ""), tok_gguf->chat_template());
+  std::filesystem::remove_all(parent);
+}
+
+// lspctl convert's refusals, each naming the flag: a missing --model (kNotFound), a folder or a
+// text file as --model, an --output_dir that is a file or a folder with files in it (left as it
+// was: never overwritten), empty flags (kInvalidArgument). A file with the GGUF magic but a
+// broken header fails in the reader and leaves no folder behind.
+TEST(ConvertTest, RefusesBadInputs) {
+  const std::string dir = testing_jobs::TempDir("convert-bad");
+  const std::string text = dir + "/notes.gguf";
+  std::ofstream(text) << "just some text, not a model\n";
+  const std::string broken = dir + "/broken.gguf";
+  std::ofstream(broken, std::ios::binary) << "GGUF\x03garbage";
+  const std::string full = dir + "/full";
+  std::filesystem::create_directories(full);
+  std::ofstream(full + "/keep.txt") << "mine";
+
+  auto code_and_message = [](const std::string& model, const std::string& out,
+                             absl::StatusCode code, const std::string& needle) {
+    client::ConvertCommand cmd;
+    cmd.model = model;
+    cmd.output_dir = out;
+    absl::Status st = client::RunConvert(cmd);
+    EXPECT_EQ(st.code(), code) << model << " -> " << out << ": " << st;
+    EXPECT_NE(std::string(st.message()).find(needle), std::string::npos) << st;
+  };
+  code_and_message(dir + "/no-such.gguf", dir + "/a", absl::StatusCode::kNotFound,
+                   "--model '" + dir + "/no-such.gguf' does not exist");
+  code_and_message(text, dir + "/a", absl::StatusCode::kInvalidArgument, "not a GGUF file");
+  code_and_message(dir, dir + "/a", absl::StatusCode::kInvalidArgument, "is a folder");
+  code_and_message(broken, full, absl::StatusCode::kInvalidArgument,
+                   "--output_dir '" + full + "' exists and is not empty");
+  code_and_message(broken, text, absl::StatusCode::kInvalidArgument, "is a file");
+  code_and_message("", dir + "/a", absl::StatusCode::kInvalidArgument, "--model=FILE.gguf");
+  code_and_message(broken, "", absl::StatusCode::kInvalidArgument, "--output_dir=DIR");
+  EXPECT_EQ(ReadAll(full + "/keep.txt"), "mine");
+  EXPECT_EQ(Entries(full), std::vector<std::string>{"keep.txt"});
+
+  client::ConvertCommand cmd;
+  cmd.model = broken;
+  cmd.output_dir = dir + "/out";
+  absl::Status st = client::RunConvert(cmd);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(std::string(st.message()).find(broken), std::string::npos) << st;
+  EXPECT_EQ(Entries(dir), (std::vector<std::string>{"broken.gguf", "full", "notes.gguf"}));
+  std::filesystem::remove_all(dir);
 }
 
 class HfFamilyJobTest : public ::testing::TestWithParam<std::string> {};

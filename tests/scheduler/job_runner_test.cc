@@ -11,8 +11,10 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -21,6 +23,8 @@
 #include "scheduler/checkpoint.h"
 #include "scheduler/job_spec.h"
 #include "scheduler/scheduler_core.h"
+#include "scheduler/tensorboard.h"
+#include "scheduler/tensorboard_scalars.h"
 #include "tests/scheduler/fake_peers.h"
 
 namespace lspo::scheduler {
@@ -271,6 +275,45 @@ TEST(JobRunnerTest, ResumeSelectsTheNewestCheckpointThatVerifies) {
   short_job.set_resume_from("latest");
   EXPECT_EQ(g.Run(short_job).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(g.log.Count("worker.LoadJob"), 0);
+  fs::remove_all(out);
+}
+
+TEST(JobRunnerTest, EveryMetricsLineHasItsScalarsInTheEventsFiles) {
+  // A job with evaluations, projector checks, master refreshes and checkpoints, resumed
+  // once: the folder's events files, in name order, hold exactly the TensorBoard scalars of
+  // the metrics.jsonl lines, in line order (a resumed job adds a file).
+  const std::string out = TempDir();
+  for (int steps : {4, 6}) {
+    Fixture f;
+    v1::JobSpec spec = Spec(out, v1::MODE_LSP, steps);
+    spec.set_eval_every(2);
+    spec.set_checkpoint_every(2);
+    spec.mutable_lsp()->set_check_freq(2);
+    if (steps == 6) spec.set_resume_from("latest");
+    ASSERT_TRUE(f.Run(spec).ok());
+  }
+  using Point = std::tuple<std::string, int64_t, float>;
+  std::vector<Point> want, got;
+  std::set<std::string> tags;
+  for (const auto& line : ReadJsonl(out + "/metrics.jsonl")) {
+    const LineScalars s = TensorBoardScalars(line);
+    for (const auto& v : s.scalars) want.emplace_back(v.tag, s.step, v.value);
+  }
+  const std::vector<std::string> files = ListEventsFiles(out);
+  ASSERT_EQ(files.size(), 2u);
+  for (const std::string& file : files) {
+    auto events = ReadScalarEvents(file);
+    ASSERT_TRUE(events.ok()) << events.status();
+    for (const auto& e : *events) {
+      got.emplace_back(e.tag, e.step, e.value);
+      tags.insert(e.tag);
+    }
+  }
+  EXPECT_EQ(got, want);
+  for (const char* tag : {"train/loss", "train/learning_rate", "time/step_s", "eval/loss",
+                          "projector/bias_after_fit", "master/worker_max_abs_diff"}) {
+    EXPECT_EQ(tags.count(tag), 1u) << tag;
+  }
   fs::remove_all(out);
 }
 

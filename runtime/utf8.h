@@ -1,0 +1,55 @@
+// UTF-8 validation (header-only, torch-free): used by the data readers (data/records.h) and
+// the chat-template interpreter (model/jinja.h) to refuse ill-formed text with its offset.
+#ifndef LSPO_RUNTIME_UTF8_H_
+#define LSPO_RUNTIME_UTF8_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/strings/string_view.h"
+
+namespace lspo::runtime {
+
+// True if `s` is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above
+// U+10FFFF). When false and `bad_at` is given, *bad_at is the byte offset of the first
+// ill-formed sequence.
+inline bool IsValidUtf8(absl::string_view s, size_t* bad_at = nullptr) {
+  size_t i = 0;
+  const size_t n = s.size();
+  while (i < n) {
+    const auto c = static_cast<uint8_t>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    }
+    bool ok = len > 0 && i + len <= n;
+    if (ok) {
+      const auto c1 = static_cast<uint8_t>(s[i + 1]);
+      ok = c1 >= lo && c1 <= hi;
+      for (size_t k = 2; ok && k < len; ++k) ok = (static_cast<uint8_t>(s[i + k]) & 0xC0) == 0x80;
+    }
+    if (!ok) {
+      if (bad_at != nullptr) *bad_at = i;
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+}  // namespace lspo::runtime
+
+#endif  // LSPO_RUNTIME_UTF8_H_
