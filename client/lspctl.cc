@@ -31,6 +31,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -128,7 +130,23 @@ std::string Duration(double s) {
 
 std::string StateName(lspo::v1::JobState s) { return lspo::v1::JobState_Name(s); }
 
-// One-line progress: [#####-----] step 12/60 loss 0.4312 tok/s 210 ETA 4m10s | phase
+// The headline number of an evaluation: tag F1 of a generative one, else the accuracy of a
+// classification one, else the perplexity when measured, else the loss.
+std::string EvalHeadline(const lspo::v1::EvalMetrics& e, bool classification) {
+  if (e.generated_examples() > 0) {
+    return absl::StrFormat("F1 %.4f exact %.4f", e.f1(), e.exact_match());
+  }
+  if (classification) return absl::StrFormat("accuracy %.4f", e.accuracy());
+  if (e.perplexity() > 0) return absl::StrFormat("ppl %.3f", e.perplexity());
+  return absl::StrFormat("loss %.4f", e.loss());
+}
+
+bool IsClassification(const JobStatus& s) {
+  return s.spec().data().format() == lspo::v1::DATA_FORMAT_CLASSIFICATION;
+}
+
+// One-line progress: [#####-----] step 12/60 loss 0.4312 tok/s 210 ETA 4m10s | eval F1 0.41
+// | phase
 std::string ProgressLine(const JobStatus& s) {
   const int width = 24;
   const int total = std::max(1, s.total_steps());
@@ -140,13 +158,63 @@ std::string ProgressLine(const JobStatus& s) {
     absl::StrAppendFormat(&line, " loss %.4f tok/s %.0f ETA %s", s.last_step().loss(),
                           s.last_step().tokens_per_second(), Duration(s.eta_seconds()));
   }
+  if (s.evals_size() > 0) {
+    absl::StrAppend(&line, " | eval ",
+                    EvalHeadline(s.evals(s.evals_size() - 1), IsClassification(s)));
+  }
   absl::StrAppend(&line, " | ", s.phase());
   return line;
 }
 
-void PrintEval(const lspo::v1::EvalMetrics& e) {
-  std::printf("\n  eval after step %d: accuracy %.4f, answer loss %.4f (%d examples, %.1f s)\n",
-              e.step(), e.accuracy(), e.loss(), e.examples(), e.seconds());
+// `text` for one terminal line: control characters, quotes and backslashes C-escaped
+// (absl::Utf8SafeCHexEscape: \n, \x1b; UTF-8 kept), at most `max_bytes` bytes (then "...").
+std::string OneLine(const std::string& text, size_t max_bytes = 160) {
+  std::string out = absl::Utf8SafeCHexEscape(text);
+  if (out.size() > max_bytes) {
+    size_t cut = max_bytes;
+    while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xC0) == 0x80) --cut;
+    out = absl::StrCat(out.substr(0, cut), "...");
+  }
+  return out;
+}
+
+void PrintEval(const lspo::v1::EvalMetrics& e, bool classification) {
+  std::string line = EvalHeadline(e, classification);
+  // The headline of a generative evaluation is its F1; keep accuracy and perplexity visible.
+  if (e.generated_examples() > 0 && classification) {
+    absl::StrAppendFormat(&line, ", accuracy %.4f", e.accuracy());
+  }
+  if (e.perplexity() > 0 && (e.generated_examples() > 0 || classification)) {
+    absl::StrAppendFormat(&line, ", ppl %.3f", e.perplexity());
+  }
+  if (!absl::StartsWith(line, "loss")) {
+    absl::StrAppendFormat(&line, ", answer loss %.4f", e.loss());
+  }
+  std::printf("\n  eval after step %d: %s (%d examples, %.1f s)\n", e.step(), line.c_str(),
+              e.examples(), e.seconds());
+  if (e.generated_examples() > 0) {
+    std::printf("    exact match %.4f, tag precision %.4f, recall %.4f, F1 %.4f over %d "
+                "generated answers (%.1f s)\n",
+                e.exact_match(), e.precision(), e.recall(), e.f1(), e.generated_examples(),
+                e.generation_seconds());
+    for (const auto& g : e.samples()) {
+      std::printf("    want \"%s\"  got \"%s\"  F1 %.2f\n", OneLine(g.reference()).c_str(),
+                  OneLine(g.prediction()).c_str(), g.f1());
+    }
+  }
+}
+
+void PrintData(const lspo::v1::DataSummary& d) {
+  std::printf("\n  %s data %s (%s): %lld examples of %lld records, %lld tokens, %lld loss "
+              "tokens, %lld truncated to %d, %lld skipped, longest %lld\n",
+              d.split().c_str(), d.path().c_str(), d.format().c_str(),
+              static_cast<long long>(d.examples()), static_cast<long long>(d.records()),
+              static_cast<long long>(d.tokens()), static_cast<long long>(d.loss_tokens()),
+              static_cast<long long>(d.truncated()), d.seq_len(),
+              static_cast<long long>(d.skipped()), static_cast<long long>(d.longest()));
+  if (d.split() == "train" && !d.rendered_example().empty()) {
+    std::printf("  first example, loss on [[...]]:\n%s\n", d.rendered_example().c_str());
+  }
 }
 
 // Streams a job's status with a progress bar; returns the final status.
@@ -157,10 +225,13 @@ absl::StatusOr<JobStatus> WatchWithProgress(lspo::v1::Scheduler::Stub* stub,
   req.set_job_id(job_id);
   auto reader = stub->WatchJob(&ctx, req);
   JobStatus s, last;
-  int evals_seen = 0;
+  int evals_seen = 0, data_seen = 0;
   const bool tty = isatty(fileno(stdout));
   while (reader->Read(&s)) {
-    for (; evals_seen < s.evals_size(); ++evals_seen) PrintEval(s.evals(evals_seen));
+    for (; data_seen < s.data_size(); ++data_seen) PrintData(s.data(data_seen));
+    for (; evals_seen < s.evals_size(); ++evals_seen) {
+      PrintEval(s.evals(evals_seen), IsClassification(s));
+    }
     if (s.mean_projector_error() != last.mean_projector_error()) {
       std::printf("\n  projectors fitted: mean relative estimation bias %.4f\n",
                   s.mean_projector_error());
@@ -199,8 +270,8 @@ int Finish(const JobStatus& s) {
   }
   if (!s.last_error().empty()) std::printf("last error: %s\n", s.last_error().c_str());
   if (s.state() == lspo::v1::SUCCEEDED && !s.output_dir().empty()) {
-    std::printf("output: %s (summary.json, metrics.jsonl, events.out.tfevents.* for "
-                "tensorboard --logdir, model.safetensors, config.json, tokenizer.json)\n",
+    std::printf("output: %s (report.html, summary.json, metrics.jsonl, events.out.tfevents.* "
+                "for tensorboard --logdir, model.safetensors, config.json, tokenizer.json)\n",
                 s.output_dir().c_str());
   }
   return s.state() == lspo::v1::SUCCEEDED ? 0 : 1;

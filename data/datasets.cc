@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <system_error>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "data/records.h"
+#include "data/sft.h"
 #include "model/chat_template.h"
 #include "nlohmann/json.hpp"
 #include "runtime/file_io.h"
@@ -40,43 +42,24 @@ std::string Latin1ToUtf8(absl::string_view s) {
   return out;
 }
 
-absl::StatusOr<LabeledText> JsonToLabeled(const nlohmann::json& j, const std::string& where) {
+absl::StatusOr<LabeledText> JsonToLabeled(const JsonRecord& r) {
+  const nlohmann::ordered_json& j = r.value;
   if (!j.is_object()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": expected a JSON object {\"label\": ..., \"text\": ...}"));
+        absl::StrCat(r.where, ": expected a JSON object {\"label\": ..., \"text\": ...}"));
   }
   auto label = j.find("label");
   auto text = j.find("text");
   if (label == j.end() || !label->is_string() || text == j.end() || !text->is_string()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": the object needs string fields \"label\" and \"text\"; saw ", j.dump(-1, ' ',
-        false, nlohmann::json::error_handler_t::replace).substr(0, 120)));
+        r.where, ": the object needs string fields \"label\" and \"text\"; saw ",
+        j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, 120)));
   }
   LabeledText out{label->get<std::string>(), text->get<std::string>()};
   if (out.label.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": empty \"label\""));
+    return absl::InvalidArgumentError(absl::StrCat(r.where, ": empty \"label\""));
   }
   return out;
-}
-
-absl::StatusOr<std::vector<LabeledText>> ParseJsonl(absl::string_view content,
-                                                    const std::string& path) {
-  std::vector<LabeledText> rows;
-  RETURN_IF_ERROR(ForEachLine(content, [&](int64_t line_no, absl::string_view line) {
-    if (line.find_first_not_of(" \t") == absl::string_view::npos) return absl::OkStatus();
-    std::string where = absl::StrCat(path, ":", line_no);
-    nlohmann::json j = nlohmann::json::parse(line.begin(), line.end(), nullptr,
-                                             /*allow_exceptions=*/false);
-    if (j.is_discarded()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": not valid JSON (UTF-8); each line must be one object "
-                 "{\"label\": ..., \"text\": ...}"));
-    }
-    ASSIGN_OR_RETURN(LabeledText row, JsonToLabeled(j, where));
-    rows.push_back(std::move(row));
-    return absl::OkStatus();
-  }));
-  return rows;
 }
 
 // The classification conversation: [system: system_prompt (omitted if empty)] +
@@ -103,15 +86,15 @@ absl::StatusOr<std::string> RenderPrompt(const model::ChatTemplate& tmpl, absl::
   return std::move(r.text);
 }
 
-// Prompt ids with the text cut so that they number at most `budget`.
+// Prompt ids with the text cut so that they number at most `budget`; `full` = the ids of the
+// uncut prompt (returned as they are when they fit).
 absl::StatusOr<std::vector<int32_t>> FitPrompt(const model::BpeTokenizer& tok,
                                                const model::ChatTemplate& tmpl,
                                                absl::string_view text,
                                                absl::string_view question,
                                                absl::string_view system_prompt,
-                                               int64_t budget, int64_t answer_tokens) {
-  ASSIGN_OR_RETURN(std::string whole, RenderPrompt(tmpl, text, question, system_prompt));
-  std::vector<int32_t> full = tok.Encode(whole);
+                                               int64_t budget, int64_t answer_tokens,
+                                               std::vector<int32_t> full) {
   if (static_cast<int64_t>(full.size()) <= budget) return full;
   ASSIGN_OR_RETURN(std::string empty, RenderPrompt(tmpl, "", question, system_prompt));
   const int64_t overhead = static_cast<int64_t>(tok.Encode(empty).size());
@@ -173,68 +156,63 @@ absl::StatusOr<std::vector<LabeledText>> LoadLabeledTsv(const std::string& path)
 }
 
 absl::StatusOr<std::vector<LabeledText>> LoadLabeledJsonl(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string content, ReadFile(path));
-  return ParseJsonl(content, path);
+  ASSIGN_OR_RETURN(std::vector<JsonRecord> records, ReadJsonRecords(path));
+  std::vector<LabeledText> rows;
+  rows.reserve(records.size());
+  for (const JsonRecord& r : records) {
+    ASSIGN_OR_RETURN(LabeledText row, JsonToLabeled(r));
+    rows.push_back(std::move(row));
+  }
+  return rows;
 }
 
 absl::StatusOr<std::vector<LabeledText>> LoadLabeled(const std::string& path) {
   if (absl::EndsWith(path, ".tsv")) return LoadLabeledTsv(path);
-  if (absl::EndsWith(path, ".jsonl")) return LoadLabeledJsonl(path);
-  if (absl::EndsWith(path, ".json")) {
-    ASSIGN_OR_RETURN(std::string content, ReadFile(path));
-    nlohmann::json j = nlohmann::json::parse(content, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_array()) return ParseJsonl(content, path);
-    std::vector<LabeledText> rows;
-    rows.reserve(j.size());
-    for (size_t i = 0; i < j.size(); ++i) {
-      ASSIGN_OR_RETURN(LabeledText row,
-                       JsonToLabeled(j[i], absl::StrCat(path, ": element ", i)));
-      rows.push_back(std::move(row));
-    }
-    return rows;
+  if (absl::EndsWith(path, ".jsonl") || absl::EndsWith(path, ".json")) {
+    return LoadLabeledJsonl(path);  // ReadJsonRecords: JSON Lines or a top-level array
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "'", path, "' has an unsupported extension; use .tsv (label<TAB>text), .jsonl or .json"));
 }
 
 // ---------------------------------------------------------------------------------------------
-// The answer ids of a classification example: the tokens the template writes after the
-// prompt for an assistant turn `label`, up to and including the first special token (the
-// end-of-turn token: <|im_end|>, <|eot_id|>, </s>); the prompt must be a prefix of the whole
-// conversation, as text and as ids.
-absl::StatusOr<std::vector<int32_t>> AnswerIds(const model::BpeTokenizer& tok,
-                                               const model::ChatTemplate& tmpl,
-                                               absl::string_view text, absl::string_view label,
-                                               absl::string_view question,
-                                               absl::string_view system_prompt) {
-  ASSIGN_OR_RETURN(std::string prompt, RenderPrompt(tmpl, text, question, system_prompt));
-  ASSIGN_OR_RETURN(model::RenderedChat whole,
-                   tmpl.Render(ClassificationMessages(text, question, system_prompt, label),
-                               /*add_generation_prompt=*/false));
-  if (!absl::StartsWith(whole.text, prompt)) {
-    return absl::InvalidArgumentError(
-        "the chat template renders the prompt (with the generation prompt) differently from "
-        "the start of the conversation with the answer (Mistral v0.3's template, for one, drops "
-        "the system turn unless the last turn is the user's); leave data.system_prompt empty or "
-        "set data.chat_template to a template whose prompt is a prefix of the conversation");
-  }
-  const std::vector<int32_t> prompt_ids = tok.Encode(prompt);
-  const std::vector<int32_t> all = tok.Encode(whole.text);
-  if (all.size() <= prompt_ids.size() ||
-      !std::equal(prompt_ids.begin(), prompt_ids.end(), all.begin())) {
+// The uncut prompt ids and the answer ids of a classification example, by the rule of SFT
+// conversations (data/sft.h TokenizeSftRecord: the template's tokens after the generation
+// prompt up to and including the first special token, the prompt a prefix of the whole
+// conversation as text and as ids); tokens after the end-of-turn token are dropped.
+struct PromptAndAnswer {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> answer;
+};
+
+absl::StatusOr<PromptAndAnswer> SplitClassificationChat(const model::BpeTokenizer& tok,
+                                                        const model::ChatTemplate& tmpl,
+                                                        absl::string_view text,
+                                                        absl::string_view label,
+                                                        absl::string_view question,
+                                                        absl::string_view system_prompt) {
+  SftRecord record;
+  record.messages = ClassificationMessages(text, question, system_prompt, label);
+  record.where = "classification example";
+  absl::StatusOr<TokenizedExample> whole =
+      TokenizeSftRecord(record, tok, &tmpl, std::numeric_limits<int>::max());
+  if (!whole.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the prompt's tokens are not a prefix of the conversation's (the answer '", label,
-        "' merges with the end of the prompt when tokenized); end the question with a space "
-        "or newline, or set data.chat_template"));
+        whole.status().message(), system_prompt.empty() ? "" :
+        " (with data.system_prompt set: some templates, Mistral v0.3's for one, drop the system "
+        "turn unless the last turn is the user's; leave data.system_prompt empty)"));
   }
-  std::vector<int32_t> answer(all.begin() + static_cast<ptrdiff_t>(prompt_ids.size()), all.end());
-  for (size_t i = 0; i < answer.size(); ++i) {
-    if (tok.IsSpecial(answer[i])) {
-      answer.resize(i + 1);
-      break;
-    }
+  if (whole->input_ids.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the chat template renders no tokens for the answer '", label, "'; check the template"));
   }
-  return answer;
+  PromptAndAnswer out;
+  const auto& ids = whole->input_ids;
+  size_t end = ids.size();
+  while (end > 0 && whole->labels[end - 1] == kIgnoreIndex) --end;
+  out.prompt.assign(ids.begin(), ids.begin() + whole->answer_start);
+  out.answer.assign(ids.begin() + whole->answer_start, ids.begin() + static_cast<ptrdiff_t>(end));
+  return out;
 }
 
 absl::StatusOr<TokenizedExample> BuildClassificationChat(const model::BpeTokenizer& tokenizer,
@@ -243,7 +221,8 @@ absl::StatusOr<TokenizedExample> BuildClassificationChat(const model::BpeTokeniz
                                                          absl::string_view label,
                                                          absl::string_view question,
                                                          absl::string_view system_prompt,
-                                                         int max_len) {
+                                                         int max_len, bool* truncated,
+                                                         int64_t* full_length) {
   if (label.empty()) {
     return absl::InvalidArgumentError("BuildClassificationChat: empty label; pass the class name");
   }
@@ -251,12 +230,16 @@ absl::StatusOr<TokenizedExample> BuildClassificationChat(const model::BpeTokeniz
     return absl::InvalidArgumentError(
         absl::StrCat("BuildClassificationChat: max_len = ", max_len, "; expected >= 1"));
   }
-  ASSIGN_OR_RETURN(std::vector<int32_t> answer,
-                   AnswerIds(tokenizer, chat_template, text, label, question, system_prompt));
+  ASSIGN_OR_RETURN(PromptAndAnswer split, SplitClassificationChat(tokenizer, chat_template, text,
+                                                                  label, question, system_prompt));
+  const std::vector<int32_t>& answer = split.answer;
+  const size_t uncut_prompt = split.prompt.size();
+  if (full_length != nullptr) *full_length = static_cast<int64_t>(uncut_prompt + answer.size());
   const int64_t budget = static_cast<int64_t>(max_len) - static_cast<int64_t>(answer.size());
   ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
                    FitPrompt(tokenizer, chat_template, text, question, system_prompt, budget,
-                             static_cast<int64_t>(answer.size())));
+                             static_cast<int64_t>(answer.size()), std::move(split.prompt)));
+  if (truncated != nullptr) *truncated = prompt.size() < uncut_prompt;
   TokenizedExample ex;
   ex.answer_start = static_cast<int32_t>(prompt.size());
   ex.input_ids = std::move(prompt);
@@ -276,8 +259,10 @@ absl::StatusOr<TokenizedExample> BuildClassificationPrompt(const model::BpeToken
     return absl::InvalidArgumentError(
         absl::StrCat("BuildClassificationPrompt: max_len = ", max_len, "; expected >= 1"));
   }
+  ASSIGN_OR_RETURN(std::string whole, RenderPrompt(chat_template, text, question, system_prompt));
   ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
-                   FitPrompt(tokenizer, chat_template, text, question, system_prompt, max_len, 0));
+                   FitPrompt(tokenizer, chat_template, text, question, system_prompt, max_len, 0,
+                             tokenizer.Encode(whole)));
   TokenizedExample ex;
   ex.answer_start = static_cast<int32_t>(prompt.size());
   ex.labels.assign(prompt.size(), kIgnoreIndex);

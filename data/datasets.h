@@ -78,13 +78,16 @@ struct TokenizedExample {
 // an empty text plus the answer (the message gives both sizes), the template's prompt is not a
 // prefix of the conversation with the answer (as text or as ids; the message says why), or
 // the template fails to render (its own message, e.g. roles that must alternate).
+// *truncated / *full_length (optional) report whether the text was cut and the example's
+// tokens before the cut.
 absl::StatusOr<TokenizedExample> BuildClassificationChat(const model::BpeTokenizer& tokenizer,
                                                          const model::ChatTemplate& chat_template,
                                                          absl::string_view text,
                                                          absl::string_view label,
                                                          absl::string_view question,
                                                          absl::string_view system_prompt,
-                                                         int max_len);
+                                                         int max_len, bool* truncated = nullptr,
+                                                         int64_t* full_length = nullptr);
 
 // The evaluation variant: input_ids = the prompt of BuildClassificationChat (ending in the
 // template's generation prompt), labels all kIgnoreIndex, answer_start = input_ids.size(); the

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "data/records.h"
+#include "runtime/record_keys.h"
 #include "runtime/status_macros.h"
 
 namespace lspo::data {
@@ -27,12 +28,14 @@ std::string Keys(const Json& j) {
   return keys.empty() ? "none" : absl::StrJoin(keys, ", ");
 }
 
-// The format whose keys `j` has, if any.
+// The format whose keys `j` has, if any (runtime/record_keys.h, shared with the scheduler).
 std::optional<SftFormat> FormatOfKeys(const Json& j) {
   if (!j.is_object()) return std::nullopt;
-  if (j.contains("messages")) return SftFormat::kChat;
-  if (j.contains("instruction")) return SftFormat::kAlpaca;
-  if (j.contains("prompt") && j.contains("completion")) return SftFormat::kPromptCompletion;
+  const absl::string_view name =
+      runtime::SftFormatOfKeys([&](const char* key) { return j.contains(key); });
+  if (name == "chat") return SftFormat::kChat;
+  if (name == "alpaca") return SftFormat::kAlpaca;
+  if (name == "prompt_completion") return SftFormat::kPromptCompletion;
   return std::nullopt;
 }
 
@@ -319,26 +322,12 @@ absl::StatusOr<std::vector<TokenizedExample>> LoadSftExamples(
     bool cut = false;
     int64_t full = 0;
     ASSIGN_OR_RETURN(TokenizedExample ex, TokenizeSftRecord(r, tok, tmpl, max_len, &cut, &full));
-    s.longest = std::max(s.longest, full);
     if (ex.input_ids.empty()) {
+      s.longest = std::max(s.longest, full);
       ++s.skipped;
       continue;
     }
-    s.truncated += cut;
-    s.tokens += static_cast<int64_t>(ex.input_ids.size());
-    for (int32_t l : ex.labels) s.loss_tokens += l != kIgnoreIndex;
-    if (out.empty()) {
-      std::string text;
-      bool in_loss = false;
-      for (size_t i = 0; i < ex.input_ids.size(); ++i) {
-        const bool l = ex.labels[i] != kIgnoreIndex;
-        if (l != in_loss) text += l ? "[[" : "]]";
-        in_loss = l;
-        text += tok.Decode(absl::MakeConstSpan(&ex.input_ids[i], 1));
-      }
-      if (in_loss) text += "]]";
-      s.rendered_example = std::move(text);
-    }
+    CountExample(tok, ex, cut, full, &s);
     out.push_back(std::move(ex));
   }
   s.examples = static_cast<int64_t>(out.size());
@@ -352,12 +341,34 @@ absl::StatusOr<std::vector<TokenizedExample>> LoadSftExamples(
   return out;
 }
 
-std::string FormatDataSummary(const std::string& path, SftFormat format, int max_len,
+void CountExample(const model::BpeTokenizer& tok, const TokenizedExample& ex, bool truncated,
+                  int64_t full_length, DataSummary* s) {
+  s->longest = std::max(s->longest, full_length);
+  s->truncated += truncated;
+  s->tokens += static_cast<int64_t>(ex.input_ids.size());
+  for (int32_t l : ex.labels) s->loss_tokens += l != kIgnoreIndex;
+  if (s->rendered_example.empty()) s->rendered_example = RenderLossMask(tok, ex);
+}
+
+std::string RenderLossMask(const model::BpeTokenizer& tok, const TokenizedExample& ex) {
+  std::string text;
+  bool in_loss = false;
+  for (size_t i = 0; i < ex.input_ids.size(); ++i) {
+    const bool l = i < ex.labels.size() && ex.labels[i] != kIgnoreIndex;
+    if (l != in_loss) text += l ? "[[" : "]]";
+    in_loss = l;
+    text += tok.Decode(absl::MakeConstSpan(&ex.input_ids[i], 1));
+  }
+  if (in_loss) text += "]]";
+  return text;
+}
+
+std::string FormatDataSummary(const std::string& path, absl::string_view format, int max_len,
                               const DataSummary& s) {
   const double pct = s.tokens > 0 ? 100.0 * static_cast<double>(s.loss_tokens) /
                                         static_cast<double>(s.tokens)
                                   : 0.0;
-  return absl::StrCat("data ", path, " (", SftFormatName(format), "): ", s.examples,
+  return absl::StrCat("data ", path, " (", format, "): ", s.examples,
                       " examples (", s.records, " records, ", s.skipped,
                       " skipped with no answer token within seq_len, ", s.truncated,
                       " truncated to ", max_len, " tokens), ", s.tokens, " tokens, ",

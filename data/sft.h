@@ -116,9 +116,20 @@ absl::StatusOr<std::vector<TokenizedExample>> LoadSftExamples(
     const model::ChatTemplate* chat_template, int max_len, int max_examples,
     DataSummary* summary = nullptr);
 
-// The summary as lines for a log: "data FILE: N examples (R records, S skipped, C truncated
-// to L tokens), T tokens, K loss tokens (P%), longest M" and the rendered example.
-std::string FormatDataSummary(const std::string& path, SftFormat format, int max_len,
+// Counts one kept example into `*summary` (tokens, loss tokens, the truncation, the longest
+// length before it) and renders it as the summary's example when it is the first.
+// full_length = its tokens before truncation.
+void CountExample(const model::BpeTokenizer& tokenizer, const TokenizedExample& example,
+                  bool truncated, int64_t full_length, DataSummary* summary);
+
+// `example` decoded token by token, its loss tokens (labels != kIgnoreIndex) between "[[" and
+// "]]".
+std::string RenderLossMask(const model::BpeTokenizer& tokenizer, const TokenizedExample& example);
+
+// The summary as lines for a log: "data FILE (FORMAT): N examples (R records, S skipped, C
+// truncated to L tokens), T tokens, K loss tokens (P%), longest M" and the rendered example.
+// `format` is the data format's name (SftFormatName, "classification", "text").
+std::string FormatDataSummary(const std::string& path, absl::string_view format, int max_len,
                               const DataSummary& summary);
 
 }  // namespace lspo::data

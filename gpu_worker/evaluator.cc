@@ -9,8 +9,10 @@
 
 #include <torch/torch.h>
 
+#include "data/answer_metrics.h"
 #include "data/datasets.h"
 #include "gpu_worker/worker_job.h"
+#include "model/generate.h"
 #include "offload/torch_call.h"
 #include "runtime/clock.h"
 #include "runtime/status_macros.h"
@@ -18,6 +20,84 @@
 namespace lspo::worker {
 
 using runtime::MonotonicSeconds;
+
+namespace {
+
+// `ids` decoded without their special tokens (the end-of-turn token, a BOS).
+std::string DecodeText(const model::BpeTokenizer& tok, absl::Span<const int32_t> ids) {
+  std::vector<int32_t> kept;
+  for (int32_t id : ids) {
+    if (!tok.IsSpecial(id)) kept.push_back(id);
+  }
+  return tok.Decode(kept);
+}
+
+// Greedy generation from each evaluation example's prompt (the tokens before its first loss
+// token), scored against its answer (the loss tokens from there up to the next non-loss
+// token: the first assistant turn). Fills the generative fields of `out`.
+absl::Status GenerateAndScore(WorkerJob* job, lspo::v1::EvalMetrics* out) {
+  const auto& ev = job->spec.eval();
+  const int64_t max_new = ev.max_new_tokens() > 0 ? ev.max_new_tokens() : 64;
+  const size_t n = job->generate.size();  // already capped at max_generate_examples
+  const int64_t max_positions = job->model->config().max_position_embeddings;
+  const model::BpeTokenizer& tok = *job->tokenizer;
+  std::vector<int64_t> extra_stops;
+  if (tok.eos_id() >= 0) extra_stops.push_back(tok.eos_id());
+  const std::vector<int64_t> model_stops = model::StopIds(job->model->config(), extra_stops);
+  const auto t0 = std::chrono::steady_clock::now();
+  double em = 0, precision = 0, recall = 0, f1 = 0;
+  int32_t scored = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const data::TokenizedExample& ex = job->generate[i];
+    const size_t start = static_cast<size_t>(ex.answer_start);
+    if (start == 0 || start >= ex.input_ids.size()) continue;  // no prompt or no answer
+    size_t end = start;
+    while (end < ex.input_ids.size() && ex.labels[end] != data::kIgnoreIndex) ++end;
+    const absl::Span<const int32_t> answer =
+        absl::MakeConstSpan(ex.input_ids).subspan(start, end - start);
+    model::GenerationOptions opts;
+    // Within the trained context when the prompt leaves room (RoPE extrapolates past it).
+    opts.max_new_tokens =
+        max_positions > static_cast<int64_t>(start)
+            ? std::min<int64_t>(max_new, max_positions - static_cast<int64_t>(start))
+            : 1;
+    opts.stop_ids = model_stops;
+    // The answer's end-of-turn token (<|im_end|>, <|eot_id|>, </s>) ends the turn too.
+    if (!answer.empty() && tok.IsSpecial(answer.back()) &&
+        std::find(opts.stop_ids.begin(), opts.stop_ids.end(), answer.back()) ==
+            opts.stop_ids.end()) {
+      opts.stop_ids.push_back(answer.back());
+    }
+    ASSIGN_OR_RETURN(model::GenerationResult gen,
+                     model::Generate(*job->model, absl::MakeConstSpan(ex.input_ids).subspan(0, start),
+                                     opts));
+    const std::string reference = DecodeText(tok, answer);
+    const std::string prediction = DecodeText(tok, gen.tokens);
+    const data::AnswerScore score = data::ScoreAnswer(prediction, reference);
+    em += score.exact_match;
+    precision += score.precision;
+    recall += score.recall;
+    f1 += score.f1;
+    ++scored;
+    if (out->samples_size() < 3) {
+      auto* sample = out->add_samples();
+      sample->set_reference(reference);
+      sample->set_prediction(prediction);
+      sample->set_f1(score.f1);
+    }
+  }
+  if (scored > 0) {
+    out->set_exact_match(em / scored);
+    out->set_precision(precision / scored);
+    out->set_recall(recall / scored);
+    out->set_f1(f1 / scored);
+  }
+  out->set_generated_examples(scored);
+  out->set_generation_seconds(runtime::SecondsSince(t0));
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step) {
   auto t0 = std::chrono::steady_clock::now();
@@ -111,6 +191,9 @@ absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step) {
     out.set_examples(job->eval.size());
     out.set_loss(targets > 0 ? loss_sum / targets : 0.0);
     out.set_accuracy(counted > 0 ? static_cast<double>(correct) / counted : 0.0);
+    if (job->spec.eval().metric() == lspo::v1::EVAL_METRIC_GENERATIVE && !job->generate.empty()) {
+      RETURN_IF_ERROR(GenerateAndScore(job, &out));
+    }
     return absl::OkStatus();
   });
   if (!st.ok()) return st;

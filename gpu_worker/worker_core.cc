@@ -93,14 +93,40 @@ at::Tensor ToTensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols,
 
 namespace {
 
-// Tokenised examples of `path`; for classification data also each example's label id
-// (labels numbered in order of first appearance) in `*class_of` when non-null.
+// The proto form of a data summary (proto/metrics.proto DataSummary).
+lspo::v1::DataSummary SummaryProto(const std::string& split, const std::string& path,
+                                   absl::string_view format, int seq_len,
+                                   const data::DataSummary& s) {
+  lspo::v1::DataSummary p;
+  p.set_split(split);
+  p.set_path(path);
+  p.set_format(std::string(format));
+  p.set_records(s.records);
+  p.set_examples(s.examples);
+  p.set_tokens(s.tokens);
+  p.set_loss_tokens(s.loss_tokens);
+  p.set_truncated(s.truncated);
+  p.set_skipped(s.skipped);
+  p.set_longest(s.longest);
+  p.set_seq_len(seq_len);
+  p.set_rendered_example(s.rendered_example);
+  return p;
+}
+
+// Tokenised examples of `path` (the `split`, "train" or "eval") and what loading them did in
+// `*summary` (also logged; nothing when null); for classification data also each example's label id (labels
+// numbered in order of first appearance) in `*class_of` when non-null.
 absl::StatusOr<std::vector<data::TokenizedExample>> LoadExamples(
-    const JobSpec& spec, const model::BpeTokenizer& tok, const std::string& path, int max,
+    const JobSpec& spec, const model::BpeTokenizer& tok, const std::string& split,
+    const std::string& path, int max, lspo::v1::DataSummary* summary,
     std::vector<int32_t>* class_of = nullptr) {
   std::vector<data::TokenizedExample> out;
+  data::DataSummary counts;
+  std::string format_name =
+      spec.data().format() == lspo::v1::DATA_FORMAT_CLASSIFICATION ? "classification" : "text";
   if (spec.data().format() == lspo::v1::DATA_FORMAT_CLASSIFICATION) {
     ASSIGN_OR_RETURN(auto rows, data::LoadLabeled(path));
+    counts.records = static_cast<int64_t>(rows.size());
     auto tmpl = model::ChatTemplate::ForTokenizer(tok, spec.data().chat_template());
     if (!tmpl.ok()) {
       return absl::Status(tmpl.status().code(),
@@ -113,10 +139,13 @@ absl::StatusOr<std::vector<data::TokenizedExample>> LoadExamples(
         auto it = label_ids.emplace(row.label, static_cast<int32_t>(label_ids.size())).first;
         class_of->push_back(it->second);
       }
+      bool cut = false;
+      int64_t full = 0;
       ASSIGN_OR_RETURN(auto ex, data::BuildClassificationChat(tok, *tmpl, row.text, row.label,
                                                               spec.data().question(),
                                                               spec.data().system_prompt(),
-                                                              spec.seq_len()));
+                                                              spec.seq_len(), &cut, &full));
+      data::CountExample(tok, ex, cut, full, &counts);
       out.push_back(std::move(ex));
     }
   } else if (spec.data().format() == lspo::v1::DATA_FORMAT_ALPACA ||
@@ -126,6 +155,7 @@ absl::StatusOr<std::vector<data::TokenizedExample>> LoadExamples(
         spec.data().format() == lspo::v1::DATA_FORMAT_ALPACA ? data::SftFormat::kAlpaca
         : spec.data().format() == lspo::v1::DATA_FORMAT_CHAT ? data::SftFormat::kChat
                                                              : data::SftFormat::kPromptCompletion;
+    format_name = std::string(data::SftFormatName(format));
     // Plain prompt-completion text needs no template; conversations need one (the records
     // that need it say so).
     auto tmpl = model::ChatTemplate::ForTokenizer(tok, spec.data().chat_template());
@@ -135,25 +165,31 @@ absl::StatusOr<std::vector<data::TokenizedExample>> LoadExamples(
                           absl::StrCat(data::SftFormatName(format), " data: ",
                                        tmpl.status().message()));
     }
-    data::DataSummary summary;
     ASSIGN_OR_RETURN(out, data::LoadSftExamples(path, &format, tok, tmpl.ok() ? &*tmpl : nullptr,
-                                                spec.seq_len(), max, &summary));
-    LOG(INFO) << "worker: " << data::FormatDataSummary(path, format, spec.seq_len(), summary);
+                                                spec.seq_len(), max, &counts));
   } else {
     ASSIGN_OR_RETURN(auto blocks, data::PackTextBlocks(tok, path, spec.seq_len(),
                                                        spec.data().max_blocks()));
+    counts.records = static_cast<int64_t>(blocks.size());
     for (auto& b : blocks) {
       if (max > 0 && static_cast<int>(out.size()) >= max) break;
       data::TokenizedExample ex;
       ex.labels.assign(b.begin(), b.end());
       ex.input_ids = std::move(b);
       ex.answer_start = 0;
+      data::CountExample(tok, ex, false, static_cast<int64_t>(ex.input_ids.size()), &counts);
       out.push_back(std::move(ex));
     }
   }
   if (out.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("data file '", path,
                                                    "' produced no examples: check its format"));
+  }
+  counts.examples = static_cast<int64_t>(out.size());
+  if (summary != nullptr) {
+    LOG(INFO) << "worker: " << split << " "
+              << data::FormatDataSummary(path, format_name, spec.seq_len(), counts);
+    *summary = SummaryProto(split, path, format_name, spec.seq_len(), counts);
   }
   return out;
 }
@@ -190,12 +226,27 @@ absl::Status LoadAssets(WorkerJob* job) {
                  << " (" << spec.model().path()
                  << "): RoPE extrapolates past the trained context";
   }
-  ASSIGN_OR_RETURN(job->train, LoadExamples(spec, *job->tokenizer, spec.data().train_path(),
-                                            spec.data().max_train_examples(),
+  ASSIGN_OR_RETURN(job->train, LoadExamples(spec, *job->tokenizer, "train",
+                                            spec.data().train_path(),
+                                            spec.data().max_train_examples(), &job->train_data,
                                             &job->train_class));
   if (!spec.data().eval_path().empty()) {
-    ASSIGN_OR_RETURN(job->eval, LoadExamples(spec, *job->tokenizer, spec.data().eval_path(),
-                                             spec.data().max_eval_examples()));
+    ASSIGN_OR_RETURN(job->eval, LoadExamples(spec, *job->tokenizer, "eval",
+                                             spec.data().eval_path(),
+                                             spec.data().max_eval_examples(), &job->eval_data));
+  }
+  if (spec.eval().metric() == lspo::v1::EVAL_METRIC_GENERATIVE && !job->eval.empty()) {
+    // Generation is scored against the whole answer, not the one cut to seq_len: the
+    // evaluation examples again, untruncated.
+    JobSpec whole = spec;
+    whole.set_seq_len(std::numeric_limits<int32_t>::max());
+    int max = spec.data().max_eval_examples();
+    if (spec.eval().max_generate_examples() > 0 &&
+        (max <= 0 || spec.eval().max_generate_examples() < max)) {
+      max = spec.eval().max_generate_examples();
+    }
+    ASSIGN_OR_RETURN(job->generate, LoadExamples(whole, *job->tokenizer, "generate",
+                                                 spec.data().eval_path(), max, nullptr));
   }
   if (!spec.data().perplexity_path().empty()) {
     ASSIGN_OR_RETURN(job->ppl_blocks,
@@ -462,6 +513,8 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   InstallLayerHooks(job.get());
   reply.set_train_examples(job->train.size());
   reply.set_eval_examples(job->eval.size());
+  *reply.mutable_train_data() = job->train_data;
+  if (!job->eval.empty()) *reply.mutable_eval_data() = job->eval_data;
   reply.set_trainable_parameters(trainable);
   reply.set_device(job->device.str());
   reply.set_seconds(runtime::SecondsSince(t0));

@@ -51,6 +51,11 @@ struct WorkerJob {
   std::vector<data::TokenizedExample> train;
   std::vector<int32_t> train_class;  // Classification: label id per training example.
   std::vector<data::TokenizedExample> eval;
+  // eval.metric generative: the evaluation examples untruncated (the answers generation is
+  // scored against), at most eval.max_generate_examples.
+  std::vector<data::TokenizedExample> generate;
+  lspo::v1::DataSummary train_data;  // What loading the data did (LoadJobReply).
+  lspo::v1::DataSummary eval_data;
   std::vector<std::vector<int32_t>> ppl_blocks;  // data.perplexity_path, seq_len tokens each.
   std::vector<offload::LinearShape> linears;
   // Offloaded modes (path->offloaded()): the arena and its completion flags.

@@ -20,6 +20,7 @@
 #include "scheduler/checkpoint.h"
 #include "scheduler/job_spec.h"
 #include "scheduler/lr_schedule.h"
+#include "scheduler/run_report.h"
 #include "scheduler/step_executor.h"
 
 namespace lspo::scheduler {
@@ -86,6 +87,18 @@ absl::Status JobRunner::Run() {
     if (st.ok()) st = Finish();
   }
   if (loaded_) UnloadPeers();  // Whatever happened once the worker had the job.
+  // The run report (report.html) from metrics.jsonl, for a failed job too; a report that
+  // cannot be written is a warning, never the job's error.
+  if (log_.has_value()) {
+    (void)log_->Sync();
+    const std::string outcome =
+        st.ok() ? "succeeded"
+        : absl::IsCancelled(st) ? absl::StrCat("cancelled (", st.message(), ")")
+                                : absl::StrCat("failed: ", st.message());
+    if (absl::Status report = WriteRunReport(spec_.output_dir(), outcome); !report.ok()) {
+      LOG(WARNING) << "scheduler: " << id_ << ": run report: " << report;
+    }
+  }
   return st;
 }
 
@@ -198,6 +211,25 @@ void JobRunner::InitSummary() {
   summary_["model_format"] = runtime::EnumShortName(spec_.model().format());
   summary_["train_path"] = spec_.data().train_path();
   has_eval_ = wload_.eval_examples() > 0 || !spec_.data().perplexity_path().empty();
+  // What loading the data did: a metrics.jsonl line per file and the job's status (lspctl
+  // run / watch print it).
+  std::vector<const v1::DataSummary*> data;
+  if (wload_.has_train_data()) data.push_back(&wload_.train_data());
+  if (wload_.has_eval_data()) data.push_back(&wload_.eval_data());
+  for (const v1::DataSummary* d : data) {
+    nlohmann::json j = ToJson(*d);
+    j["kind"] = "data";
+    j["step"] = start_step_;
+    Log(j);
+    summary_[absl::StrCat(d->split(), "_tokens")] = d->tokens();
+    summary_[absl::StrCat(d->split(), "_loss_tokens")] = d->loss_tokens();
+    summary_[absl::StrCat(d->split(), "_truncated")] = d->truncated();
+    summary_[absl::StrCat(d->split(), "_skipped")] = d->skipped();
+  }
+  host_->UpdateStatus([&](v1::JobStatus* s) {
+    s->clear_data();
+    for (const v1::DataSummary* d : data) *s->add_data() = *d;
+  });
 }
 
 void JobRunner::RestoreFromCheckpoint() {
@@ -234,13 +266,32 @@ absl::StatusOr<v1::EvalMetrics> JobRunner::Evaluate(int step) {
   req.set_step(step);
   ASSIGN_OR_RETURN(v1::EvaluateReply rep, worker_->Evaluate(req, dl_));
   nlohmann::json j = ToJson(rep.metrics());
+  if (rep.metrics().generated_examples() == 0) {  // eval.metric loss: no generative scores
+    for (const char* key : {"exact_match", "precision", "recall", "f1", "generated_examples",
+                            "generation_seconds", "samples"}) {
+      j.erase(key);
+    }
+  }
   j["kind"] = "eval";
   Log(j);
   LOG(INFO) << "scheduler: " << id_ << ": eval at step " << step << ": accuracy "
-            << rep.metrics().accuracy() << ", loss " << rep.metrics().loss() << " ("
-            << rep.metrics().seconds() << " s)";
+            << rep.metrics().accuracy() << ", loss " << rep.metrics().loss()
+            << (rep.metrics().generated_examples() > 0
+                    ? absl::StrCat(", exact match ", rep.metrics().exact_match(), ", tag F1 ",
+                                   rep.metrics().f1(), " (", rep.metrics().generated_examples(),
+                                   " generated)")
+                    : std::string())
+            << " (" << rep.metrics().seconds() << " s)";
   host_->UpdateStatus([&](v1::JobStatus* s) { *s->add_evals() = rep.metrics(); });
   return rep.metrics();
+}
+
+void JobRunner::AddGenerativeScores(absl::string_view prefix, const v1::EvalMetrics& m) {
+  if (m.generated_examples() == 0) return;
+  summary_[absl::StrCat(prefix, "exact_match")] = m.exact_match();
+  summary_[absl::StrCat(prefix, "f1")] = m.f1();
+  summary_[absl::StrCat(prefix, "precision")] = m.precision();
+  summary_[absl::StrCat(prefix, "recall")] = m.recall();
 }
 
 absl::Status JobRunner::Fit(int step) {
@@ -409,6 +460,7 @@ absl::Status JobRunner::Train() {
       summary_["zero_shot_accuracy"] = initial.accuracy();
     }
     summary_["zero_shot_eval_loss"] = initial.loss();
+    AddGenerativeScores("zero_shot_", initial);
     if (initial.perplexity() > 0) summary_["zero_shot_perplexity"] = initial.perplexity();
   }
   RETURN_IF_ERROR(CheckCancel());
@@ -578,6 +630,7 @@ absl::Status JobRunner::Finish() {
     ASSIGN_OR_RETURN(v1::EvalMetrics fin, Evaluate(spec_.steps()));
     if (spec_.data().format() == v1::DATA_FORMAT_CLASSIFICATION) summary_["final_accuracy"] = fin.accuracy();
     summary_["final_eval_loss"] = fin.loss();
+    AddGenerativeScores("final_", fin);
     if (fin.perplexity() > 0) summary_["final_perplexity"] = fin.perplexity();
   }
   if (!spec_.skip_checkpoint()) {

@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 #include "proto/job_spec.pb.h"
 #include "proto/metrics.pb.h"
@@ -86,6 +87,9 @@ class JobRunner {
   void InitSummary();
   void RestoreFromCheckpoint();
   absl::StatusOr<lspo::v1::EvalMetrics> Evaluate(int step);
+  // summary.json's <prefix>exact_match / f1 / precision / recall of a generative evaluation
+  // (nothing when `m` generated no answer).
+  void AddGenerativeScores(absl::string_view prefix, const lspo::v1::EvalMetrics& m);
   absl::Status Fit(int step);
   absl::StatusOr<double> Refresh(bool measure_only);
   absl::Status Checkpoint(int step);

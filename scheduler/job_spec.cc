@@ -14,6 +14,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/file_io.h"
 #include "runtime/proto_json.h"
+#include "runtime/record_keys.h"
 #include "runtime/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
@@ -80,24 +81,21 @@ v1::DataFormat DetectDataFormat(const std::string& path) {
   } else {
     first = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   }
-  if (first.is_discarded()) {
-    // Not parseable (invalid UTF-8, a broken line): go by the key names in the raw text, so
-    // that the format's own reader reports the problem with its line and byte offset.
-    if (line.find("\"messages\"") != std::string::npos) return v1::DATA_FORMAT_CHAT;
-    if (line.find("\"instruction\"") != std::string::npos) return v1::DATA_FORMAT_ALPACA;
-    if (line.find("\"prompt\"") != std::string::npos &&
-        line.find("\"completion\"") != std::string::npos) {
-      return v1::DATA_FORMAT_PROMPT_COMPLETION;
-    }
-    return v1::DATA_FORMAT_CLASSIFICATION;
+  // Not parseable (invalid UTF-8, a broken line): go by the key names in the raw text, so that
+  // the format's own reader reports the problem with its line and byte offset.
+  const absl::string_view name =
+      first.is_discarded()
+          ? runtime::SftFormatOfKeys([&](const char* key) {
+              return line.find(absl::StrCat("\"", key, "\"")) != std::string::npos;
+            })
+      : first.is_object()
+          ? runtime::SftFormatOfKeys([&](const char* key) { return first.contains(key); })
+          : absl::string_view();
+  v1::DataFormat format = v1::DATA_FORMAT_CLASSIFICATION;
+  if (!name.empty()) {
+    v1::DataFormat_Parse(absl::StrCat("DATA_FORMAT_", absl::AsciiStrToUpper(name)), &format);
   }
-  if (!first.is_object()) return v1::DATA_FORMAT_CLASSIFICATION;
-  if (first.contains("messages")) return v1::DATA_FORMAT_CHAT;
-  if (first.contains("instruction")) return v1::DATA_FORMAT_ALPACA;
-  if (first.contains("prompt") && first.contains("completion")) {
-    return v1::DATA_FORMAT_PROMPT_COMPLETION;
-  }
-  return v1::DATA_FORMAT_CLASSIFICATION;
+  return format;
 }
 
 }  // namespace
@@ -218,6 +216,27 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.max_nonfinite_steps() < 0) {
     return bad("max_nonfinite_steps", spec.max_nonfinite_steps(),
                "use 0 (the scheduler's default) or a positive count");
+  }
+  if (!v1::EvalMetric_IsValid(spec.eval().metric())) {
+    return bad("eval.metric", spec.eval().metric(), "use loss or generative");
+  }
+  if (spec.eval().max_new_tokens() < 0 || spec.eval().max_new_tokens() > 4096) {
+    return bad("eval.max_new_tokens", spec.eval().max_new_tokens(),
+               "use 0 (= 64) or a count of tokens up to 4096");
+  }
+  if (spec.eval().max_generate_examples() < 0) {
+    return bad("eval.max_generate_examples", spec.eval().max_generate_examples(),
+               "use 0 (every evaluation example) or a positive count");
+  }
+  if (spec.eval().metric() == v1::EVAL_METRIC_GENERATIVE && spec.data().eval_path().empty()) {
+    return bad("eval.metric", "generative",
+               "it generates answers for data.eval_path's examples; set data.eval_path");
+  }
+  if (spec.eval().metric() == v1::EVAL_METRIC_GENERATIVE &&
+      spec.data().format() == v1::DATA_FORMAT_TEXT) {
+    return bad("eval.metric", "generative",
+               "text data has no answers to generate; use data.format alpaca, chat, "
+               "prompt_completion or classification, or eval.metric loss");
   }
   if (spec.keep_checkpoints() < 1) {
     return bad("keep_checkpoints", spec.keep_checkpoints(), "keep at least 1 checkpoint");
@@ -445,6 +464,7 @@ std::string TrainingFingerprint(lspo::v1::JobSpec spec) {
   spec.clear_checkpoint_every();
   spec.clear_keep_checkpoints();
   spec.clear_eval_every();
+  spec.clear_eval();
   spec.clear_skip_initial_eval();
   spec.clear_skip_checkpoint();
   spec.clear_num_threads();

@@ -1,10 +1,12 @@
 // The files a job writes into its output directory while it runs:
-//   metrics.jsonl   one JSON object per line: {"kind": "step"|"eval"|"projector_fit"|
+//   metrics.jsonl   one JSON object per line: {"kind": "data"|"step"|"eval"|"projector_fit"|
 //                   "master_refresh"|"master_drift"|"checkpoint"|"checkpoint_failed"|
-//                   "resume", ...}
+//                   "resume", ...} (docs/outputs.md lists the fields)
 //   timeline.jsonl  lsp/zero only: per step the plan and every per-layer event (CLOCK_MONOTONIC
 //                   seconds; scripts/plot --timeline renders one)
 //   summary.json    the run's summary, replaced atomically and durably at the end
+//   report.html     the run report drawn from metrics.jsonl at the end of the job, failed
+//                   or not (scheduler/run_report.h; written by the job runner)
 //   events.out.tfevents.*
 //                   TensorBoard events: the scalars of every metrics.jsonl line
 //                   (scheduler/tensorboard_scalars.h has the tags), step = optimizer step;

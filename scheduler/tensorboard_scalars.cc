@@ -81,7 +81,8 @@ LineScalars TensorBoardScalars(const Json& line) {
   }
   const std::string& kind = kind_it->get_ref<const std::string&>();
   out.step = step_it->get<int64_t>();
-  const bool proto_line = kind == "step" || kind == "eval";  // StepMetrics / EvalMetrics.
+  // StepMetrics / EvalMetrics / DataSummary (int64 fields as decimal strings).
+  const bool proto_line = kind == "step" || kind == "eval" || kind == "data";
   const bool perplexity_measured =
       kind != "eval" || Number(line.value("perplexity", Json()), true).value_or(0) > 0;
   for (const auto& [field, value] : line.items()) {

@@ -20,7 +20,7 @@
 //                  at the end), master/drift_beyond_rounding
 //   any other kind <kind>/<field> for every number (checkpoint and resume lines have none)
 // Numbers are JSON numbers or, for the int64 fields of the protos (protobuf's JSON mapping
-// writes them as strings), strings holding a decimal integer in step and eval lines.
+// writes them as strings), strings holding a decimal integer in step, eval and data lines.
 // Booleans, nulls, other strings, arrays and objects give no scalar.
 //
 // Thread-safety: pure functions.

@@ -39,6 +39,7 @@ def lspo_test(
         deps = deps + [
             "//:base",
             "//tests:chdir_to_workspace",
+            "//tests:test_files",
             "//third_party/gtest:gmock",
             "//third_party/gtest:gtest_main",
             "//third_party/gtest:gtest",

@@ -15,9 +15,15 @@
 #include "model/chat_template.h"
 #include "model/gguf.h"
 #include "nlohmann/json.hpp"
+#include "tests/chatml_reference.h"
+#include "tests/test_files.h"
 
 namespace lspo::data {
 namespace {
+
+using ::lspo::tests::ApplyChatMlTemplate;
+using ::lspo::tests::ReadAll;
+using ::lspo::tests::TempFile;
 
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
@@ -27,19 +33,6 @@ constexpr char kTest[] = "datasets/sms-spam/test.tsv";
 constexpr char kMobyDick[] = "datasets/moby-dick/moby-dick.txt";
 constexpr char kGgufPath[] = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 constexpr char kOraclePath[] = "tests/oracle/data/tokenizer_oracle.json";
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string TempFile(const std::string& name, const std::string& content) {
-  std::string path = ::testing::TempDir() + "/" + name;
-  std::ofstream(path, std::ios::binary) << content;
-  return path;
-}
 
 const model::BpeTokenizer* SmolLm() {
   static const model::BpeTokenizer* tok = []() -> const model::BpeTokenizer* {
@@ -220,7 +213,7 @@ TEST(BuildClassificationChatTest, LossOnlyOnAnswerAndImEnd) {
     EXPECT_EQ(tok->Decode(answer), r.label + "<|im_end|>");
     EXPECT_EQ(ex->input_ids.back(), 2);  // <|im_end|>, docs/formats.md §5
     // The prompt part is exactly the tokenised ChatML text (independent rendering).
-    std::string prompt = model::ApplyChatMlTemplate(
+    std::string prompt = ApplyChatMlTemplate(
         {{"system", "You classify SMS messages."},
          {"user", std::string(kSpamQuestion) + "\n\n" + r.text}},
         true);
@@ -239,7 +232,7 @@ TEST(BuildClassificationChatTest, SmolLm2ExamplesAreTheChatMlFormula) {
   for (const LabeledText& r : *rows) {
     auto ex = BuildClassificationChat(*tok, tmpl, r.text, r.label, kSpamQuestion, "", 4096);
     ASSERT_TRUE(ex.ok()) << ex.status();
-    std::vector<int32_t> want = tok->Encode(model::ApplyChatMlTemplate(
+    std::vector<int32_t> want = tok->Encode(ApplyChatMlTemplate(
         {{"user", std::string(kSpamQuestion) + "\n\n" + r.text}}, true));
     const std::vector<int32_t> label = tok->Encode(r.label);
     want.insert(want.end(), label.begin(), label.end());

@@ -15,9 +15,12 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "tests/test_files.h"
 
 namespace lspo::data {
 namespace {
+
+using ::lspo::tests::TempFile;
 
 using ::testing::HasSubstr;
 
@@ -26,21 +29,9 @@ constexpr char kTokenizers[] = "tests/oracle/data/hf_tokenizers/";
 constexpr char kTemplates[] = "tests/oracle/data/chat_templates/";
 constexpr char kCooking[] = "datasets/cooking-stackexchange/";
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 SftFormat ParseFormat(const std::string& s) {
   return s == "alpaca" ? SftFormat::kAlpaca : s == "chat" ? SftFormat::kChat
                                                           : SftFormat::kPromptCompletion;
-}
-
-std::string TempFile(const std::string& name, const std::string& content) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-  std::ofstream(path, std::ios::binary) << content;
-  return path;
 }
 
 struct Family {
@@ -216,7 +207,7 @@ TEST(SftTest, TruncatesKeepingTheStartAndSkipsWhatHasNoAnswerLeft) {
   EXPECT_EQ(cut.tokens, tokens);
   EXPECT_EQ(cut.loss_tokens, loss);
   EXPECT_THAT(cut.rendered_example, HasSubstr("[["));
-  EXPECT_THAT(FormatDataSummary(path, chat, seq_len, cut), HasSubstr("skipped"));
+  EXPECT_THAT(FormatDataSummary(path, SftFormatName(chat), seq_len, cut), HasSubstr("skipped"));
   // Nothing left: a clear error.
   auto none = LoadSftExamples(path, &chat, f.tok, &f.tmpl, 8, 0, nullptr);
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);

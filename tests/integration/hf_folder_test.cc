@@ -26,9 +26,12 @@
 #include "scheduler/job_spec.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
+#include "tests/test_files.h"
 
 namespace lspo {
 namespace {
+
+using ::lspo::tests::ReadAll;
 
 using testing_jobs::SubmitAndWatch;
 using testing_jobs::WatchResult;
@@ -202,11 +205,6 @@ TEST(HfFolderTest, GenerateReadsConversationsAndRefusesBadInput) {
   m = client::RunEval(eval);
   EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound) << m.status();
   EXPECT_NE(std::string(m.status().message()).find("--data"), std::string::npos) << m.status();
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 // The entries of folder `dir`, sorted.

@@ -2,14 +2,23 @@
 // (datasets/cooking-stackexchange/, data/sft.h), with data.format left unset so that it is
 // detected from the keys, trains (the evaluation loss on held-out records of the same file
 // falls) and evaluates; a data.chat_template override is used; a bad record fails the job with
-// file:line in the error, and the runtime keeps serving.
+// file:line in the error, and the runtime keeps serving; eval.metric generative scores greedy
+// answers, and the data summary reaches metrics.jsonl.
 #include <cmath>
+#include <cstdint>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
+#include "absl/types/span.h"
+#include "data/answer_metrics.h"
+#include "data/sft.h"
 #include "gtest/gtest.h"
+#include "model/chat_template.h"
+#include "model/generate.h"
 #include "nlohmann/json.hpp"
+#include "offload/job_assets.h"
 #include "scheduler/job_spec.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
@@ -125,6 +134,140 @@ TEST(SftJobTest, ChatTemplateOverrideAndBadRecordsFailTheJobClearly) {
   const auto again = SubmitAndWatch(stub.get(), SftSpec(testing_jobs::TempDir("sft-again"),
                                                          "sample.prompt_completion.jsonl", 1));
   EXPECT_EQ(again.last.state(), v1::SUCCEEDED) << again.last.error();
+}
+
+// The metrics.jsonl lines of `kind`, in order.
+std::vector<nlohmann::json> Lines(const std::string& dir, const std::string& kind) {
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::vector<nlohmann::json> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("kind", "") == kind) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+int64_t Int(const nlohmann::json& j, const char* key) {  // protobuf JSON writes int64 as text
+  const auto& v = j.at(key);
+  return v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
+}
+
+// eval.metric generative: the zero-shot evaluation's answers are the greedy generations of
+// the model as loaded (recomputed here with model::Generate from the same prompts), scored by
+// data/answer_metrics.h; every evaluation reports them; the summary has zero-shot and final
+// F1; the data summary lines of metrics.jsonl count what LoadSftExamples counts.
+TEST(SftJobTest, GenerativeEvaluationScoresGreedyAnswers) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  const std::string out = testing_jobs::TempDir("sft-generative");
+  v1::JobSpec spec = SftSpec(out, "train.alpaca.jsonl", 4);
+  spec.mutable_data()->set_eval_path(std::string(kCooking) + "test.alpaca.jsonl");
+  spec.mutable_eval()->set_metric(v1::EVAL_METRIC_GENERATIVE);
+  spec.mutable_eval()->set_max_new_tokens(6);
+  spec.mutable_eval()->set_max_generate_examples(3);
+  const auto w = SubmitAndWatch(stub.get(), spec);
+  ASSERT_EQ(w.last.state(), v1::SUCCEEDED) << w.last.error();
+
+  // What the worker loaded, recomputed.
+  v1::JobSpec resolved = spec;
+  scheduler::ResolveDefaults(&resolved);
+  auto tok = offload::LoadJobTokenizer(resolved);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  auto tmpl = model::ChatTemplate::ForTokenizer(*tok, "");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  const data::SftFormat alpaca = data::SftFormat::kAlpaca;
+  data::DataSummary train_counts, eval_counts;
+  ASSERT_TRUE(data::LoadSftExamples(resolved.data().train_path(), &alpaca, *tok, &*tmpl,
+                                    resolved.seq_len(), 32, &train_counts).ok());
+  auto eval = data::LoadSftExamples(resolved.data().eval_path(), &alpaca, *tok, &*tmpl,
+                                    resolved.seq_len(), 8, &eval_counts);
+  ASSERT_TRUE(eval.ok()) << eval.status();
+
+  const auto data_lines = Lines(out, "data");
+  ASSERT_EQ(data_lines.size(), 2u);
+  EXPECT_EQ(data_lines[0].at("split"), "train");
+  EXPECT_EQ(data_lines[0].at("format"), "alpaca");
+  EXPECT_EQ(Int(data_lines[0], "examples"), 32);
+  EXPECT_EQ(Int(data_lines[0], "tokens"), train_counts.tokens);
+  EXPECT_EQ(Int(data_lines[0], "loss_tokens"), train_counts.loss_tokens);
+  EXPECT_EQ(Int(data_lines[1], "tokens"), eval_counts.tokens);
+  EXPECT_EQ(data_lines[1].at("rendered_example"), eval_counts.rendered_example);
+  ASSERT_EQ(w.last.data_size(), 2);
+  EXPECT_EQ(w.last.data(1).split(), "eval");
+
+  // The zero-shot generations, recomputed from the model as loaded.
+  auto model = offload::LoadJobModel(resolved);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const auto evals = Lines(out, "eval");
+  ASSERT_EQ(evals.size(), 2u);  // zero-shot and after the last step (eval_every = steps)
+  const auto& zero = evals[0];
+  ASSERT_EQ(zero.at("generated_examples").get<int>(), 3);
+  ASSERT_EQ(zero.at("samples").size(), 3u);
+  double f1 = 0, em = 0;
+  for (int i = 0; i < 3; ++i) {
+    const data::TokenizedExample& ex = (*eval)[i];
+    model::GenerationOptions opts;
+    opts.max_new_tokens = 6;
+    opts.stop_ids = model::StopIds(model->config(), {tok->eos_id()});
+    size_t end = ex.answer_start;
+    while (end < ex.input_ids.size() && ex.labels[end] != data::kIgnoreIndex) ++end;
+    if (tok->IsSpecial(ex.input_ids[end - 1])) opts.stop_ids.push_back(ex.input_ids[end - 1]);
+    auto gen = model::Generate(*model, absl::MakeConstSpan(ex.input_ids).subspan(0, ex.answer_start),
+                               opts);
+    ASSERT_TRUE(gen.ok()) << gen.status();
+    std::vector<int32_t> kept;
+    for (int32_t id : gen->tokens) {
+      if (!tok->IsSpecial(id)) kept.push_back(id);
+    }
+    const auto& sample = zero.at("samples")[i];
+    EXPECT_EQ(sample.at("prediction").get<std::string>(), tok->Decode(kept)) << i;
+    std::vector<int32_t> answer;
+    for (size_t t = ex.answer_start; t < end; ++t) {
+      if (!tok->IsSpecial(ex.input_ids[t])) answer.push_back(ex.input_ids[t]);
+    }
+    EXPECT_EQ(sample.at("reference").get<std::string>(), tok->Decode(answer)) << i;
+    const data::AnswerScore score =
+        data::ScoreAnswer(tok->Decode(kept), tok->Decode(answer));
+    EXPECT_DOUBLE_EQ(sample.value("f1", 0.0), score.f1);
+    f1 += score.f1;
+    em += score.exact_match;
+  }
+  EXPECT_DOUBLE_EQ(zero.value("f1", 0.0), f1 / 3);
+  EXPECT_DOUBLE_EQ(zero.value("exact_match", 0.0), em / 3);
+  EXPECT_EQ(evals[1].at("generated_examples").get<int>(), 3);
+  std::ifstream in(out + "/summary.json");
+  const auto summary = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_TRUE(summary.is_object());
+  EXPECT_DOUBLE_EQ(summary.at("zero_shot_f1").get<double>(), f1 / 3);
+  EXPECT_DOUBLE_EQ(summary.at("final_f1").get<double>(), evals[1].value("f1", 0.0));
+  EXPECT_EQ(summary.at("train_tokens").get<int64_t>(), train_counts.tokens);
+  // The run report has the evaluation chart with the generative scores.
+  std::ifstream report_in(out + "/report.html");
+  const std::string report((std::istreambuf_iterator<char>(report_in)),
+                           std::istreambuf_iterator<char>());
+  EXPECT_NE(report.find("<svg"), std::string::npos);
+  EXPECT_NE(report.find("F1 (tag set)"), std::string::npos);
+}
+
+// A generative evaluation of text data, or without evaluation data, is refused with the
+// field named.
+TEST(SftJobTest, GenerativeEvaluationOfTextDataIsRefused) {
+  v1::JobSpec spec = testing_jobs::TinyMobyDickSpec("/tmp/unused", v1::MODE_LSP, 2);
+  spec.mutable_eval()->set_metric(v1::EVAL_METRIC_GENERATIVE);
+  scheduler::ResolveDefaults(&spec);
+  absl::Status st = scheduler::ValidateJobSpec(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("eval.metric"), std::string::npos) << st;
+  spec.mutable_data()->set_format(v1::DATA_FORMAT_ALPACA);
+  spec.mutable_data()->clear_eval_path();
+  st = scheduler::ValidateJobSpec(spec);
+  EXPECT_NE(std::string(st.message()).find("data.eval_path"), std::string::npos) << st;
+  spec.mutable_data()->set_eval_path(std::string(kCooking) + "test.alpaca.jsonl");
+  spec.mutable_eval()->set_max_new_tokens(-1);
+  st = scheduler::ValidateJobSpec(spec);
+  EXPECT_NE(std::string(st.message()).find("eval.max_new_tokens"), std::string::npos) << st;
 }
 
 }  // namespace

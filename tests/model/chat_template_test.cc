@@ -25,9 +25,14 @@
 #include "model/jinja.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tests/chatml_reference.h"
+#include "tests/test_files.h"
 
 namespace lspo::model {
 namespace {
+
+using ::lspo::tests::ApplyChatMlTemplate;
+using ::lspo::tests::ReadAll;
 
 using jinja::Value;
 using Json = nlohmann::ordered_json;
@@ -72,12 +77,6 @@ Value FromJson(const Json& j) {
     default:
       return Value();
   }
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << path;
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 std::vector<ChatMessage> Conversation(int index) {
@@ -208,7 +207,7 @@ TEST(ChatTemplateTest, RealTemplatesGiveApplyChatTemplateTextAndIds) {
     SCOPED_TRACE(absl::StrCat(name, " conversation ", conv, gen ? " +generation prompt" : ""));
     auto tok = BpeTokenizer::FromHfFolder(kTokenizers + c["tokenizer"].get<std::string>());
     ASSERT_TRUE(tok.ok()) << tok.status();
-    auto tmpl = ChatTemplate::ForTokenizer(*tok, ReadFile(kTemplates + name + ".jinja"));
+    auto tmpl = ChatTemplate::ForTokenizer(*tok, ReadAll(kTemplates + name + ".jinja"));
     ASSERT_TRUE(tmpl.ok()) << tmpl.status();
     auto r = tmpl->Render(Conversation(conv), gen, {{"date_string", Value::Str("26 Jul 2024")}});
     templates.insert(name);
@@ -297,7 +296,7 @@ TEST(ChatTemplateTest, SmolLm2GgufTemplateGivesApplyChatTemplateIds) {
   ASSERT_TRUE(gguf.ok()) << gguf.status();
   auto tok = BpeTokenizer::FromGguf(*gguf);
   ASSERT_TRUE(tok.ok()) << tok.status();
-  EXPECT_EQ(tok->chat_template(), ReadFile(std::string(kTemplates) + "smollm2.jinja"));
+  EXPECT_EQ(tok->chat_template(), ReadAll(std::string(kTemplates) + "smollm2.jinja"));
   auto tmpl = ChatTemplate::ForTokenizer(*tok);
   ASSERT_TRUE(tmpl.ok()) << tmpl.status();
   std::ifstream in("tests/oracle/data/generate_oracle.json");

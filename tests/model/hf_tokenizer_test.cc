@@ -18,9 +18,12 @@
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tests/test_files.h"
 
 namespace lspo::model {
 namespace {
+
+using ::lspo::tests::ReadAll;
 
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
@@ -28,13 +31,6 @@ using Json = nlohmann::json;
 constexpr char kOraclePath[] = "tests/oracle/data/hf_tokenizer_oracle.json";
 constexpr char kGgufPath[] = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 constexpr char kMobyDick[] = "datasets/moby-dick/moby-dick.txt";
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 const Json& Oracle() {
   static const Json* j = new Json(Json::parse(ReadAll(kOraclePath), nullptr, false));

@@ -18,9 +18,14 @@
 #include "model/chat_template.h"
 #include "model/gguf.h"
 #include "nlohmann/json.hpp"
+#include "tests/chatml_reference.h"
+#include "tests/test_files.h"
 
 namespace lspo::model {
 namespace {
+
+using ::lspo::tests::ApplyChatMlTemplate;
+using ::lspo::tests::ReadAll;
 
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
@@ -30,13 +35,6 @@ constexpr char kOraclePath[] = "tests/oracle/data/tokenizer_oracle.json";
 constexpr char kGpt2Vocab[] = "datasets/gpt2-tokenizer/vocab.json";
 constexpr char kGpt2Merges[] = "datasets/gpt2-tokenizer/merges.txt";
 constexpr char kMobyDick[] = "datasets/moby-dick/moby-dick.txt";
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 const nlohmann::json& Oracle() {
   static const nlohmann::json* j = [] {

@@ -289,6 +289,28 @@ TEST(TensorBoardScalarsTest, EvalProjectorAndMasterLines) {
   EXPECT_EQ(TagValues(drift),
             (std::map<std::string, float>{{"master/worker_max_abs_diff", 5e-3f},
                                           {"master/drift_beyond_rounding", 0.0f}}));
+  // A data line (DataSummary; int64 counts as strings) gives data/<count>; its text fields
+  // (split, path, format, rendered_example) give none.
+  const LineScalars data = TensorBoardScalars(nlohmann::json::parse(
+      R"({"examples":"200","format":"alpaca","kind":"data","longest":"89",
+          "loss_tokens":"1424","path":"test.alpaca.jsonl","records":"4622",
+          "rendered_example":"x","seq_len":96,"skipped":"0","split":"eval","step":0,
+          "tokens":"13659","truncated":"0"})"));
+  EXPECT_EQ(TagValues(data), (std::map<std::string, float>{{"data/examples", 200.0f},
+                                                           {"data/longest", 89.0f},
+                                                           {"data/loss_tokens", 1424.0f},
+                                                           {"data/records", 4622.0f},
+                                                           {"data/seq_len", 96.0f},
+                                                           {"data/skipped", 0.0f},
+                                                           {"data/tokens", 13659.0f},
+                                                           {"data/truncated", 0.0f}}));
+  // A generative evaluation's scores; its samples (an array) give none.
+  const LineScalars gen = TensorBoardScalars(nlohmann::json::parse(
+      R"({"kind":"eval","step":50,"loss":1.5,"f1":0.25,"exact_match":0.125,
+          "generated_examples":200,"samples":[{"reference":"a","prediction":"b","f1":0}]})"));
+  EXPECT_EQ(TagValues(gen).at("eval/f1"), 0.25f);
+  EXPECT_EQ(TagValues(gen).at("eval/exact_match"), 0.125f);
+  EXPECT_EQ(TagValues(gen).count("eval/samples"), 0u);
 }
 
 TEST(TensorBoardScalarsTest, LinesWithoutNumbersOrAStepGiveNone) {
