@@ -549,6 +549,24 @@ std::vector<Point> Points(const std::map<int64_t, Fields>& lines, const std::str
 
 // Eval lines of a generative evaluation (exact match, F1 mean something): those with
 // generated_examples > 0, or without the field.
+// Whether the evaluation field `field` was measured in the run (a measured 0 counts):
+// generative scores where answers were generated, accuracy for classification data (a data
+// line says so) or where it is non-zero, perplexity where it is non-zero, others always.
+bool EvalMeasured(const RunData& run, absl::string_view field) {
+  if (field == "exact_match" || field == "f1" || field == "precision" || field == "recall") {
+    return NonZeroSomewhere(run.evals, "generated_examples");
+  }
+  if (field == "accuracy") {
+    for (const DataLine& d : run.data) {
+      if (d.format == "classification") return true;
+    }
+  }
+  if (field == "accuracy" || field == "perplexity") {
+    return NonZeroSomewhere(run.evals, std::string(field));
+  }
+  return true;
+}
+
 std::map<int64_t, Fields> GenerativeEvals(const std::map<int64_t, Fields>& evals) {
   std::map<int64_t, Fields> out;
   for (const auto& [step, f] : evals) {
@@ -584,16 +602,9 @@ std::vector<Chart> Charts(const RunData& run) {
   } kMetrics[] = {{"accuracy", "accuracy", &run.evals},
                   {"exact_match", "exact match", &generative},
                   {"f1", "F1 (tag set)", &generative}};
-  // Generative scores are measured where an answer was generated (even when all are 0);
-  // accuracy for classification data (a data line says so) or where it is non-zero.
-  bool classification = false;
-  for (const DataLine& d : run.data) classification |= d.format == "classification";
   int color = 2;
   for (const auto& m : kMetrics) {
-    const bool measured = m.lines == &generative
-                              ? NonZeroSomewhere(run.evals, "generated_examples")
-                              : classification || NonZeroSomewhere(run.evals, m.field);
-    if (!measured) continue;
+    if (!EvalMeasured(run, m.field)) continue;
     metrics.series.push_back(
         {m.label, kPalette[color++], Mark::kLineMarkers, Points(*m.lines, m.field)});
   }
@@ -683,29 +694,13 @@ std::string SummaryTable(const RunData& run) {
     const struct {
       const char* field;
       const char* label;
-      bool zero_is_missing;
-    } kEval[] = {{"loss", "loss", false},
-                 {"accuracy", "accuracy", true},
-                 {"exact_match", "exact match", true},
-                 {"f1", "F1", true},
-                 {"precision", "precision", true},
-                 {"recall", "recall", true},
-                 {"perplexity", "perplexity", true},
-                 {"examples", "examples", false}};
-    // Generative scores are measured where answers were generated, accuracy for
-    // classification data; a measured 0 is shown.
-    bool classification = false;
-    for (const DataLine& d : run.data) classification |= d.format == "classification";
-    const bool generated = NonZeroSomewhere(run.evals, "generated_examples");
+    } kEval[] = {{"loss", "loss"},           {"accuracy", "accuracy"},
+                 {"exact_match", "exact match"}, {"f1", "F1"},
+                 {"precision", "precision"}, {"recall", "recall"},
+                 {"perplexity", "perplexity"}, {"examples", "examples"}};
     for (const auto& e : kEval) {
       const auto v = Field(f, e.field);
-      const absl::string_view field = e.field;
-      const bool measured =
-          field == "accuracy" ? classification || NonZeroSomewhere(run.evals, e.field)
-          : field == "exact_match" || field == "f1" || field == "precision" || field == "recall"
-              ? generated
-              : !e.zero_is_missing || NonZeroSomewhere(run.evals, e.field);
-      if (!v || !measured) continue;
+      if (!v || !EvalMeasured(run, e.field)) continue;
       parts.push_back(absl::StrCat(e.label, " ", Value(*v)));
     }
     rows += Row("evaluations", absl::StrCat(run.evals.size()));

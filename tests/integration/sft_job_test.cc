@@ -30,15 +30,22 @@ using testing_jobs::SubmitAndWatch;
 
 constexpr char kCooking[] = "datasets/cooking-stackexchange/";
 
-// The eval losses of metrics.jsonl, in order.
-std::vector<double> EvalLosses(const std::string& dir) {
+// The metrics.jsonl lines of `kind`, in order.
+std::vector<nlohmann::json> Lines(const std::string& dir, const std::string& kind) {
   std::ifstream in(dir + "/metrics.jsonl");
-  std::vector<double> out;
+  std::vector<nlohmann::json> out;
   std::string line;
   while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("kind", "") == "eval") out.push_back(j.at("loss").get<double>());
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("kind", "") == kind) out.push_back(std::move(j));
   }
+  return out;
+}
+
+// The eval losses of metrics.jsonl, in order.
+std::vector<double> EvalLosses(const std::string& dir) {
+  std::vector<double> out;
+  for (const auto& j : Lines(dir, "eval")) out.push_back(j.at("loss").get<double>());
   return out;
 }
 
@@ -134,18 +141,6 @@ TEST(SftJobTest, ChatTemplateOverrideAndBadRecordsFailTheJobClearly) {
   const auto again = SubmitAndWatch(stub.get(), SftSpec(testing_jobs::TempDir("sft-again"),
                                                          "sample.prompt_completion.jsonl", 1));
   EXPECT_EQ(again.last.state(), v1::SUCCEEDED) << again.last.error();
-}
-
-// The metrics.jsonl lines of `kind`, in order.
-std::vector<nlohmann::json> Lines(const std::string& dir, const std::string& kind) {
-  std::ifstream in(dir + "/metrics.jsonl");
-  std::vector<nlohmann::json> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("kind", "") == kind) out.push_back(std::move(j));
-  }
-  return out;
 }
 
 int64_t Int(const nlohmann::json& j, const char* key) {  // protobuf JSON writes int64 as text
