@@ -2,8 +2,12 @@
 // "lsp" (the LSP LinearImpl: S with d = min(m, n) / 2, r = 8), "dense" (all 210 weight
 // gradients formed) and "frozen" (only the embedding trains, so the backward runs through
 // every layer without weight gradients). Prints ratios to the frozen pass measured in this run
-// (absolute times are not comparable across machines). Run from the repository root:
+// (absolute times are not comparable across machines). With --packed_segments=N > 1 the lsp
+// pass is also timed with every row packed as N sequences (model/llama.h RowLayout: positions
+// restarting, attention within a segment), the ratio to the plain lsp pass printed: the cost
+// of the packed layout itself at equal tokens (data.packing). Run from the repository root:
 //   build/bench/fwd_bwd_timing [--batch=8] [--seq_len=80] [--threads=2] [--reps=2]
+//                              [--packed_segments=0]
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -25,6 +29,8 @@ ABSL_FLAG(int64_t, batch, 8, "micro-batch rows B");
 ABSL_FLAG(int64_t, seq_len, 80, "tokens per row T");
 ABSL_FLAG(int, threads, 2, "intra-op threads");
 ABSL_FLAG(int, reps, 2, "timed repetitions per mode (the best is reported)");
+ABSL_FLAG(int64_t, packed_segments, 0, "> 1: also time lsp with rows packed as this many "
+                                       "sequences each");
 
 namespace {
 
@@ -68,21 +74,36 @@ int main(int argc, char** argv) {
   at::Tensor labels = ids.clone();
   labels.narrow(1, 0, T / 4).fill_(-100);  // a masked prompt
   at::Tensor embed = *model->GetTensor("model.embed_tokens.weight");
+  // Packed layout: N equal segments per row (the last takes the remainder).
+  const int64_t n_seg = std::max<int64_t>(1, absl::GetFlag(FLAGS_packed_segments));
+  lspo::model::RowLayout packed;
+  at::Tensor packed_labels = labels.clone();
+  if (n_seg > 1) {
+    const int64_t len = std::max<int64_t>(1, T / n_seg);
+    at::Tensor t = at::arange(T, at::TensorOptions().dtype(at::kLong));
+    at::Tensor seg = at::clamp_max(t.div(len, "floor"), n_seg - 1);  // (T)
+    packed.segment_ids = seg.unsqueeze(0).expand({B, T}).contiguous();
+    packed.positions = (t - seg * len).unsqueeze(0).expand({B, T}).contiguous();
+    packed_labels.masked_fill_(packed.positions.eq(0), -100);  // no target across a boundary
+  }
   std::map<std::string, double> best;
-  for (const char* mode : {"frozen", "lsp", "dense"}) {
+  for (const char* mode : {"frozen", "lsp", "dense", "lsp-packed"}) {
     const std::string m = mode;
-    model->SetLinearMode(m == "lsp" ? LinearMode::kCustom
-                                    : m == "dense" ? LinearMode::kDense : LinearMode::kFrozen);
+    if (m == "lsp-packed" && n_seg < 2) continue;
+    model->SetLinearMode(m == "lsp" || m == "lsp-packed" ? LinearMode::kCustom
+                         : m == "dense"                  ? LinearMode::kDense
+                                                         : LinearMode::kFrozen);
     embed.requires_grad_(m == "frozen");
     best[m] = 1e30;
     for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
       calls = 0;
       auto t0 = std::chrono::steady_clock::now();
-      at::Tensor loss = model->CausalLmLoss(ids, labels);
+      at::Tensor loss = m == "lsp-packed" ? model->CausalLmLoss(ids, packed_labels, packed)
+                                          : model->CausalLmLoss(ids, labels);
       auto t1 = std::chrono::steady_clock::now();
       loss.backward();
       auto t2 = std::chrono::steady_clock::now();
-      std::printf("B=%lld T=%lld %-6s rep %d: forward %.2f s, backward %.2f s (loss %.4f, "
+      std::printf("B=%lld T=%lld %-10s rep %d: forward %.2f s, backward %.2f s (loss %.4f, "
                   "S delivered %lld)\n",
                   static_cast<long long>(B), static_cast<long long>(T), mode, rep,
                   Seconds(t0, t1), Seconds(t1, t2), loss.item<double>(),
@@ -94,5 +115,9 @@ int main(int argc, char** argv) {
   }
   std::printf("forward+backward relative to frozen (same run): lsp %.2fx, dense %.2fx\n",
               best["lsp"] / best["frozen"], best["dense"] / best["frozen"]);
+  if (n_seg > 1) {
+    std::printf("packed layout (%lld sequences per row) relative to one per row, lsp: %.2fx\n",
+                static_cast<long long>(n_seg), best["lsp-packed"] / best["lsp"]);
+  }
   return 0;
 }

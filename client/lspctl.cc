@@ -16,15 +16,22 @@
 // security: --auth_token_file, --tls_ca (runtime/grpc_flags.h).
 // Exit codes: 0 success (job SUCCEEDED for run/watch, SERVING for health), 1 job
 // failed/cancelled, not SERVING, nothing to cancel, or RPC error; 2 usage error.
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/process_env.h"
@@ -178,7 +185,8 @@ std::string OneLine(const std::string& text, size_t max_bytes = 160) {
   return out;
 }
 
-void PrintEval(const lspo::v1::EvalMetrics& e, bool classification) {
+// `earlier`: the evaluation was made by the run this one resumed (its metrics.jsonl history).
+void PrintEval(const lspo::v1::EvalMetrics& e, bool classification, bool earlier = false) {
   std::string line = EvalHeadline(e, classification);
   // The headline of a generative evaluation is its F1; keep accuracy and perplexity visible.
   if (e.generated_examples() > 0 && classification) {
@@ -190,8 +198,9 @@ void PrintEval(const lspo::v1::EvalMetrics& e, bool classification) {
   if (!absl::StartsWith(line, "loss")) {
     absl::StrAppendFormat(&line, ", answer loss %.4f", e.loss());
   }
-  std::printf("\n  eval after step %d: %s (%d examples, %.1f s)\n", e.step(), line.c_str(),
-              e.examples(), e.seconds());
+  std::printf("\n  eval after step %d%s: %s (%d examples, %.1f s)\n", e.step(),
+              earlier ? " (earlier run, before the resume)" : "", line.c_str(), e.examples(),
+              e.seconds());
   if (e.generated_examples() > 0) {
     std::printf("    exact match %.4f, tag precision %.4f, recall %.4f, F1 %.4f over %d "
                 "generated answers (%.1f s)\n",
@@ -205,13 +214,18 @@ void PrintEval(const lspo::v1::EvalMetrics& e, bool classification) {
 }
 
 void PrintData(const lspo::v1::DataSummary& d) {
-  std::printf("\n  %s data %s (%s): %lld examples of %lld records, %lld tokens, %lld loss "
+  std::printf("\n  %s data %s (%s): %lld example%s of %lld record%s, %lld tokens, %lld loss "
               "tokens, %lld truncated to %d, %lld skipped, longest %lld\n",
               d.split().c_str(), d.path().c_str(), d.format().c_str(),
-              static_cast<long long>(d.examples()), static_cast<long long>(d.records()),
+              static_cast<long long>(d.examples()), d.examples() == 1 ? "" : "s",
+              static_cast<long long>(d.records()), d.records() == 1 ? "" : "s",
               static_cast<long long>(d.tokens()), static_cast<long long>(d.loss_tokens()),
               static_cast<long long>(d.truncated()), d.seq_len(),
               static_cast<long long>(d.skipped()), static_cast<long long>(d.longest()));
+  if (d.packed_rows() > 0) {
+    std::printf("  packed into %lld rows of at most %d tokens\n",
+                static_cast<long long>(d.packed_rows()), d.seq_len());
+  }
   if (d.split() == "train" && !d.rendered_example().empty()) {
     std::printf("  first example, loss on [[...]]:\n%s\n", d.rendered_example().c_str());
   }
@@ -230,7 +244,9 @@ absl::StatusOr<JobStatus> WatchWithProgress(lspo::v1::Scheduler::Stub* stub,
   while (reader->Read(&s)) {
     for (; data_seen < s.data_size(); ++data_seen) PrintData(s.data(data_seen));
     for (; evals_seen < s.evals_size(); ++evals_seen) {
-      PrintEval(s.evals(evals_seen), IsClassification(s));
+      const auto& e = s.evals(evals_seen);
+      PrintEval(e, IsClassification(s),
+                s.resumed_from_step() > 0 && e.step() <= s.resumed_from_step());
     }
     if (s.mean_projector_error() != last.mean_projector_error()) {
       std::printf("\n  projectors fitted: mean relative estimation bias %.4f\n",
@@ -249,6 +265,10 @@ absl::StatusOr<JobStatus> WatchWithProgress(lspo::v1::Scheduler::Stub* stub,
   auto st = lspo::rpc::FromGrpc(reader->Finish(), "scheduler");
   if (!st.ok()) return st;
   return last;
+}
+
+bool IsFinished(lspo::v1::JobState s) {
+  return s == lspo::v1::SUCCEEDED || s == lspo::v1::FAILED || s == lspo::v1::CANCELLED;
 }
 
 int Finish(const JobStatus& s) {
@@ -272,6 +292,10 @@ int Finish(const JobStatus& s) {
   if (s.state() == lspo::v1::SUCCEEDED && !s.output_dir().empty()) {
     std::printf("output: %s (report.html, summary.json, metrics.jsonl, events.out.tfevents.* "
                 "for tensorboard --logdir, model.safetensors, config.json, tokenizer.json)\n",
+                s.output_dir().c_str());
+  } else if (IsFinished(s.state()) && !s.output_dir().empty()) {
+    // A failed or cancelled job has no model, but its report and logs up to the end.
+    std::printf("output: %s (report.html with the outcome, metrics.jsonl up to the end)\n",
                 s.output_dir().c_str());
   }
   return s.state() == lspo::v1::SUCCEEDED ? 0 : 1;
@@ -327,7 +351,78 @@ void PrintChoice(const lspo::v1::JobSpec& in) {
   std::fflush(stdout);
 }
 
-int Submit(lspo::v1::Scheduler::Stub* stub, bool watch) {
+// `lspctl run` on Ctrl-C or SIGTERM: the first signal cancels the job being watched through
+// the scheduler, as `lspctl cancel` does, so that it ends with its report.html written and the
+// embedded services shut down in order; a second signal (or one while no job is watched)
+// exits at once with status 128 + signal. The handler only writes the signal number to a
+// pipe (async-signal-safe; any thread may take the signal, including threads libraries start
+// before main); a waiting thread makes the cancel call.
+class InterruptCanceller {
+ public:
+  // Installs the SIGINT / SIGTERM handler and starts the waiting thread.
+  static void Install() {
+    if (pipe2(pipe_fds_, O_CLOEXEC) != 0) return;  // keep the default action
+    struct sigaction sa = {};
+    sa.sa_handler = &OnSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    std::thread([] { Wait(); }).detach();
+  }
+  // The job a signal cancels (stub outlives the watch); Watch(nullptr, "") forgets it.
+  static void Watch(lspo::v1::Scheduler::Stub* stub, const std::string& job_id) {
+    std::lock_guard<std::mutex> lock(Mu());
+    Target().stub = stub;
+    Target().job_id = job_id;
+  }
+
+ private:
+  struct Job {
+    lspo::v1::Scheduler::Stub* stub = nullptr;
+    std::string job_id;
+  };
+  static void OnSignal(int sig) {
+    if (signalled_.exchange(true)) _exit(128 + sig);  // the second signal: at once
+    const unsigned char byte = static_cast<unsigned char>(sig);
+    if (write(pipe_fds_[1], &byte, 1) != 1) _exit(128 + sig);
+  }
+  static std::mutex& Mu() {
+    static std::mutex mu;
+    return mu;
+  }
+  static Job& Target() {
+    static Job job;
+    return job;
+  }
+  static void Wait() {
+    unsigned char byte = 0;
+    while (read(pipe_fds_[0], &byte, 1) != 1) {
+    }
+    const int sig = byte;
+    std::lock_guard<std::mutex> lock(Mu());
+    const Job& job = Target();
+    if (job.stub == nullptr) {
+      std::fprintf(stderr, "\nlspctl: %s: exiting now\n", strsignal(sig));
+      _exit(128 + sig);
+    }
+    std::fprintf(stderr,
+                 "\nlspctl: %s: cancelling job %s (it stops after its current step or "
+                 "evaluation batch; press Ctrl-C again to quit at once)\n",
+                 strsignal(sig), job.job_id.c_str());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    lspo::v1::CancelJobRequest req;
+    req.set_job_id(job.job_id);
+    lspo::v1::CancelJobReply rep;
+    absl::Status st = lspo::rpc::FromGrpc(job.stub->CancelJob(&ctx, req, &rep), "scheduler");
+    if (!st.ok()) std::fprintf(stderr, "lspctl: cancel failed: %s\n", st.ToString().c_str());
+  }
+  static inline int pipe_fds_[2] = {-1, -1};
+  static inline std::atomic<bool> signalled_{false};
+};
+
+int Submit(lspo::v1::Scheduler::Stub* stub, bool watch, bool cancel_on_signal = false) {
   auto spec = SpecFromFlags();
   if (!spec.ok()) {
     std::fprintf(stderr, "lspctl: %s\n", std::string(spec.status().message()).c_str());
@@ -345,7 +440,9 @@ int Submit(lspo::v1::Scheduler::Stub* stub, bool watch) {
   }
   std::printf("submitted %s\n", rep.job_id().c_str());
   if (!watch) return 0;
+  if (cancel_on_signal) InterruptCanceller::Watch(stub, rep.job_id());
   auto fin = WatchWithProgress(stub, rep.job_id());
+  if (cancel_on_signal) InterruptCanceller::Watch(nullptr, "");
   if (!fin.ok()) return Fail(fin.status());
   return Finish(*fin);
 }
@@ -378,10 +475,6 @@ absl::StatusOr<JobStatus> GetJob(lspo::v1::Scheduler::Stub* stub, const std::str
   return s;
 }
 
-bool IsFinished(lspo::v1::JobState s) {
-  return s == lspo::v1::SUCCEEDED || s == lspo::v1::FAILED || s == lspo::v1::CANCELLED;
-}
-
 // A job that already ended cannot be cancelled: say so and exit 1.
 int Cancel(lspo::v1::Scheduler::Stub* stub, const std::string& job_id) {
   auto before = GetJob(stub, job_id);
@@ -404,8 +497,9 @@ int Cancel(lspo::v1::Scheduler::Stub* stub, const std::string& job_id) {
                  job_id.c_str(), StateName(rep.state()).c_str());
     return 1;
   } else {
-    std::printf("%s: %s, cancel requested (it stops after its current step)\n", job_id.c_str(),
-                StateName(rep.state()).c_str());
+    std::printf("%s: %s, cancel requested (it stops after its current step or evaluation "
+                "batch)\n",
+                job_id.c_str(), StateName(rep.state()).c_str());
   }
   return 0;
 }
@@ -437,6 +531,9 @@ bool WantsHelp(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   lspo::runtime::UsePassiveOpenMpWaits(argc, argv);
+  // SIGINT / SIGTERM: a job watched by `lspctl run` is cancelled; otherwise the process exits
+  // with 128 + signal, as by default.
+  InterruptCanceller::Install();
   absl::SetProgramUsageMessage(kUsage);
   // Abseil's own --help exits 1; asking for help is not an error.
   if (WantsHelp(argc, argv)) {
@@ -561,7 +658,7 @@ int main(int argc, char** argv) {
     auto runtime = lspo::client::EmbeddedRuntime::Start();
     if (!runtime.ok()) return Fail(runtime.status());
     auto stub = lspo::v1::Scheduler::NewStub((*runtime)->scheduler_channel());
-    return Submit(stub.get(), /*watch=*/true);
+    return Submit(stub.get(), /*watch=*/true, /*cancel_on_signal=*/true);
   }
 
   const std::string address = absl::GetFlag(FLAGS_scheduler);

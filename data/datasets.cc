@@ -324,7 +324,10 @@ Batch MakeBatch(absl::Span<const TokenizedExample* const> examples, int32_t pad_
   batch.last_index.assign(batch.batch_size, -1);
   for (int64_t b = 0; b < batch.batch_size; ++b) {
     const TokenizedExample* ex = examples[b];
-    if (ex == nullptr) continue;
+    if (ex == nullptr) {
+      batch.padding_tokens += T;  // an empty row is all padding
+      continue;
+    }
     const int64_t len = static_cast<int64_t>(ex->input_ids.size());
     for (int64_t t = 0; t < len; ++t) {
       batch.input_ids[b * T + t] = ex->input_ids[t];
@@ -334,8 +337,60 @@ Batch MakeBatch(absl::Span<const TokenizedExample* const> examples, int32_t pad_
       }
     }
     batch.last_index[b] = len - 1;
+    batch.padding_tokens += T - len;
+  }
+  bool packed = false;
+  for (const TokenizedExample* ex : examples) {
+    packed = packed || (ex != nullptr && ex->segment_starts.size() > 1);
+  }
+  if (!packed) return batch;
+  batch.positions.assign(batch.batch_size * T, 0);
+  batch.segment_ids.assign(batch.batch_size * T, 0);
+  for (int64_t b = 0; b < batch.batch_size; ++b) {
+    const TokenizedExample* ex = examples[b];
+    const std::vector<int32_t> whole = {0};
+    const std::vector<int32_t>& starts =
+        (ex != nullptr && !ex->segment_starts.empty()) ? ex->segment_starts : whole;
+    const int64_t len = ex != nullptr ? static_cast<int64_t>(ex->input_ids.size()) : 0;
+    int64_t segment = 0, start = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (t < len && segment + 1 < static_cast<int64_t>(starts.size()) &&
+          t == starts[static_cast<size_t>(segment + 1)]) {
+        start = t;
+        ++segment;
+      }
+      batch.positions[b * T + t] = t - start;  // padding (t >= len) continues the last example
+      batch.segment_ids[b * T + t] = t < len ? segment : segment + 1;
+    }
   }
   return batch;
+}
+
+std::vector<TokenizedExample> PackExamples(absl::Span<const TokenizedExample> examples,
+                                           int64_t max_len) {
+  std::vector<TokenizedExample> rows;
+  for (const TokenizedExample& ex : examples) {
+    const int64_t len = static_cast<int64_t>(ex.input_ids.size());
+    if (len == 0) continue;  // no tokens, no loss: nothing to pack
+    const bool fits = !rows.empty() && max_len >= 1 &&
+                      static_cast<int64_t>(rows.back().input_ids.size()) + len <= max_len;
+    if (!fits) {
+      TokenizedExample row = ex;
+      row.labels.resize(ex.input_ids.size(), kIgnoreIndex);
+      row.segment_starts = {0};
+      rows.push_back(std::move(row));
+      continue;
+    }
+    TokenizedExample& row = rows.back();
+    const int32_t start = static_cast<int32_t>(row.input_ids.size());
+    row.segment_starts.push_back(start);
+    row.input_ids.insert(row.input_ids.end(), ex.input_ids.begin(), ex.input_ids.end());
+    for (int64_t t = 0; t < len; ++t) {
+      const int32_t label = t < static_cast<int64_t>(ex.labels.size()) ? ex.labels[t] : kIgnoreIndex;
+      row.labels.push_back(t == 0 ? kIgnoreIndex : label);
+    }
+  }
+  return rows;
 }
 
 std::vector<int64_t> ShuffledOrder(int64_t n, uint64_t seed, int64_t epoch) {

@@ -58,7 +58,24 @@ struct TokenizedExample {
   std::vector<int32_t> input_ids;  // (T0,) token ids
   std::vector<int32_t> labels;     // (T0,) = input_ids on loss positions, kIgnoreIndex elsewhere
   int32_t answer_start = 0;        // index of the first answer token (= prompt length)
+  // A packed row (PackExamples): the index of each example's first token, ascending, the
+  // first 0. Empty for an example that is not a packed row (one sequence).
+  std::vector<int32_t> segment_starts;
 };
+
+// Packing (TRL's SFTConfig.packing, in order rather than best-fit): concatenates the
+// examples, in the given order, into rows of at most max_len tokens; a row is closed when
+// the next example would not fit. An example longer than max_len is a row of its own, not
+// cut (the loaders have already applied the seq_len policy). Each row records where its
+// examples start (segment_starts), and the label at each start after the first is
+// kIgnoreIndex, so that no loss position predicts across a boundary (the label at position
+// 0 of an example is never a target anyway: the loss at t compares logits[t - 1] with
+// labels[t]). answer_start is that of the row's first example. MakeBatch then gives every
+// token its position within its example and a segment id, which the model uses to restart
+// RoPE and to block attention across examples. max_len < 1 puts each example in its own
+// row; an example without tokens is left out. Never fails; the input order is kept (rows are in order, examples in order inside).
+std::vector<TokenizedExample> PackExamples(absl::Span<const TokenizedExample> examples,
+                                           int64_t max_len);
 
 // Builds a supervised classification chat with the model's chat template
 // (model/chat_template.h; the job's ChatTemplate::ForTokenizer(tokenizer, data.chat_template)):
@@ -126,11 +143,19 @@ struct Batch {
   std::vector<int64_t> last_index;  // (B,) index of each row's last real token (-1: empty row)
   int64_t num_loss_tokens = 0;      // #positions t >= 1 with labels[t] != kIgnoreIndex, i.e.
                                     // the next-token predictions that enter the loss
+  int64_t padding_tokens = 0;       // #pad positions (B x T minus the rows' lengths)
+  // Only when some row is packed (segment_starts of size > 1), else both empty:
+  std::vector<int64_t> positions;    // (B, T) each token's position within its example (RoPE);
+                                     // padding continues the last example's positions
+  std::vector<int64_t> segment_ids;  // (B, T) 0, 1, ... per example of the row; the padding
+                                     // is a segment of its own (one past the last example's)
+  bool packed() const { return !positions.empty(); }
 };
 
 // Pads `examples` (B pointers, none null; a null pointer is treated as an empty example) on
 // the right to the longest length with pad_id; labels missing or past an example's end are
-// kIgnoreIndex. Never fails.
+// kIgnoreIndex. Rows that are not packed are one segment (positions 0..len-1, padding id 1)
+// when positions are filled. Never fails.
 Batch MakeBatch(absl::Span<const TokenizedExample* const> examples, int32_t pad_id);
 
 // A deterministic permutation of 0..n-1 for (seed, epoch), identical on every platform:

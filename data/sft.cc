@@ -67,9 +67,10 @@ absl::StatusOr<std::string> StringField(const JsonRecord& r, absl::string_view k
                                      "; expected a string"));
   }
   std::string s = it->get<std::string>();
-  if (non_empty && s.empty()) {
-    return Bad(r.where, absl::StrCat("\"", key, "\" is empty; every record needs a non-empty \"",
-                                     key, "\" (remove the record or fill it in)"));
+  if (non_empty && s.find_first_not_of(" \t\r\n") == std::string::npos) {
+    return Bad(r.where, absl::StrCat("\"", key, "\" is ", s.empty() ? "empty" : "white space only",
+                                     "; every record needs a non-empty \"", key,
+                                     "\" (remove the record or fill it in)"));
   }
   return s;
 }
@@ -123,6 +124,7 @@ absl::StatusOr<SftRecord> ParseRecord(const JsonRecord& r, SftFormat format) {
   }
   SftRecord rec;
   rec.where = r.where;
+  rec.format = format;
   switch (format) {
     case SftFormat::kAlpaca: {
       ASSIGN_OR_RETURN(std::string instruction, StringField(r, "instruction", true, true));
@@ -186,6 +188,20 @@ size_t AnswerEnd(const model::BpeTokenizer& tok, const std::vector<int32_t>& ids
 }
 
 }  // namespace
+
+std::string SftTurnName(const SftRecord& record, size_t k) {
+  switch (record.format) {
+    case SftFormat::kAlpaca:
+      return k == 0 ? "the \"instruction\" (and \"input\")" : "\"output\"";
+    case SftFormat::kPromptCompletion:
+      return k < record.completion_from
+                 ? absl::StrCat("\"prompt\"[", k, "]")
+                 : absl::StrCat("\"completion\"[", k - record.completion_from, "]");
+    case SftFormat::kChat:
+      break;
+  }
+  return absl::StrCat("\"messages\"[", k, "]");
+}
 
 absl::string_view SftFormatName(SftFormat f) {
   switch (f) {
@@ -267,17 +283,18 @@ absl::StatusOr<TokenizedExample> TokenizeSftRecord(const SftRecord& record,
       if (!prompt.ok()) return Bad(record.where, prompt.status().message());
       if (!absl::StartsWith(rendered->text, prompt->text)) {
         return Bad(record.where, absl::StrCat(
-            "the chat template renders the conversation before \"messages\"[", k,
-            "] (with the generation prompt) differently from the start of the whole "
+            "the chat template renders the conversation before ", SftTurnName(record, k),
+            " (with the generation prompt) differently from the start of the whole "
             "conversation, so the loss mask of that assistant turn is not defined; use a "
             "template whose earlier turns do not change (set data.chat_template)"));
       }
       const std::vector<int32_t> prompt_ids = tok.Encode(prompt->text);
       if (!IsPrefix(prompt_ids, ids) || prompt_ids.size() == ids.size()) {
         return Bad(record.where, absl::StrCat(
-            "the tokens of the conversation before \"messages\"[", k,
-            "] are not a prefix of the whole conversation's (its first characters merge with "
-            "the generation prompt when tokenized)"));
+            "the tokens of the conversation before ", SftTurnName(record, k),
+            " are not a prefix of the whole conversation's (its first characters merge with "
+            "the generation prompt when tokenized, or the template drops them, e.g. by "
+            "trimming an answer of white space and punctuation)"));
       }
       const size_t end = AnswerEnd(tok, ids, prompt_ids.size());
       std::fill(loss.begin() + static_cast<ptrdiff_t>(prompt_ids.size()),

@@ -62,7 +62,13 @@ struct SftRecord {
   std::string prompt;
   std::string completion;
   std::string where;  // "file:line" (or "file: record N" in a JSON array)
+  SftFormat format = SftFormat::kChat;  // the file's: how errors name a turn (SftTurnName)
 };
+
+// How errors name messages[k] of `record` in the file's own keys: "messages"[k] (chat),
+// "prompt"[k] / "completion"[k - completion_from] (conversational prompt_completion), the
+// instruction (with its input) / "output" (alpaca).
+std::string SftTurnName(const SftRecord& record, size_t k);
 
 // The format of `path` from the keys of its first record: "messages" -> chat, "instruction"
 // -> alpaca, "prompt" + "completion" -> prompt_completion. Errors: kNotFound (missing file);
@@ -73,11 +79,11 @@ absl::StatusOr<SftFormat> DetectSftFormat(const std::string& path);
 
 // Reads every record of `path` in `format`. Errors (kInvalidArgument, naming "file:line", the
 // key and the fix): invalid UTF-8 (the byte offset), invalid JSON, a record of another format
-// (one format per file), a missing or non-string key, an empty "instruction" / "output" /
-// "completion", "messages" not a non-empty array, a message that is not {"role", "content"}
-// strings, an unknown role (supported: system, user, assistant), an assistant turn with empty
-// content, a conversation without an assistant turn; kNotFound for a missing file. A bad
-// record is never skipped or read as an empty example.
+// (one format per file), a missing or non-string key, an empty or white-space-only
+// "instruction" / "output" / "completion", "messages" not a non-empty array, a message that
+// is not {"role", "content"} strings, an unknown role (supported: system, user, assistant),
+// an assistant turn with empty content, a conversation without an assistant turn; kNotFound
+// for a missing file. A bad record is never skipped or read as an empty example.
 absl::StatusOr<std::vector<SftRecord>> LoadSftRecords(const std::string& path, SftFormat format);
 
 // What tokenizing a data file did (printed and logged at job start).

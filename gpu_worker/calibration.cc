@@ -88,7 +88,8 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> RunProjectorCheck(WorkerJob* job, i
         const int64_t targets = b.num_loss_tokens;
         if (targets == 0) continue;
         at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device),
-                                             ToTensor(b.labels, b.batch_size, b.seq_len, job->device));
+                                             ToTensor(b.labels, b.batch_size, b.seq_len, job->device),
+                                             LayoutOf(b, job->device));
         RETURN_IF_ERROR(model.HookStatus());
         (loss * (static_cast<double>(targets) / total)).backward();
         RETURN_IF_ERROR(model.HookStatus());

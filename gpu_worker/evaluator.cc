@@ -32,10 +32,20 @@ std::string DecodeText(const model::BpeTokenizer& tok, absl::Span<const int32_t>
   return tok.Decode(kept);
 }
 
+// kCancelled when `cancelled` says so, else OK.
+absl::Status CheckCancelled(const EvalCancelled& cancelled) {
+  if (cancelled && cancelled()) {
+    return absl::CancelledError("evaluation cancelled (its caller went away or the job was "
+                                "cancelled)");
+  }
+  return absl::OkStatus();
+}
+
 // Greedy generation from each evaluation example's prompt (the tokens before its first loss
 // token), scored against its answer (the loss tokens from there up to the next non-loss
 // token: the first assistant turn). Fills the generative fields of `out`.
-absl::Status GenerateAndScore(WorkerJob* job, lspo::v1::EvalMetrics* out) {
+absl::Status GenerateAndScore(WorkerJob* job, const EvalCancelled& cancelled,
+                              lspo::v1::EvalMetrics* out) {
   const auto& ev = job->spec.eval();
   const int64_t max_new = ev.max_new_tokens() > 0 ? ev.max_new_tokens() : 64;
   const size_t n = job->generate.size();  // already capped at max_generate_examples
@@ -48,6 +58,7 @@ absl::Status GenerateAndScore(WorkerJob* job, lspo::v1::EvalMetrics* out) {
   double em = 0, precision = 0, recall = 0, f1 = 0;
   int32_t scored = 0;
   for (size_t i = 0; i < n; ++i) {
+    RETURN_IF_ERROR(CheckCancelled(cancelled));
     const data::TokenizedExample& ex = job->generate[i];
     const size_t start = static_cast<size_t>(ex.answer_start);
     if (start == 0 || start >= ex.input_ids.size()) continue;  // no prompt or no answer
@@ -99,7 +110,8 @@ absl::Status GenerateAndScore(WorkerJob* job, lspo::v1::EvalMetrics* out) {
 
 }  // namespace
 
-absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step) {
+absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step,
+                                                  const EvalCancelled& cancelled) {
   auto t0 = std::chrono::steady_clock::now();
   lspo::v1::EvalMetrics out;
   out.set_step(step);
@@ -123,6 +135,7 @@ absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step) {
     int64_t correct = 0, counted = 0, targets = 0;
     double loss_sum = 0;
     for (size_t s = 0; s < idx.size(); s += bs) {
+      RETURN_IF_ERROR(CheckCancelled(cancelled));
       std::vector<const data::TokenizedExample*> rows;
       for (size_t k = s; k < std::min(idx.size(), s + bs); ++k) rows.push_back(&job->eval[idx[k]]);
       data::Batch b = data::MakeBatch(rows, job->tokenizer->pad_id());
@@ -174,6 +187,7 @@ absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step) {
       int64_t tokens = 0;
       const int64_t T = job->ppl_blocks[0].size();
       for (size_t s = 0; s < job->ppl_blocks.size(); s += bs) {
+        RETURN_IF_ERROR(CheckCancelled(cancelled));
         const int64_t rows = std::min<int64_t>(bs, job->ppl_blocks.size() - s);
         std::vector<int64_t> ids;
         for (int64_t k = 0; k < rows; ++k) {
@@ -192,7 +206,7 @@ absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step) {
     out.set_loss(targets > 0 ? loss_sum / targets : 0.0);
     out.set_accuracy(counted > 0 ? static_cast<double>(correct) / counted : 0.0);
     if (job->spec.eval().metric() == lspo::v1::EVAL_METRIC_GENERATIVE && !job->generate.empty()) {
-      RETURN_IF_ERROR(GenerateAndScore(job, &out));
+      RETURN_IF_ERROR(GenerateAndScore(job, cancelled, &out));
     }
     return absl::OkStatus();
   });

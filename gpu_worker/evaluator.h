@@ -9,6 +9,7 @@
 #ifndef LSPO_GPU_WORKER_EVALUATOR_H_
 #define LSPO_GPU_WORKER_EVALUATOR_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -17,9 +18,15 @@
 
 namespace lspo::worker {
 
-// Evaluates `job` after step `step`. Errors: a pending update's error, kInternal from
-// LibTorch.
-absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step);
+// Returns true once the caller gave up on the evaluation (e.g. its RPC was cancelled).
+using EvalCancelled = std::function<bool()>;
+
+// Evaluates `job` after step `step`. `cancelled` (may be empty) is polled between batches
+// and between generated answers. Errors: a pending update's error, kInternal from LibTorch,
+// kCancelled once `cancelled` returns true (the model is left as it was; nothing is
+// reported).
+absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step,
+                                                  const EvalCancelled& cancelled = {});
 
 }  // namespace lspo::worker
 

@@ -91,6 +91,14 @@ at::Tensor ToTensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols,
   return device.is_cpu() ? t.clone() : t.pin_memory().to(device, /*non_blocking=*/true);
 }
 
+model::RowLayout LayoutOf(const data::Batch& batch, const at::Device& device) {
+  model::RowLayout layout;
+  if (!batch.packed()) return layout;
+  layout.positions = ToTensor(batch.positions, batch.batch_size, batch.seq_len, device);
+  layout.segment_ids = ToTensor(batch.segment_ids, batch.batch_size, batch.seq_len, device);
+  return layout;
+}
+
 namespace {
 
 // The proto form of a data summary (proto/metrics.proto DataSummary).
@@ -230,6 +238,13 @@ absl::Status LoadAssets(WorkerJob* job) {
                                             spec.data().train_path(),
                                             spec.data().max_train_examples(), &job->train_data,
                                             &job->train_class));
+  if (spec.data().packing()) {
+    // Several examples per row (data/datasets.h PackExamples); the rows are what the epoch
+    // order shuffles and the calibration draws from.
+    job->train = data::PackExamples(job->train, spec.seq_len());
+    job->train_data.set_packed_rows(static_cast<int64_t>(job->train.size()));
+    job->train_class.clear();
+  }
   if (!spec.data().eval_path().empty()) {
     ASSIGN_OR_RETURN(job->eval, LoadExamples(spec, *job->tokenizer, "eval",
                                              spec.data().eval_path(),
@@ -289,10 +304,10 @@ void InstallLayerHooks(WorkerJob* job) {
 }
 
 // Step `step`'s micro-batches (grad_accum of micro_batch_size examples each, in the epoch's
-// shuffled or class-balanced order); adds their loss tokens to *total and their input tokens
-// (padding included) to *input_tokens.
+// shuffled or class-balanced order); adds their loss tokens to *total, their input tokens
+// (padding included) to *input_tokens and their padding to *padding_tokens.
 std::vector<data::Batch> StepBatches(WorkerJob* job, int step, int64_t* total,
-                                     int64_t* input_tokens) {
+                                     int64_t* input_tokens, int64_t* padding_tokens) {
   const JobSpec& spec = job->spec;
   const bool balanced = spec.data().balance_classes() && !job->train_class.empty();
   // Epoch length: every example once, or (balanced) classes x largest class size.
@@ -316,6 +331,7 @@ std::vector<data::Batch> StepBatches(WorkerJob* job, int step, int64_t* total,
     batches.push_back(data::MakeBatch(rows, job->tokenizer->pad_id()));
     *total += batches.back().num_loss_tokens;
     *input_tokens += batches.back().batch_size * batches.back().seq_len;
+    *padding_tokens += batches.back().padding_tokens;
   }
   return batches;
 }
@@ -346,7 +362,8 @@ absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& bat
     if (targets == 0) continue;
     auto t0 = std::chrono::steady_clock::now();
     at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device),
-                                         ToTensor(b.labels, b.batch_size, b.seq_len, job->device));
+                                         ToTensor(b.labels, b.batch_size, b.seq_len, job->device),
+                                         LayoutOf(b, job->device));
     // A failed layer hook (e.g. a pending update that timed out) keeps its status code.
     RETURN_IF_ERROR(model.HookStatus());
     fwd += runtime::SecondsSince(t0);
@@ -511,7 +528,9 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   job->offload_done.assign(model.config().num_layers, 0.0);
   job->offload_secs.assign(model.config().num_layers, 0.0);
   InstallLayerHooks(job.get());
-  reply.set_train_examples(job->train.size());
+  // Examples, also when packed (train_data.packed_rows counts the rows).
+  reply.set_train_examples(spec.data().packing() ? job->train_data.examples()
+                                                 : static_cast<int64_t>(job->train.size()));
   reply.set_eval_examples(job->eval.size());
   *reply.mutable_train_data() = job->train_data;
   if (!job->eval.empty()) *reply.mutable_eval_data() = job->eval_data;
@@ -519,7 +538,9 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   reply.set_device(job->device.str());
   reply.set_seconds(runtime::SecondsSince(t0));
   LOG(INFO) << "worker: loaded job " << job_id << " (mode " << job->path->name() << "): "
-            << job->train.size() << " train / " << job->eval.size() << " eval examples, "
+            << job->train.size()
+            << (spec.data().packing() ? " packed train rows / " : " train / ")
+            << job->eval.size() << " eval examples, "
             << trainable << " trainable parameters in " << job->linears.size() << " matrices";
   aborter_.Attach(job_id, job->flags);
   job_ = std::move(job);
@@ -568,8 +589,9 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
   if (offloaded) job->arena.Unlink();
   absl::Status st = offload::TorchCall("train step", [&]() -> absl::Status {
     model.ClearHookStatus();
-    int64_t total = 0, input_tokens = 0;
-    const std::vector<data::Batch> batches = StepBatches(job, step, &total, &input_tokens);
+    int64_t total = 0, input_tokens = 0, padding_tokens = 0;
+    const std::vector<data::Batch> batches =
+        StepBatches(job, step, &total, &input_tokens, &padding_tokens);
     job->path->ZeroGrads(job);
     RETURN_IF_ERROR(RunMicroBatches(job, batches, total, step, plan, &reply));
     if (reply.nonfinite()) return absl::OkStatus();
@@ -584,6 +606,8 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
     const double secs = runtime::SecondsSince(t_step);
     metrics->set_step_seconds(secs);
     metrics->set_tokens_per_second(secs > 0 ? input_tokens / secs : 0);
+    metrics->set_input_tokens(input_tokens);
+    metrics->set_padding_tokens(padding_tokens);
     metrics->set_wait_seconds(job->wait_seconds);
     metrics->set_offload_seconds(job->offload_seconds);
     return absl::OkStatus();
@@ -680,10 +704,11 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> WorkerCore::ImportLayerWeights(
   return reply;
 }
 
-absl::StatusOr<lspo::v1::EvalMetrics> WorkerCore::Evaluate(const std::string& job_id, int step) {
+absl::StatusOr<lspo::v1::EvalMetrics> WorkerCore::Evaluate(const std::string& job_id, int step,
+                                                           const std::function<bool()>& cancelled) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
-  return EvaluateJob(job, step);
+  return EvaluateJob(job, step, cancelled);
 }
 
 absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string& job_id,

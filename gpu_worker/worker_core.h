@@ -22,6 +22,7 @@
 #ifndef LSPO_GPU_WORKER_WORKER_CORE_H_
 #define LSPO_GPU_WORKER_WORKER_CORE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -84,7 +85,10 @@ class WorkerCore {
   // Classification: accuracy of the greedy first answer token (decoded, trimmed, lower-cased,
   // compared with the label's first token) and mean answer-token loss (nats) over the
   // eval set. Text: mean token loss (accuracy 0).
-  absl::StatusOr<lspo::v1::EvalMetrics> Evaluate(const std::string& job_id, int step);
+  // `cancelled` (may be empty): polled between batches and generated answers; once true the
+  // evaluation stops with kCancelled (gpu_worker/evaluator.h).
+  absl::StatusOr<lspo::v1::EvalMetrics> Evaluate(const std::string& job_id, int step,
+                                                 const std::function<bool()>& cancelled = {});
 
   // Writes config.json and the tokenizer files into `dir` (and model.safetensors from the
   // worker's weights in MODE_NATIVE). Errors: kPermissionDenied/kInternal on I/O.

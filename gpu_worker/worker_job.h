@@ -106,6 +106,10 @@ std::string NormalizedToken(const model::BpeTokenizer& tok, int64_t id);
 at::Tensor ToTensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols,
                     const at::Device& device);
 
+// The model's RowLayout of a micro-batch: positions and segment ids (B, T) int64 on `device`
+// when the batch holds packed rows (data.packing), else undefined (one sequence per row).
+model::RowLayout LayoutOf(const data::Batch& batch, const at::Device& device);
+
 }  // namespace lspo::worker
 
 #endif  // LSPO_GPU_WORKER_WORKER_JOB_H_

@@ -22,9 +22,12 @@ grpc::Status WorkerService::ApplyUpdates(grpc::ServerContext*, const lspo::v1::A
                                          lspo::v1::ApplyReply* out) {
   return rpc::Reply(core_->ApplyUpdates(req->job_id(), req->step(), *req), out);
 }
-grpc::Status WorkerService::Evaluate(grpc::ServerContext*, const lspo::v1::EvaluateRequest* req,
+grpc::Status WorkerService::Evaluate(grpc::ServerContext* ctx,
+                                     const lspo::v1::EvaluateRequest* req,
                                      lspo::v1::EvaluateReply* out) {
-  auto r = core_->Evaluate(req->job_id(), req->step());
+  // A cancelled call (the scheduler cancels it when the job is cancelled, or its deadline
+  // passed) stops the evaluation between batches instead of running it to the end.
+  auto r = core_->Evaluate(req->job_id(), req->step(), [ctx] { return ctx->IsCancelled(); });
   if (!r.ok()) return rpc::ToGrpc(r.status());
   *out->mutable_metrics() = std::move(*r);
   return grpc::Status::OK;

@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -297,6 +298,41 @@ absl::Status LlamaModel::ValidateBatch(const at::Tensor& input_ids, const at::Te
   return absl::OkStatus();
 }
 
+absl::Status LlamaModel::ValidateLayout(const at::Tensor& input_ids,
+                                        const RowLayout& layout) const {
+  if (!layout.positions.defined() && !layout.segment_ids.defined()) return absl::OkStatus();
+  const std::array<std::pair<const char*, const at::Tensor*>, 2> parts = {
+      {{"positions", &layout.positions}, {"segment_ids", &layout.segment_ids}}};
+  for (const auto& [name, tp] : parts) {
+    const at::Tensor& t = *tp;
+    if (!t.defined() || t.sizes() != input_ids.sizes() || t.scalar_type() != at::kLong ||
+        t.device() != input_ids.device()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RowLayout.", name, " must be int64 with the shape and device of input_ids ",
+          ShapeString(input_ids.sizes()), "; got ",
+          t.defined() ? absl::StrCat(ShapeString(t.sizes()), " ",
+                                     std::string(c10::toString(t.scalar_type())), " on ",
+                                     t.device().str())
+                      : std::string("undefined")));
+    }
+  }
+  try {
+    if (layout.positions.lt(0).any().item<bool>()) {
+      return absl::InvalidArgumentError("RowLayout.positions must be >= 0");
+    }
+    if (input_ids.size(1) > 1 &&
+        layout.segment_ids.diff(1, 1).lt(0).any().item<bool>()) {
+      return absl::InvalidArgumentError(
+          "RowLayout.segment_ids must not decrease along a row (one id per packed sequence, "
+          "in order)");
+    }
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ValidateLayout: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
 at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
   // HF LlamaRMSNorm: fp32 statistics, result cast back to x's dtype, then scaled.
   at::Tensor xf = x.to(at::kFloat);                            // (..., H) fp32
@@ -341,6 +377,35 @@ std::pair<at::Tensor, at::Tensor> LlamaModel::RopeTables(int64_t start, int64_t 
   at::Tensor cos = at::cat({cos_half, cos_half}, -1).view({T_len, 1, hd}).to(like.scalar_type());
   at::Tensor sin = at::cat({-sin_half, sin_half}, -1).view({T_len, 1, hd}).to(like.scalar_type());
   return {cos, sin};
+}
+
+std::pair<at::Tensor, at::Tensor> LlamaModel::RopeTablesAt(const at::Tensor& positions,
+                                                           const at::Tensor& like) const {
+  const int64_t hd = config_.head_dim, B = positions.size(0), T_len = positions.size(1);
+  const auto fopts = at::TensorOptions().dtype(at::kFloat).device(like.device());
+  at::Tensor inv_freq = RopeInverseFrequencies(config_, like.device());  // (hd/2) fp32
+  at::Tensor angle = positions.to(fopts).unsqueeze(-1) * inv_freq;       // (B, T, hd/2)
+  at::Tensor cos_half = angle.cos(), sin_half = angle.sin();
+  at::Tensor cos =
+      at::cat({cos_half, cos_half}, -1).view({B, T_len, 1, hd}).to(like.scalar_type());
+  at::Tensor sin =
+      at::cat({-sin_half, sin_half}, -1).view({B, T_len, 1, hd}).to(like.scalar_type());
+  return {cos, sin};
+}
+
+at::Tensor LlamaModel::PackedMask(const at::Tensor& segment_ids) const {
+  const int64_t B = segment_ids.size(0), T_len = segment_ids.size(1);
+  const auto iopts = at::TensorOptions().dtype(at::kLong).device(segment_ids.device());
+  at::Tensor query = at::arange(T_len, iopts).unsqueeze(1);  // (T, 1)
+  at::Tensor key = at::arange(T_len, iopts).unsqueeze(0);    // (1, T)
+  at::Tensor keep = segment_ids.unsqueeze(2).eq(segment_ids.unsqueeze(1));  // (B, T, T)
+  keep = keep.logical_and(key.le(query));                                  // causal
+  if (config_.sliding_window > 0) {
+    keep = keep.logical_and((query - key).lt(config_.sliding_window));  // t - k < W
+  }
+  return at::zeros({B, T_len, T_len}, iopts.dtype(at::kFloat))
+      .masked_fill(keep.logical_not(), -std::numeric_limits<float>::infinity())
+      .view({B, 1, 1, T_len, T_len});
 }
 
 std::array<at::Tensor, 3> LlamaModel::RotatedQkv(const at::Tensor& a, int64_t layer,
@@ -390,18 +455,24 @@ at::Tensor LlamaModel::LmHead(const at::Tensor& h) const {
   return at::matmul(h, T(lm_head_slot_).t());  // (..., H) x (H, V) -> (..., V)
 }
 
-at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids) {
+at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const RowLayout& layout) {
   const int64_t T_len = input_ids.size(1);
   at::Tensor h = at::embedding(T(embed_slot_), input_ids);  // (B, T, H)
   const auto fopts = at::TensorOptions().dtype(at::kFloat).device(h.device());
-  auto [cos, sin] = RopeTables(0, T_len, h);  // (T, 1, hd) each
-  // Additive causal mask: -inf above the diagonal, (T, T); with a sliding window W also -inf
-  // for keys at or before t - W (HF: key kept iff t - W < key <= t).
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  at::Tensor mask = at::full({T_len, T_len}, neg_inf, fopts).triu(1);
-  const int64_t W = config_.sliding_window;
-  if (W > 0 && T_len > W) {
-    mask = mask + at::full({T_len, T_len}, neg_inf, fopts).tril(-W);
+  at::Tensor cos, sin, mask;
+  if (layout.packed()) {
+    std::tie(cos, sin) = RopeTablesAt(layout.positions, h);  // (B, T, 1, hd) each
+    mask = PackedMask(layout.segment_ids);                   // (B, 1, 1, T, T)
+  } else {
+    std::tie(cos, sin) = RopeTables(0, T_len, h);  // (T, 1, hd) each
+    // Additive causal mask: -inf above the diagonal, (T, T); with a sliding window W also
+    // -inf for keys at or before t - W (HF: key kept iff t - W < key <= t).
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    mask = at::full({T_len, T_len}, neg_inf, fopts).triu(1);
+    const int64_t W = config_.sliding_window;
+    if (W > 0 && T_len > W) {
+      mask = mask + at::full({T_len, T_len}, neg_inf, fopts).tril(-W);
+    }
   }
   const bool grad = at::GradMode::is_enabled();
   if (grad && checkpointing_ && !h.requires_grad()) {
@@ -572,8 +643,8 @@ absl::Status LlamaModel::To(const at::Device& device) {
 
 at::Device LlamaModel::device() const { return tensors_.front().device(); }
 
-at::Tensor LlamaModel::Logits(const at::Tensor& input_ids) {
-  return LmHead(Hidden(input_ids));  // (B, T, V)
+at::Tensor LlamaModel::Logits(const at::Tensor& input_ids, const RowLayout& layout) {
+  return LmHead(Hidden(input_ids, layout));  // (B, T, V)
 }
 
 at::Tensor LlamaModel::LogitsAt(const at::Tensor& input_ids, const at::Tensor& positions) {
@@ -584,9 +655,10 @@ at::Tensor LlamaModel::LogitsAt(const at::Tensor& input_ids, const at::Tensor& p
   return LmHead(h.reshape({B * T_len, -1}).index_select(0, rows));  // (B, V)
 }
 
-at::Tensor LlamaModel::CausalLmLoss(const at::Tensor& input_ids, const at::Tensor& labels) {
+at::Tensor LlamaModel::CausalLmLoss(const at::Tensor& input_ids, const at::Tensor& labels,
+                                    const RowLayout& layout) {
   const int64_t B = input_ids.size(0), T_len = input_ids.size(1);
-  at::Tensor h = Hidden(input_ids);  // (B, T, H)
+  at::Tensor h = Hidden(input_ids, layout);  // (B, T, H)
   // target(b, t) = labels(b, t + 1) for t < T - 1; -100 at t = T - 1.
   at::Tensor target = at::full({B, T_len}, -100, labels.options());  // (B, T) int64
   if (T_len > 1) target.narrow(1, 0, T_len - 1).copy_(labels.narrow(1, 1, T_len - 1));

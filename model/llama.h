@@ -95,6 +95,22 @@ struct KvCache {
 // the end of the backward) reports the first such status through HookStatus().
 using LayerHook = std::function<absl::Status(int64_t layer)>;
 
+// How the tokens of each batch row map to sequences. Default (both undefined): every row is
+// one sequence from position 0, attended causally. A packed row (data/datasets.h
+// PackExamples, data.packing) holds several sequences, which must not see each other:
+//   positions   (B, T) int64 on the model's device: each token's position within its
+//               sequence (the RoPE angle t · inv_freq uses it);
+//   segment_ids (B, T) int64: token t attends to key k iff k <= t, their segment ids are
+//               equal and (sliding window W) t - k < W.
+// Each sequence then gets the hidden states, logits and loss it gets alone (within fp32
+// rounding), as transformers' packed-sequence training (position_ids restarting at 0 with
+// flash-attention's variable-length kernels) gives.
+struct RowLayout {
+  at::Tensor positions;
+  at::Tensor segment_ids;
+  bool packed() const { return positions.defined(); }
+};
+
 class LlamaModel {
  public:
   LlamaModel(LlamaModel&&) = default;
@@ -136,12 +152,18 @@ class LlamaModel {
   absl::Status ValidateBatch(const at::Tensor& input_ids, const at::Tensor& labels = {},
                              const at::Tensor& positions = {}) const;
 
+  // Checks a RowLayout for input_ids (already valid): undefined, or positions and
+  // segment_ids both (B, T) int64 on the model's device, positions >= 0, segment ids
+  // non-decreasing along each row. Returns kInvalidArgument naming the tensor.
+  absl::Status ValidateLayout(const at::Tensor& input_ids, const RowLayout& layout) const;
+
   // Final-normed hidden states: input_ids (B, T) int64 -> (B, T, H) fp32. Differentiable.
-  at::Tensor Hidden(const at::Tensor& input_ids);
+  // `layout`: packed rows (RowLayout); default one sequence per row.
+  at::Tensor Hidden(const at::Tensor& input_ids, const RowLayout& layout = {});
 
   // All logits: input_ids (B, T) int64 -> (B, T, V) fp32. Costs an N x H x V matmul; prefer
   // LogitsAt or CausalLmLoss when only some positions matter.
-  at::Tensor Logits(const at::Tensor& input_ids);
+  at::Tensor Logits(const at::Tensor& input_ids, const RowLayout& layout = {});
 
   // Logits at one position per row: input_ids (B, T) int64, positions (B) int64 in [0, T)
   // -> (B, V) fp32. lm_head runs on the B selected hidden rows only.
@@ -156,7 +178,10 @@ class LlamaModel {
   // that the host never waits for the forward to count K). When K == 0 the result is 0
   // (still attached to the graph, so backward runs and yields zero gradients) where HF would
   // return NaN.
-  at::Tensor CausalLmLoss(const at::Tensor& input_ids, const at::Tensor& labels);
+  // With a packed `layout` the label at each sequence's first token must be -100
+  // (PackExamples makes it so), so that no target crosses a boundary.
+  at::Tensor CausalLmLoss(const at::Tensor& input_ids, const at::Tensor& labels,
+                          const RowLayout& layout = {});
 
   // Incremental decoding (no autograd; call under at::NoGradGuard): runs the t new tokens
   // input_ids (B, t) int64 at positions cache->length .. cache->length + t - 1, attending to
@@ -241,7 +266,8 @@ class LlamaModel {
   at::Device device() const;
 
   // One decoder layer: h (B, T, H) fp32 -> (B, T, H). cos/sin (T, 1, hd) RoPE tables and
-  // mask (T, T) additive causal mask as built by Hidden(). Calls no hooks.
+  // mask (T, T) additive causal mask as built by Hidden(); for packed rows cos/sin
+  // (B, T, 1, hd) and mask (B, 1, 1, T, T). Calls no hooks.
   at::Tensor DecoderLayer(const at::Tensor& h, int64_t layer, const at::Tensor& cos,
                           const at::Tensor& sin, const at::Tensor& mask);
 
@@ -277,6 +303,12 @@ class LlamaModel {
   // [start, start + T_len); the sign of rotate_half is folded into sin ([-sin, sin]).
   std::pair<at::Tensor, at::Tensor> RopeTables(int64_t start, int64_t T_len,
                                                const at::Tensor& like) const;
+  // The same tables at given positions (B, T) int64: (B, T, 1, hd) each.
+  std::pair<at::Tensor, at::Tensor> RopeTablesAt(const at::Tensor& positions,
+                                                 const at::Tensor& like) const;
+  // Additive mask (B, 1, 1, T, T) fp32 of a packed layout's segment_ids (B, T): 0 where
+  // RowLayout lets a query attend to a key, -inf elsewhere.
+  at::Tensor PackedMask(const at::Tensor& segment_ids) const;
   // q (B, T, nh, hd), k, v (B, T, nkv, hd) of layer `layer` from a (B, T, H), q and k rotated.
   std::array<at::Tensor, 3> RotatedQkv(const at::Tensor& a, int64_t layer, const at::Tensor& cos,
                                        const at::Tensor& sin);

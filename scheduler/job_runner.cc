@@ -203,6 +203,8 @@ void JobRunner::InitSummary() {
   summary_["seq_len"] = spec_.seq_len();
   summary_["lr"] = spec_.optim().lr();
   summary_["train_examples"] = wload_.train_examples();
+  summary_["packing"] = spec_.data().packing();
+  if (spec_.data().packing()) summary_["train_packed_rows"] = wload_.train_data().packed_rows();
   summary_["eval_examples"] = wload_.eval_examples();
   summary_["trainable_parameters"] = wload_.trainable_parameters();
   summary_["model"] = spec_.model().format() == v1::MODEL_FORMAT_TINY_RANDOM
@@ -264,7 +266,9 @@ absl::StatusOr<v1::EvalMetrics> JobRunner::Evaluate(int step) {
   v1::EvaluateRequest req;
   req.set_job_id(id_);
   req.set_step(step);
-  ASSIGN_OR_RETURN(v1::EvaluateReply rep, worker_->Evaluate(req, dl_));
+  // A cancel of the job stops the evaluation too (a generative one can take minutes).
+  ASSIGN_OR_RETURN(v1::EvaluateReply rep,
+                   worker_->Evaluate(req, dl_, [this] { return host_->CancelRequested(); }));
   nlohmann::json j = ToJson(rep.metrics());
   if (rep.metrics().generated_examples() == 0) {  // eval.metric loss: no generative scores
     for (const char* key : {"exact_match", "precision", "recall", "f1", "generated_examples",
@@ -572,6 +576,8 @@ absl::StatusOr<bool> JobRunner::RunStep(int step) {
   m.set_step_seconds(secs);
   m.set_tokens_per_second(secs > 0 ? tokens_in / secs : 0);
   step_time_sum_ += secs;
+  input_tokens_sum_ += m.input_tokens();
+  padding_tokens_sum_ += m.padding_tokens();
   nlohmann::json j = ToJson(m);
   j["kind"] = "step";
   Log(j);
@@ -626,6 +632,12 @@ absl::Status JobRunner::Finish() {
   summary_["skipped_steps"] = skipped_;
   summary_["train_seconds"] = Now() - t_train_;
   summary_["mean_step_seconds"] = done_steps > 0 ? step_time_sum_ / done_steps : 0.0;
+  // Padding share of the steps' input and the rate of real (non-padding) tokens: what
+  // data.packing changes.
+  summary_["padding_fraction"] =
+      input_tokens_sum_ > 0 ? static_cast<double>(padding_tokens_sum_) / input_tokens_sum_ : 0.0;
+  summary_["real_tokens_per_second"] =
+      step_time_sum_ > 0 ? (input_tokens_sum_ - padding_tokens_sum_) / step_time_sum_ : 0.0;
   if (has_eval_) {
     ASSIGN_OR_RETURN(v1::EvalMetrics fin, Evaluate(spec_.steps()));
     if (spec_.data().format() == v1::DATA_FORMAT_CLASSIFICATION) summary_["final_accuracy"] = fin.accuracy();

@@ -114,6 +114,8 @@ class JobRunner {
   const double dl_;
 
   double t_start_ = 0, t_train_ = 0, step_time_sum_ = 0;
+  // Input tokens of this run's steps (B x T per micro-batch) and, of those, padding.
+  int64_t input_tokens_sum_ = 0, padding_tokens_sum_ = 0;
   int start_step_ = 0;
   nlohmann::json resume_state_;
   std::string resume_dir_;

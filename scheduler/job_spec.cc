@@ -238,6 +238,16 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                "text data has no answers to generate; use data.format alpaca, chat, "
                "prompt_completion or classification, or eval.metric loss");
   }
+  if (spec.data().packing() && spec.data().format() == v1::DATA_FORMAT_TEXT) {
+    return bad("data.packing", "true",
+               "text data is already cut into seq_len-token blocks with no padding; remove "
+               "data.packing");
+  }
+  if (spec.data().packing() && spec.data().balance_classes()) {
+    return bad("data.packing", "true",
+               "data.balance_classes orders single examples by class and a packed row mixes "
+               "classes; use one of the two");
+  }
   if (spec.keep_checkpoints() < 1) {
     return bad("keep_checkpoints", spec.keep_checkpoints(), "keep at least 1 checkpoint");
   }

@@ -2,6 +2,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <utility>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 #include "runtime/rpc_status.h"
 
@@ -46,8 +50,35 @@ class GrpcWorkerClient final : public WorkerClient {
   absl::StatusOr<v1::ApplyReply> ApplyUpdates(const v1::ApplyRequest& r, double d) override {
     return Call(stub_, &S::ApplyUpdates, r, d, kPeer);
   }
-  absl::StatusOr<v1::EvaluateReply> Evaluate(const v1::EvaluateRequest& r, double d) override {
-    return Call(stub_, &S::Evaluate, r, d, kPeer);
+  absl::StatusOr<v1::EvaluateReply> Evaluate(const v1::EvaluateRequest& r, double d,
+                                             const std::function<bool()>& cancelled) override {
+    if (!cancelled || stub_->async() == nullptr) return Call(stub_, &S::Evaluate, r, d, kPeer);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(d * 1000)));
+    v1::EvaluateReply rep;
+    absl::Mutex mu;
+    bool done = false;
+    grpc::Status status;
+    stub_->async()->Evaluate(&ctx, &r, &rep, [&](grpc::Status s) {
+      absl::MutexLock lock(&mu);
+      status = std::move(s);
+      done = true;
+    });
+    bool cancel_sent = false;
+    {
+      absl::MutexLock lock(&mu);
+      while (!mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(200))) {
+        if (!cancel_sent && cancelled()) {
+          ctx.TryCancel();  // the callback still runs, with CANCELLED
+          cancel_sent = true;
+        }
+      }
+    }
+    if (cancel_sent) return absl::CancelledError("cancelled by the user (during an evaluation)");
+    absl::Status st = rpc::FromGrpc(status, kPeer);
+    if (!st.ok()) return st;
+    return rep;
   }
   absl::StatusOr<v1::SaveReply> SaveArtifacts(const v1::SaveRequest& r, double d) override {
     return Call(stub_, &S::SaveArtifacts, r, d, kPeer);

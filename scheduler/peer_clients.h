@@ -12,6 +12,7 @@
 #ifndef LSPO_SCHEDULER_PEER_CLIENTS_H_
 #define LSPO_SCHEDULER_PEER_CLIENTS_H_
 
+#include <functional>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -38,8 +39,12 @@ class WorkerClient {
       const lspo::v1::TrainStepRequest& req, double deadline_s) = 0;
   virtual absl::StatusOr<lspo::v1::ApplyReply> ApplyUpdates(const lspo::v1::ApplyRequest& req,
                                                             double deadline_s) = 0;
-  virtual absl::StatusOr<lspo::v1::EvaluateReply> Evaluate(const lspo::v1::EvaluateRequest& req,
-                                                           double deadline_s) = 0;
+  // `cancelled` (may be empty) is polled while the evaluation runs (every 200 ms); once it
+  // returns true the call is cancelled, the worker stops between batches, and the result is
+  // kCancelled.
+  virtual absl::StatusOr<lspo::v1::EvaluateReply> Evaluate(
+      const lspo::v1::EvaluateRequest& req, double deadline_s,
+      const std::function<bool()>& cancelled) = 0;
   virtual absl::StatusOr<lspo::v1::SaveReply> SaveArtifacts(const lspo::v1::SaveRequest& req,
                                                             double deadline_s) = 0;
   virtual absl::StatusOr<lspo::v1::LayerWeightsReply> ImportLayerWeights(

@@ -679,6 +679,12 @@ std::string SummaryTable(const RunData& run) {
     if (const auto [mean, n] = Mean(run.steps, "tokens_per_second"); n > 0) {
       rows += Row("tokens/s (mean)", absl::StrFormat("%.1f", mean));
     }
+    if (const auto [input, n] = Mean(run.steps, "input_tokens"); n > 0 && input > 0) {
+      // Sums: a step without padding has no padding_tokens field (proto JSON omits zeros).
+      const auto [padding, n_padded] = Mean(run.steps, "padding_tokens");
+      rows += Row("padding (share of input tokens)",
+                  absl::StrFormat("%.1f%%", 100 * padding * n_padded / (input * n)));
+    }
     if (const auto [mean, n] = Mean(run.steps, "step_seconds"); n > 0) {
       rows += Row("step time (mean, total)", absl::StrFormat("%.3g s, %.1f s", mean, mean * n));
     }

@@ -2,10 +2,13 @@
 // --help, health (open without the token), metrics, token flags, cancel of a finished job.
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -190,6 +193,52 @@ TEST_F(LspctlTest, CancelOfAFinishedJobSaysSoAndFails) {
   EXPECT_EQ(fake_.cancels(), 1);
   r = Lspctl("cancel nope " + flag);
   EXPECT_EQ(r.exit_code, 1) << r.output;
+}
+
+// Ctrl-C during `lspctl run` (embedded): the first SIGINT cancels the job through the
+// scheduler, so lspctl exits 1 after the job ends CANCELLED, with the run's report.html
+// written and the output folder named; the job stopped long before its 100000 steps.
+TEST(LspctlRunTest, InterruptCancelsTheJobAndKeepsItsReport) {
+  if (!std::ifstream("models/SmolLM2-135M-Instruct.Q4_1.gguf").good()) {
+    GTEST_SKIP() << "models/SmolLM2-135M-Instruct.Q4_1.gguf is absent (scripts/setup)";
+  }
+  char dir_template[] = "/tmp/lspctl-interrupt-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template, log = dir + "/lspctl.out", out = dir + "/run";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    FILE* f = std::freopen(log.c_str(), "w", stdout);
+    if (f == nullptr || dup2(fileno(stdout), 2) < 0) _exit(99);
+    const std::string spec = "--spec=examples/tiny-moby-dick.yaml";
+    const std::string out_flag = "--output_dir=" + out;
+    execl(LSPO_LSPCTL_BIN, LSPO_LSPCTL_BIN, "run", spec.c_str(), out_flag.c_str(),
+          "--steps=100000", static_cast<char*>(nullptr));
+    _exit(98);
+  }
+  // Wait until training runs: a step line in metrics.jsonl.
+  bool training = false;
+  for (int i = 0; i < 6000 && !training; ++i) {
+    std::ifstream in(out + "/metrics.jsonl");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    training = text.find("\"kind\":\"step\"") != std::string::npos;
+    if (!training) usleep(20 * 1000);
+  }
+  ASSERT_TRUE(training) << "no step within 120 s";
+  ASSERT_EQ(kill(pid, SIGINT), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "lspctl died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  std::ifstream in(log);
+  const std::string output((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(output, HasSubstr("cancelling job"));
+  EXPECT_THAT(output, HasSubstr("CANCELLED"));
+  EXPECT_THAT(output, HasSubstr("output: " + out + " (report.html"));
+  std::ifstream report_in(out + "/report.html");
+  const std::string report((std::istreambuf_iterator<char>(report_in)),
+                           std::istreambuf_iterator<char>());
+  EXPECT_THAT(report, HasSubstr("cancelled"));
 }
 
 }  // namespace

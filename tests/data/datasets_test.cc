@@ -371,11 +371,60 @@ TEST(MakeBatchTest, RightPadsAndMasks) {
                                          -100, -100}));
   EXPECT_THAT(batch.last_index, ElementsAreArray<int64_t>({3, 1, -1}));
   EXPECT_EQ(batch.num_loss_tokens, 3);
+  EXPECT_EQ(batch.padding_tokens, 2 + 4);
+  EXPECT_FALSE(batch.packed());  // no packed row: the model's default layout
+  EXPECT_TRUE(batch.positions.empty());
 
   Batch empty = MakeBatch({}, 0);
   EXPECT_EQ(empty.batch_size, 0);
   EXPECT_EQ(empty.seq_len, 0);
   EXPECT_TRUE(empty.input_ids.empty());
+}
+
+// Packing in order: rows close when the next example would not fit; an example longer than
+// max_len is a row of its own, uncut; the label at each later example's first token is
+// ignored; MakeBatch gives positions restarting per example and segment ids, padding its own
+// segment with positions running on, and unpacked rows one segment.
+TEST(PackExamplesTest, PacksInOrderWithSegmentsAndPositions) {
+  const TokenizedExample a{{1, 2, 3}, {kIgnoreIndex, 2, 3}, 1};
+  const TokenizedExample b{{4, 5}, {kIgnoreIndex, 5}, 1};
+  const TokenizedExample c{{6, 7, 8, 9}, {kIgnoreIndex, kIgnoreIndex, 8, 9}, 2};
+  const TokenizedExample d{{10, 11, 12, 13, 14, 15, 16}, {kIgnoreIndex, 11, 12, 13, 14, 15, 16}, 1};
+  const TokenizedExample e{{17, 18}, {17, 18}, 0};  // a label at 0, which packing must drop
+  const TokenizedExample empty{};
+  const std::vector<TokenizedExample> rows = PackExamples({a, b, e, c, empty, d}, 7);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_THAT(rows[0].input_ids, ElementsAreArray<int32_t>({1, 2, 3, 4, 5, 17, 18}));
+  EXPECT_THAT(rows[0].labels, ElementsAreArray<int32_t>({kIgnoreIndex, 2, 3, kIgnoreIndex, 5,
+                                                         kIgnoreIndex, 18}));
+  EXPECT_THAT(rows[0].segment_starts, ElementsAreArray<int32_t>({0, 3, 5}));
+  EXPECT_EQ(rows[0].answer_start, 1);
+  EXPECT_THAT(rows[1].input_ids, ElementsAreArray<int32_t>({6, 7, 8, 9}));  // 7 + 4 > 7
+  EXPECT_THAT(rows[1].segment_starts, ElementsAreArray<int32_t>({0}));
+  EXPECT_THAT(rows[2].input_ids, ElementsAreArray<int32_t>({10, 11, 12, 13, 14, 15, 16}));
+  // The loss tokens (positions t >= 1) are those of the examples: 2 + 1 + 1 + 2 + 6.
+  int64_t loss = 0;
+  for (const auto& r : rows) {
+    for (size_t t = 1; t < r.labels.size(); ++t) loss += r.labels[t] != kIgnoreIndex;
+  }
+  EXPECT_EQ(loss, 12);
+  // An example longer than max_len is a row of its own, not cut.
+  const std::vector<TokenizedExample> over = PackExamples({d, a}, 6);
+  ASSERT_EQ(over.size(), 2u);
+  EXPECT_EQ(over[0].input_ids.size(), 7u);
+  EXPECT_EQ(PackExamples({a, b}, 0).size(), 2u);  // max_len < 1: one example per row
+
+  const TokenizedExample plain = c;  // not from PackExamples: one sequence
+  std::vector<const TokenizedExample*> ptrs = {&rows[0], &plain};
+  Batch batch = MakeBatch(ptrs, /*pad_id=*/0);
+  ASSERT_TRUE(batch.packed());
+  EXPECT_EQ(batch.seq_len, 7);
+  EXPECT_THAT(batch.positions,
+              ElementsAreArray<int64_t>({0, 1, 2, 0, 1, 0, 1, 0, 1, 2, 3, 4, 5, 6}));
+  EXPECT_THAT(batch.segment_ids,
+              ElementsAreArray<int64_t>({0, 0, 0, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(batch.num_loss_tokens, 4 + 2);
+  EXPECT_EQ(batch.padding_tokens, 3);
 }
 
 TEST(ShuffledOrderTest, DeterministicPermutation) {

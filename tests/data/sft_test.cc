@@ -128,6 +128,8 @@ TEST(SftTest, BadRecordsAreNamedWithFileLineAndKey) {
       {"missing_output", SftFormat::kAlpaca, R"({"instruction": "i", "input": "x"})", "missing key \"output\""},
       {"wrong_type", SftFormat::kAlpaca, R"({"instruction": 3, "output": "o"})", "\"instruction\" is a number"},
       {"empty_output", SftFormat::kAlpaca, R"({"instruction": "i", "output": ""})", "\"output\" is empty"},
+      {"blank_output", SftFormat::kAlpaca, R"({"instruction": "i", "output": " \n "})",
+       "\"output\" is white space only"},
       {"unknown_role", SftFormat::kChat,
        R"({"messages": [{"role": "tool", "content": "q"}, {"role": "assistant", "content": "a"}]})",
        "role \"tool\""},

@@ -4,15 +4,21 @@
 // falls) and evaluates; a data.chat_template override is used; a bad record fails the job with
 // file:line in the error, and the runtime keeps serving; eval.metric generative scores greedy
 // answers, and the data summary reaches metrics.jsonl.
+#include <torch/torch.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/types/span.h"
 #include "data/answer_metrics.h"
+#include "data/datasets.h"
 #include "data/sft.h"
 #include "gtest/gtest.h"
 #include "model/chat_template.h"
@@ -244,6 +250,172 @@ TEST(SftJobTest, GenerativeEvaluationScoresGreedyAnswers) {
                            std::istreambuf_iterator<char>());
   EXPECT_NE(report.find("<svg"), std::string::npos);
   EXPECT_NE(report.find("F1 (tag set)"), std::string::npos);
+}
+
+// data.packing end to end: the worker trains on PackExamples of the loaded examples (the
+// data line's packed_rows), step 1's loss is the loss-token-weighted mean of the losses its
+// examples have alone under the model as loaded (recomputed here one example at a time), so
+// the worker hands the packed layout to the model; the same rows attended plainly (no
+// layout) give a clearly different loss. The padding share of the steps' input falls
+// against the same job unpacked.
+TEST(SftJobTest, PackedRowsTrainEveryExampleAsAlone) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  double padding[2] = {0, 0};
+  for (const bool packing : {false, true}) {
+    SCOPED_TRACE(packing);
+    const std::string out = testing_jobs::TempDir("sft-packing");
+    v1::JobSpec spec = SftSpec(out, "train.alpaca.jsonl", 2);
+    spec.set_seq_len(256);  // the cooking examples are 40 to 96+ tokens: 2 to 5 per row
+    spec.mutable_data()->set_packing(packing);
+    const auto w = SubmitAndWatch(stub.get(), spec);
+    ASSERT_EQ(w.last.state(), v1::SUCCEEDED) << w.last.error();
+    std::ifstream in(out + "/summary.json");
+    const auto summary = nlohmann::json::parse(in, nullptr, false);
+    ASSERT_TRUE(summary.is_object());
+    padding[packing] = summary.at("padding_fraction").get<double>();
+    EXPECT_EQ(summary.at("train_examples").get<int64_t>(), 32);
+    if (!packing) continue;
+
+    v1::JobSpec resolved = spec;
+    scheduler::ResolveDefaults(&resolved);
+    auto tok = offload::LoadJobTokenizer(resolved);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    auto tmpl = model::ChatTemplate::ForTokenizer(*tok, "");
+    ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+    const data::SftFormat alpaca = data::SftFormat::kAlpaca;
+    data::DataSummary counts;
+    auto train = data::LoadSftExamples(resolved.data().train_path(), &alpaca, *tok, &*tmpl,
+                                       resolved.seq_len(), 32, &counts);
+    ASSERT_TRUE(train.ok()) << train.status();
+    const std::vector<data::TokenizedExample> rows =
+        data::PackExamples(*train, resolved.seq_len());
+    ASSERT_LT(rows.size(), train->size()) << "nothing was packed";
+    const auto data_lines = Lines(out, "data");
+    ASSERT_FALSE(data_lines.empty());
+    EXPECT_EQ(Int(data_lines[0], "packed_rows"), static_cast<int64_t>(rows.size()));
+    EXPECT_EQ(Int(data_lines[0], "examples"), 32);
+    EXPECT_EQ(summary.at("train_packed_rows").get<int64_t>(), static_cast<int64_t>(rows.size()));
+
+    // Step 1's rows: the epoch-0 order over the rows (worker_core.cc StepBatches).
+    const std::vector<int64_t> order =
+        data::ShuffledOrder(static_cast<int64_t>(rows.size()), resolved.seed(), 0);
+    const int64_t n_rows = resolved.micro_batch_size() * resolved.grad_accum();
+    auto model = offload::LoadJobModel(resolved);
+    ASSERT_TRUE(model.ok()) << model.status();
+    at::NoGradGuard no_grad;
+    const auto lopts = at::TensorOptions().dtype(at::kLong);
+    double weighted = 0, k_total = 0;
+    std::vector<const data::TokenizedExample*> step_rows;
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const data::TokenizedExample& row = rows[order[r]];
+      step_rows.push_back(&row);
+      for (size_t s = 0; s < row.segment_starts.size(); ++s) {
+        const int64_t begin = row.segment_starts[s];
+        const int64_t end = s + 1 < row.segment_starts.size()
+                                ? row.segment_starts[s + 1]
+                                : static_cast<int64_t>(row.input_ids.size());
+        std::vector<int64_t> ids(row.input_ids.begin() + begin, row.input_ids.begin() + end);
+        std::vector<int64_t> labels(row.labels.begin() + begin, row.labels.begin() + end);
+        double k = 0;
+        for (size_t t = 1; t < labels.size(); ++t) k += labels[t] != data::kIgnoreIndex;
+        if (k == 0) continue;
+        const int64_t len = end - begin;
+        const double loss =
+            model->CausalLmLoss(torch::tensor(ids, lopts).view({1, len}),
+                                torch::tensor(labels, lopts).view({1, len}))
+                .item<double>();
+        weighted += loss * k;
+        k_total += k;
+      }
+    }
+    const double alone = weighted / k_total;
+    const auto steps = Lines(out, "step");
+    ASSERT_GE(steps.size(), 1u);
+    const double step1 = steps[0].at("loss").get<double>();
+    // fp32 sums: 4e-8 relative apart here. The tiny random model attends almost uniformly,
+    // so crossing a boundary (the control below) moves the loss by only 1.6e-5 relative.
+    const double tol = 1e-6 * alone;
+    EXPECT_NEAR(step1, alone, tol);
+    EXPECT_GT(Int(steps[0], "padding_tokens"), 0);
+    // Control: the step's rows as one sequence each (no RowLayout).
+    const data::Batch b = data::MakeBatch(step_rows, tok->pad_id());
+    ASSERT_TRUE(b.packed());
+    const double plain =
+        model->CausalLmLoss(torch::tensor(b.input_ids, lopts).view({b.batch_size, b.seq_len}),
+                            torch::tensor(b.labels, lopts).view({b.batch_size, b.seq_len}))
+            .item<double>();
+    EXPECT_GT(std::abs(plain - alone), 10 * tol) << "the control saw no boundary";
+  }
+  EXPECT_LT(padding[1], padding[0]) << "packing saves padding";
+}
+
+// data.packing is refused where it has no meaning: text data (already seq_len blocks) and
+// class-balanced order (a packed row mixes classes).
+TEST(SftJobTest, PackingOfTextOrBalancedDataIsRefused) {
+  v1::JobSpec spec = testing_jobs::TinyMobyDickSpec("/tmp/unused", v1::MODE_LSP, 2);
+  spec.mutable_data()->set_packing(true);
+  scheduler::ResolveDefaults(&spec);
+  absl::Status st = scheduler::ValidateJobSpec(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("data.packing"), std::string::npos) << st;
+  spec.mutable_data()->set_format(v1::DATA_FORMAT_CLASSIFICATION);
+  EXPECT_TRUE(scheduler::ValidateJobSpec(spec).ok());
+  spec.mutable_data()->set_balance_classes(true);
+  st = scheduler::ValidateJobSpec(spec);
+  EXPECT_NE(std::string(st.message()).find("balance_classes"), std::string::npos) << st;
+}
+
+// A cancel during an evaluation stops it between batches or generated answers (the worker
+// polls its cancelled RPC) instead of letting it run to the end: the job ends CANCELLED with
+// no eval line logged, and its report says so. Uncancelled, this zero-shot evaluation would
+// generate 4622 answers of up to 64 tokens.
+TEST(SftJobTest, CancelStopsARunningEvaluation) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  const std::string out = testing_jobs::TempDir("sft-cancel-eval");
+  v1::JobSpec spec = SftSpec(out, "train.alpaca.jsonl", 4);
+  spec.mutable_data()->set_eval_path(std::string(kCooking) + "test.alpaca.jsonl");
+  spec.mutable_data()->set_max_eval_examples(0);
+  spec.mutable_eval()->set_metric(v1::EVAL_METRIC_GENERATIVE);
+  spec.mutable_eval()->set_max_new_tokens(64);
+  grpc::ClientContext ctx;
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = spec;
+  v1::SubmitJobReply rep;
+  ASSERT_TRUE(stub->SubmitJob(&ctx, req, &rep).ok());
+  for (;;) {  // until the zero-shot evaluation runs
+    grpc::ClientContext gctx;
+    v1::GetJobRequest g;
+    g.set_job_id(rep.job_id());
+    v1::JobStatus s;
+    ASSERT_TRUE(stub->GetJob(&gctx, g, &s).ok());
+    ASSERT_NE(s.state(), v1::FAILED) << s.error();
+    if (absl::StrContains(s.phase(), "evaluating")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // well inside it
+  grpc::ClientContext cctx;
+  v1::CancelJobRequest c;
+  c.set_job_id(rep.job_id());
+  v1::CancelJobReply crep;
+  ASSERT_TRUE(stub->CancelJob(&cctx, c, &crep).ok());
+  grpc::ClientContext wctx;
+  v1::WatchJobRequest wreq;
+  wreq.set_job_id(rep.job_id());
+  auto reader = stub->WatchJob(&wctx, wreq);
+  v1::JobStatus s, last;
+  while (reader->Read(&s)) last = s;
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(last.state(), v1::CANCELLED) << last.error();
+  EXPECT_TRUE(Lines(out, "eval").empty()) << "the evaluation ran to its end";
+  EXPECT_TRUE(Lines(out, "step").empty());
+  std::ifstream report_in(out + "/report.html");
+  const std::string report((std::istreambuf_iterator<char>(report_in)),
+                           std::istreambuf_iterator<char>());
+  EXPECT_NE(report.find("cancelled"), std::string::npos);
 }
 
 // A generative evaluation of text data, or without evaluation data, is refused with the

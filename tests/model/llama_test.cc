@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -538,6 +539,128 @@ TEST_F(TinyLlamaTest, MixedModesPerLinear) {
   EXPECT_TRUE(model_->LinearWeight(0).requires_grad());
   EXPECT_FALSE(model_->LinearWeight(13).requires_grad());
   EXPECT_EQ(model_->linear_mode(13), LinearMode::kCustom);
+}
+
+// data.packing: a batch whose first row packs two examples back to back (positions
+// restarting at 0, segment ids 0 and 1) and whose second row holds one example and padding
+// (its own segment) gives every example the loss it has alone, with and without a sliding
+// window; the packed batch's dense gradient of every linear is the loss-token-weighted mean
+// of the examples' gradients alone (the gradient accumulation the worker does), and equals
+// itself bitwise under activation checkpointing. Control: the same row without the layout
+// (plain causal attention across the boundary, positions running on) gives the second
+// example a different loss.
+TEST_F(TinyLlamaTest, PackedRowGivesEachExampleItsLossAndGradientAlone) {
+  for (const int64_t window : {int64_t{0}, int64_t{3}}) {
+    SCOPED_TRACE(window);
+    LlamaConfig config = TinyLlamaConfig(kVocab);
+    config.sliding_window = window;
+    auto m = LlamaModel::RandomInit(config, 42);
+    ASSERT_TRUE(m.ok()) << m.status();
+    LlamaModel& model = *m;
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(11);
+    const auto lopts = at::TensorOptions().dtype(at::kLong);
+    const std::vector<int64_t> lens = {5, 4, 6};
+    std::vector<at::Tensor> ids, labels;  // each (1, len)
+    for (int64_t len : lens) {
+      ids.push_back(at::randint(0, kVocab, {1, len}, gen, lopts));
+      at::Tensor lab = ids.back().clone();
+      lab.index_put_({0, 0}, -100);  // the first token is never a target
+      lab.index_put_({0, 1}, -100);  // a prompt token
+      labels.push_back(lab);
+    }
+    const int64_t T = lens[0] + lens[1];  // 9: row 0 = examples 0 and 1; row 1 = example 2
+    at::Tensor bids = at::full({2, T}, 2, lopts), blab = at::full({2, T}, -100, lopts);
+    at::Tensor pos = at::zeros({2, T}, lopts), seg = at::zeros({2, T}, lopts);
+    bids[0].narrow(0, 0, lens[0]).copy_(ids[0][0]);
+    bids[0].narrow(0, lens[0], lens[1]).copy_(ids[1][0]);
+    bids[1].narrow(0, 0, lens[2]).copy_(ids[2][0]);
+    blab[0].narrow(0, 0, lens[0]).copy_(labels[0][0]);
+    blab[0].narrow(0, lens[0], lens[1]).copy_(labels[1][0]);
+    blab[1].narrow(0, 0, lens[2]).copy_(labels[2][0]);
+    pos[0].narrow(0, 0, lens[0]).copy_(at::arange(lens[0], lopts));
+    pos[0].narrow(0, lens[0], lens[1]).copy_(at::arange(lens[1], lopts));
+    pos[1].copy_(at::arange(T, lopts));  // padding continues the positions
+    seg[0].narrow(0, lens[0], lens[1]).fill_(1);
+    seg[1].narrow(0, lens[2], T - lens[2]).fill_(1);  // padding: a segment of its own
+    const RowLayout layout{pos, seg};
+    ASSERT_TRUE(model.ValidateLayout(bids, layout).ok());
+    // The span of each example in the batch: (row, start, len).
+    const std::vector<std::array<int64_t, 3>> span = {{0, 0, lens[0]}, {0, lens[0], lens[1]},
+                                                      {1, 0, lens[2]}};
+    auto only = [&](size_t e) {  // the batch labels with every other example's ignored
+      at::Tensor l = at::full({2, T}, -100, lopts);
+      l[span[e][0]].narrow(0, span[e][1], span[e][2])
+          .copy_(blab[span[e][0]].narrow(0, span[e][1], span[e][2]));
+      return l;
+    };
+    std::vector<double> alone(3);
+    {
+      at::NoGradGuard no_grad;
+      for (size_t e = 0; e < 3; ++e) {
+        alone[e] = model.CausalLmLoss(ids[e], labels[e]).item<double>();
+        const double packed = model.CausalLmLoss(bids, only(e), layout).item<double>();
+        EXPECT_NEAR(packed, alone[e], 2e-6 * std::max(1.0, std::abs(alone[e]))) << "example " << e;
+      }
+      // The random model's attention is nearly uniform and its weights small, so crossing
+      // the boundary moves the loss little, but far beyond the tolerance above.
+      const double crossed = model.CausalLmLoss(bids, only(1)).item<double>();
+      EXPECT_GT(std::abs(crossed - alone[1]), 10 * 2e-6 * std::max(1.0, std::abs(alone[1])))
+          << "the control saw no boundary";
+    }
+    // Gradients: the packed batch's token mean vs the weighted examples alone.
+    model.SetLinearMode(LinearMode::kDense);
+    auto grads = [&]() {
+      std::vector<at::Tensor> g;
+      for (int64_t i = 0; i < model.num_linears(); ++i) {
+        g.push_back(model.LinearWeight(i).grad().to(at::kDouble).clone());
+      }
+      model.ZeroLinearGrads();
+      return g;
+    };
+    model.ZeroLinearGrads();
+    model.CausalLmLoss(bids, blab, layout).backward();
+    const std::vector<at::Tensor> packed = grads();
+    double k_total = 0;
+    std::vector<double> k(3);
+    for (size_t e = 0; e < 3; ++e) {
+      k[e] = (labels[e].narrow(1, 1, lens[e] - 1) != -100).sum().item<double>();
+      k_total += k[e];
+    }
+    for (size_t e = 0; e < 3; ++e) {
+      (model.CausalLmLoss(ids[e], labels[e]) * (k[e] / k_total)).backward();
+    }
+    const std::vector<at::Tensor> reference = grads();
+    for (int64_t i = 0; i < model.num_linears(); ++i) {
+      const double scale = reference[i].abs().max().item<double>();
+      EXPECT_LE(MaxAbsDiff(packed[i], reference[i]), 1e-5 * std::max(scale, 1e-3))
+          << model.LinearName(i);
+    }
+    model.SetActivationCheckpointing(true);
+    model.CausalLmLoss(bids, blab, layout).backward();
+    const std::vector<at::Tensor> checkpointed = grads();
+    model.SetActivationCheckpointing(false);
+    for (int64_t i = 0; i < model.num_linears(); ++i) {
+      EXPECT_TRUE(at::equal(checkpointed[i], packed[i])) << model.LinearName(i);
+    }
+  }
+}
+
+TEST_F(TinyLlamaTest, BadRowLayoutsAreRefused) {
+  const auto lopts = at::TensorOptions().dtype(at::kLong);
+  at::Tensor pos = at::arange(kT, lopts).repeat({kB, 1});
+  at::Tensor seg = at::zeros({kB, kT}, lopts);
+  EXPECT_TRUE(model_->ValidateLayout(ids_, RowLayout{}).ok());
+  EXPECT_TRUE(model_->ValidateLayout(ids_, RowLayout{pos, seg}).ok());
+  auto code = [&](const RowLayout& l) { return model_->ValidateLayout(ids_, l).code(); };
+  EXPECT_EQ(code(RowLayout{pos, at::Tensor()}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(RowLayout{pos.narrow(1, 0, 3), seg}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(RowLayout{pos.to(at::kInt), seg}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(RowLayout{pos - 1, seg}), absl::StatusCode::kInvalidArgument);
+  at::Tensor down = seg.clone();
+  down.index_put_({1, 0}, 1);  // 1, 0, 0, ...: decreasing
+  const absl::Status st = model_->ValidateLayout(ids_, RowLayout{pos, down});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("segment_ids"), absl::string_view::npos) << st;
 }
 
 TEST_F(TinyLlamaTest, ErrorsAreStatuses) {

@@ -180,7 +180,8 @@ class FakeWorker final : public WorkerClient {
     return lspo::v1::ApplyReply();
   }
   absl::StatusOr<lspo::v1::EvaluateReply> Evaluate(const lspo::v1::EvaluateRequest& r,
-                                                   double d) override {
+                                                   double d,
+                                                   const std::function<bool()>&) override {
     RETURN_IF_ERROR(Record("Evaluate", r.step(), d));
     lspo::v1::EvaluateReply rep;
     rep.mutable_metrics()->set_step(r.step());

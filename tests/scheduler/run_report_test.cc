@@ -234,6 +234,19 @@ TEST(RunReportTest, ShowsTheOutcomeAndMeasuredZeros) {
   EXPECT_THAT(zeros, HasSubstr("loss 3.5, accuracy 0, exact match 0, F1 0, precision 0, recall 0"));
 }
 
+// The padding share is summed over the steps (a step without padding has no padding_tokens
+// field: proto JSON omits zeros): (25 + 0 + 5) / 300.
+TEST(RunReportTest, PaddingShareIsSummedOverTheSteps) {
+  const std::string html = RunReportHtml(
+      R"({"kind":"step","step":1,"loss":2,"input_tokens":"100","padding_tokens":"25"}
+{"kind":"step","step":2,"loss":2,"input_tokens":"100"}
+{"kind":"step","step":3,"loss":2,"input_tokens":"100","padding_tokens":"5"}
+)",
+      "run");
+  EXPECT_THAT(html, HasSubstr("<th>padding (share of input tokens)</th><td>10.0%</td>"));
+  EXPECT_THAT(RunReportHtml(kMetrics, "run"), Not(HasSubstr("padding (share")));
+}
+
 TEST(RunReportTest, MissingMetricsIsNotFoundNamingTheFile) {
   const std::string dir = TempDir();
   const absl::Status s = WriteRunReport(dir);
