@@ -202,6 +202,7 @@ TEST(LspctlRunTest, InterruptCancelsTheJobAndKeepsItsReport) {
   if (!std::ifstream("models/SmolLM2-135M-Instruct.Q4_1.gguf").good()) {
     GTEST_SKIP() << "models/SmolLM2-135M-Instruct.Q4_1.gguf is absent (scripts/setup)";
   }
+  const std::string bin = LSPO_LSPCTL_BIN;  // a string expression under Bazel
   char dir_template[] = "/tmp/lspctl-interrupt-XXXXXX";
   ASSERT_NE(mkdtemp(dir_template), nullptr);
   const std::string dir = dir_template, log = dir + "/lspctl.out", out = dir + "/run";
@@ -212,7 +213,7 @@ TEST(LspctlRunTest, InterruptCancelsTheJobAndKeepsItsReport) {
     if (f == nullptr || dup2(fileno(stdout), 2) < 0) _exit(99);
     const std::string spec = "--spec=examples/tiny-moby-dick.yaml";
     const std::string out_flag = "--output_dir=" + out;
-    execl(LSPO_LSPCTL_BIN, LSPO_LSPCTL_BIN, "run", spec.c_str(), out_flag.c_str(),
+    execl(bin.c_str(), bin.c_str(), "run", spec.c_str(), out_flag.c_str(),
           "--steps=100000", static_cast<char*>(nullptr));
     _exit(98);
   }
