@@ -279,7 +279,7 @@ BENCHMARK_DEFINE_F(ProjectorFixture, ApplyDense)(benchmark::State& state) {
 }
 
 // SmolLM2-135M weight shapes (m, n): q/o 576x576, k/v 192x576, gate/up 1536x576, down 576x1536;
-// d in {128, 256, 512} where d < min(m, n) (CheckProjectorShapes), r in {4, 8, 16}. The dense
+// d in {128, 256, 512} where d < min(m, n) (both sides compressed), r in {4, 8, 16}. The dense
 // peers do not depend on r and run with r = 4 only.
 void ProjectorArgs(benchmark::internal::Benchmark* b, bool all_r) {
   const int64_t shapes[4][2] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}};

@@ -9,15 +9,15 @@
 //   2. With the sampled layers' linears in kDense (all others kFrozen), computes per sampled
 //      linear the dense gradient of the mean answer-token loss over each subset:
 //      G_cal, G_ho (m, n) fp32.
-//   3. For each d in --d, r in --r and sampled linear with CheckProjectorShapes(m, n, d, r) OK:
-//      draws P (m, d), Q (n, d) with SparseProjector::Random (seeds from --projector_seed and
+//   3. For each d in --d, r in --r and sampled linear: the subspace of lsp/subspace.h under
+//      --narrow; draws P (m, d_p), Q (n, d_q) with SparseProjector::ForSide (seeds from --projector_seed and
 //      the linear/d/r), and measures RelativeBias on G_cal and G_ho for
 //        random   : the raw draw (values N(0, 1/r));
 //        rescaled : the draw after FitProjectors' closed-form common rescale on G_cal only
 //                   (max_iters = 0) -- the cheapest "fitted" baseline;
 //        learned  : after FitProjectors on G_cal (--fit_iters Adam steps, lr --fit_lr,
 //                   float64 = false, rescale = true, alpha = 0, beta = 0).
-//      Shapes that CheckProjectorShapes rejects (d >= min(m, n), e.g. k/v_proj 192 x 576 with
+//      With --narrow=none (default) shapes with d >= min(m, n) (e.g. k/v_proj 192 x 576 with
 //      d = 256) are recorded as "n/a" with the reason.
 //   4. Prints a markdown summary, writes every row as JSON (--json_out) and the markdown
 //      (--md_out).
@@ -60,6 +60,7 @@
 #include "glog/logging.h"
 #include "lsp/fit.h"
 #include "lsp/projector.h"
+#include "lsp/subspace.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
@@ -90,6 +91,9 @@ ABSL_FLAG(std::vector<std::string>, d, std::vector<std::string>({"64", "128", "2
           "subspace dimensions d (comma separated)");
 ABSL_FLAG(std::vector<std::string>, r, std::vector<std::string>({"2", "4", "8", "16"}),
           "non-zeros per projector row r (comma separated)");
+ABSL_FLAG(std::string, narrow, "none",
+          "matrices with a side <= d: none (left out, n/a), one-sided, half or full "
+          "(lsp.narrow, lsp/subspace.h)");
 ABSL_FLAG(int32_t, fit_iters, 40, "Adam iterations of FitProjectors (FitOptions::max_iters)");
 ABSL_FLAG(double, fit_lr, 0.05, "Adam learning rate of FitProjectors (FitOptions::lr)");
 ABSL_FLAG(int32_t, threads, 1, "intra-op threads (ATen and TBB)");
@@ -198,7 +202,7 @@ absl::StatusOr<std::vector<int64_t>> ParseIntList(const std::vector<std::string>
 }
 
 // Builds StudyOptions from the flags. kInvalidArgument for non-positive sizes, unknown module
-// names or non-positive d/r (per-shape validity is checked later by CheckProjectorShapes).
+// names or non-positive d/r (per-shape subspaces are resolved later, lsp/subspace.h).
 absl::StatusOr<StudyOptions> ParseStudyOptions() {
   StudyOptions o;
   o.model_path = absl::GetFlag(FLAGS_model);
@@ -395,7 +399,8 @@ absl::StatusOr<SvdReference> MakeSvdReference(const at::Tensor& g_cal, const at:
 // Fills row->svd_floor_ho and row->svd_cal_ho for row->d (1 <= d <= min(m, n)) from `ref`;
 // g_ho: (m, n) fp32, non-zero.
 void MeasureSvdReference(const SvdReference& ref, const at::Tensor& g_ho, BiasRow* row) {
-  const int64_t d = row->d;
+  // A one-sided or half subspace (--narrow) has rank <= min(d, min(m, n)).
+  const int64_t d = std::min(row->d, std::min(row->m, row->n));
   const double kept = ref.ho_energy[d - 1].item<double>();
   row->svd_floor_ho = std::sqrt(std::max(0.0, 1.0 - kept));
   const at::Tensor g = g_ho.to(at::kDouble);                   // (m, n)
@@ -412,25 +417,34 @@ uint64_t ProjectorSeed(uint64_t base, int64_t linear_index, int64_t d, int64_t r
 
 // Measures one (linear, d, r): random, rescaled-random and learned bias on g_cal and g_ho,
 // both (m, n) fp32 finite and non-zero. `row` must carry layer/module/name/m/n/d/r; fills the
-// rest. A shape rejected by CheckProjectorShapes gives ok = false and note = its message (OK
+// rest. A shape left out by --narrow=none gives ok = false and note = the reason (OK
 // status). Errors of Random/FitProjectors are returned.
 absl::Status MeasureRow(const at::Tensor& g_cal, const at::Tensor& g_ho, uint64_t seed,
                         const lsp::FitOptions& fit, BiasRow* row) {
-  const absl::Status shape = lsp::CheckProjectorShapes(row->m, row->n, row->d, row->r);
-  if (!shape.ok()) {
+  // The matrix's subspace under --narrow (lsp/subspace.h); "none" keeps a matrix with a side
+  // <= d out of the study (n/a), as the product did before lsp.narrow existed.
+  const std::string narrow = absl::GetFlag(FLAGS_narrow);
+  if (narrow == "none" && row->d >= std::min(row->m, row->n)) {
     row->ok = false;
-    row->note = absl::StrCat("n/a: ", shape.message());
+    row->note = absl::StrCat("n/a: d >= min(m, n) = ", std::min(row->m, row->n));
     return absl::OkStatus();
   }
+  const lsp::NarrowRule rule = narrow == "half"   ? lsp::NarrowRule::kHalf
+                               : narrow == "full" ? lsp::NarrowRule::kFull
+                                                  : lsp::NarrowRule::kOneSided;
+  ASSIGN_OR_RETURN(const lsp::MatrixSubspace sub,
+                   lsp::ResolveSubspace(row->m, row->n, row->d, 0.0, row->r, rule));
+  if (sub.p.dim != row->d || sub.q.dim != row->d) row->note = sub.Describe();
   if (g_cal.abs().max().item<float>() == 0 || g_ho.abs().max().item<float>() == 0) {
     row->ok = false;
     row->note = "n/a: a gradient is all zero";
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(lsp::SparseProjector p, lsp::SparseProjector::Random(row->m, row->d, row->r,
-                                                                        seed));
-  ASSIGN_OR_RETURN(lsp::SparseProjector q, lsp::SparseProjector::Random(row->n, row->d, row->r,
-                                                                        seed + 1));
+  ASSIGN_OR_RETURN(lsp::SparseProjector p,
+                   lsp::SparseProjector::ForSide(row->m, sub.p.dim, sub.p.r, sub.p.identity, seed));
+  ASSIGN_OR_RETURN(lsp::SparseProjector q, lsp::SparseProjector::ForSide(
+                                               row->n, sub.q.dim, sub.q.r, sub.q.identity,
+                                               seed + 1));
   row->random_cal = lsp::RelativeBias(g_cal, p, q);
   row->random_ho = lsp::RelativeBias(g_ho, p, q);
 

@@ -339,13 +339,16 @@ void PrintChoice(const lspo::v1::JobSpec& in) {
   lspo::v1::JobSpec spec = in;
   lspo::scheduler::ResolveDefaults(&spec);
   std::printf(
-      "LSP-Offload job '%s': mode %s (%s schedule), d=%d r=%d, steps=%d, micro-batch %d x %d "
+      "LSP-Offload job '%s': mode %s (%s schedule), %s r=%d, steps=%d, micro-batch %d x %d "
       "accum, seq_len %d, lr %g (%s, warm-up %d), %d threads\n",
       spec.name().c_str(),
       lspo::runtime::EnumShortName(spec.mode()).c_str(),
       spec.mode() == lspo::v1::MODE_NATIVE ? "no offload"
                                            : lspo::runtime::EnumShortName(spec.schedule()).c_str(),
-      spec.lsp().d(), spec.lsp().r(), spec.steps(), spec.micro_batch_size(), spec.grad_accum(),
+      (spec.lsp().d_ratio() > 0 ? absl::StrCat("d_ratio=", spec.lsp().d_ratio())
+                                : absl::StrCat("d=", spec.lsp().d()))
+          .c_str(),
+      spec.lsp().r(), spec.steps(), spec.micro_batch_size(), spec.grad_accum(),
       spec.seq_len(), spec.optim().lr(), lspo::runtime::EnumShortName(spec.optim().schedule()).c_str(),
       spec.optim().warmup_steps(), spec.num_threads());
   std::fflush(stdout);

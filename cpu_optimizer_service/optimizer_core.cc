@@ -117,7 +117,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
         "arena layout has ", layout.linears_size(), " matrices, the model ",
         job->model->num_linears(), ": worker and optimizer loaded different models"));
   }
-  int64_t params = 0;
+  int64_t params = 0, dd_total = 0;
   for (int i = 0; i < layout.linears_size(); ++i) {
     const auto& slot = layout.linears(i);
     LinearState st;
@@ -130,8 +130,14 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
       st.m.assign(st.base.numel(), 0.0f);
       st.v.assign(st.base.numel(), 0.0f);
     } else {
-      st.sum_d = at::zeros({layout.d(), layout.d()}, at::kFloat);
-      st.adam = std::make_unique<lsp::SubspaceAdam>(layout.d());
+      if (slot.d_p() < 1 || slot.d_q() < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "arena slot ", slot.name(), " has subspace (", slot.d_p(), ", ", slot.d_q(),
+            "); expected both >= 1 (a worker of another version?)"));
+      }
+      st.sum_d = at::zeros({slot.d_p(), slot.d_q()}, at::kFloat);  // (d_p, d_q)
+      st.adam = std::make_unique<lsp::SubspaceAdam>(slot.d_p(), slot.d_q());
+      dd_total += static_cast<int64_t>(slot.d_p()) * slot.d_q();
     }
     params += st.base.numel();
     job->linears.push_back(std::move(st));
@@ -143,7 +149,8 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
   LOG(INFO) << "optimizer: loaded job " << job_id << ": fp32 master weights of " << params
             << " parameters, "
             << (job->zero ? std::string("full Adam (zero mode)")
-                          : absl::StrCat("subspace d = ", layout.d()));
+                          : absl::StrCat("subspace Adam over ", dd_total,
+                                         " elements (lsp.d = ", layout.d(), ")"));
   aborter_.Attach(job_id, job->flags);
   job_ = std::move(job);
   return reply;
@@ -156,24 +163,30 @@ absl::Status OptimizerCore::SetProjectors(const std::string& job_id,
   if (job->zero) return absl::FailedPreconditionError("SetProjectors needs MODE_LSP");
   return offload::TorchCall("set projectors", [&]() -> absl::Status {
     at::NoGradGuard no_grad;
-    const int64_t d = job->layout.d();
     for (int i : indices) {
       if (i < 0 || i >= static_cast<int>(job->linears.size())) {
         return absl::InvalidArgumentError(absl::StrCat("SetProjectors: bad index ", i));
       }
       const auto& slot = job->layout.linears(i);
-      ASSIGN_OR_RETURN(lsp::SparseProjector p,
-                       offload::ReadProjector(job->arena, slot.p_index(), slot.p_value(), d));
-      ASSIGN_OR_RETURN(lsp::SparseProjector q,
-                       offload::ReadProjector(job->arena, slot.q_index(), slot.q_value(), d));
+      ASSIGN_OR_RETURN(lsp::SparseProjector p, offload::ReadProjector(job->arena, slot.p_index(),
+                                                                      slot.p_value(), slot.d_p()));
+      ASSIGN_OR_RETURN(lsp::SparseProjector q, offload::ReadProjector(job->arena, slot.q_index(),
+                                                                      slot.q_value(), slot.d_q()));
       LinearState& st = job->linears[i];
       if (st.p.rows > 0) {
-        // Fold the old subspace into the master weights, then move the moments.
+        // Fold the old subspace into the master weights, then move the moments into the new
+        // subspace (paper Alg. 1). TransferAdamState returns new tensors: they are copied back
+        // into the optimizer's own moment buffers (the shape (d_p, d_q) of a matrix never
+        // changes between refits).
         st.base.add_(lsp::ExpandStep(st.p, st.sum_d, st.q));
         st.sum_d.zero_();
-        at::Tensor m = at::from_blob(st.adam->m().data(), {d, d}, at::kFloat);
-        at::Tensor v = at::from_blob(st.adam->v().data(), {d, d}, at::kFloat);
+        const std::vector<int64_t> shape = {slot.d_p(), slot.d_q()};
+        at::Tensor m_buf = at::from_blob(st.adam->m().data(), shape, at::kFloat);
+        at::Tensor v_buf = at::from_blob(st.adam->v().data(), shape, at::kFloat);
+        at::Tensor m = m_buf, v = v_buf;
         lsp::TransferAdamState(st.p, st.q, p, q, m, v);
+        m_buf.copy_(m);
+        v_buf.copy_(v.clamp_min(0));  // rounding never makes a second moment negative
       }
       st.p = std::move(p);
       st.q = std::move(q);
@@ -198,7 +211,6 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
   RETURN_IF_ERROR(lsp::ValidateAdamHyper(hyper));
   const absl::Duration timeout = absl::Seconds(
       request.wait_timeout_seconds() > 0 ? request.wait_timeout_seconds() : 600);
-  const int64_t dd = static_cast<int64_t>(job->layout.d()) * job->layout.d();
   for (const auto& task : request.tasks()) {
     const int i = task.index();
     if (i < 0 || i >= static_cast<int>(job->linears.size())) {
@@ -242,8 +254,8 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
     const auto& slot = job->layout.linears(i);
     GradRef g;
     if (!job->zero) {
-      g.n = dd;
-      ASSIGN_OR_RETURN(g.fp32, job->arena.At<float>(slot.grad().offset(), dd));
+      g.n = static_cast<int64_t>(slot.d_p()) * slot.d_q();  // S (d_p, d_q)
+      ASSIGN_OR_RETURN(g.fp32, job->arena.At<float>(slot.grad().offset(), g.n));
       return g;
     }
     g.n = slot.m() * slot.n();
@@ -341,8 +353,8 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
       lsp::FusedAdamStep(hyper, st.step, ops);
     } else {
       undo.push_back({i, st.adam->step(), st.adam->m(), st.adam->v(), st.base, st.sum_d.clone()});
-      ASSIGN_OR_RETURN(float* d, job->arena.At<float>(slot.step().offset(), dd));
-      const float* s_in = g.fp32;  // S (d, d); clipped into a copy (d*d is small)
+      ASSIGN_OR_RETURN(float* d, job->arena.At<float>(slot.step().offset(), n));
+      const float* s_in = g.fp32;  // S (d_p, d_q); clipped into a copy (small)
       if (clip != 1.0f) {
         scaled.assign(s_in, s_in + n);
         for (float& x : scaled) x *= clip;
@@ -360,7 +372,7 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
         st.sum_d.mul_(decay);
       }
       float* sum = st.sum_d.data_ptr<float>();
-      for (int64_t k = 0; k < dd; ++k) sum[k] += d[k];
+      for (int64_t k = 0; k < n; ++k) sum[k] += d[k];
     }
     job->flags.PublishStep(i, step);
   }
@@ -454,10 +466,10 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::SaveState(const std::string&
         tensors.emplace_back(name + ".adam_v", at::from_blob(st.v.data(), st.base.sizes(), at::kFloat));
         tensors.emplace_back(name + ".adam_step", at::scalar_tensor(st.step, at::kLong));
       } else {
-        const int64_t d = job->layout.d();
+        const std::vector<int64_t> shape = {st.adam->rows(), st.adam->cols()};  // (d_p, d_q)
         tensors.emplace_back(name + ".sum_d", st.sum_d);
-        tensors.emplace_back(name + ".adam_m", at::from_blob(st.adam->m().data(), {d, d}, at::kFloat));
-        tensors.emplace_back(name + ".adam_v", at::from_blob(st.adam->v().data(), {d, d}, at::kFloat));
+        tensors.emplace_back(name + ".adam_m", at::from_blob(st.adam->m().data(), shape, at::kFloat));
+        tensors.emplace_back(name + ".adam_v", at::from_blob(st.adam->v().data(), shape, at::kFloat));
         tensors.emplace_back(name + ".adam_step", at::scalar_tensor(st.adam->step(), at::kLong));
         if (st.p.rows > 0) {
           offload::AppendProjector(name + ".p", st.p, &tensors);
@@ -504,15 +516,16 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string&
       lsp::SparseProjector p, q;
     };
     std::vector<Loaded> loaded(job->linears.size());
-    const int64_t d = job->layout.d(), r = job->layout.r();
     for (int i = 0; i < job->layout.linears_size(); ++i) {
       const auto& slot = job->layout.linears(i);
+      const lsp::MatrixSubspace sub = offload::SlotSubspace(slot);  // S (d_p, d_q)
       const std::string& name = slot.name();
       Loaded& l = loaded[i];
       ASSIGN_OR_RETURN(l.master, offload::ViewStateTensor(file, what, name + ".master", at::kFloat,
                                                          {slot.m(), slot.n()}));
       const std::vector<int64_t> mshape =
-          job->zero ? std::vector<int64_t>{slot.m(), slot.n()} : std::vector<int64_t>{d, d};
+          job->zero ? std::vector<int64_t>{slot.m(), slot.n()}
+                    : std::vector<int64_t>{sub.p.dim, sub.q.dim};
       ASSIGN_OR_RETURN(l.m, offload::ViewStateTensor(file, what, name + ".adam_m", at::kFloat, mshape));
       ASSIGN_OR_RETURN(l.v, offload::ViewStateTensor(file, what, name + ".adam_v", at::kFloat, mshape));
       ASSIGN_OR_RETURN(at::Tensor step_t, offload::ReadStateTensor(file, what, name + ".adam_step",
@@ -524,10 +537,12 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string&
       }
       if (!job->zero) {
         ASSIGN_OR_RETURN(l.sum_d, offload::ViewStateTensor(file, what, name + ".sum_d",
-                                                          at::kFloat, {d, d}));
+                                                          at::kFloat, {sub.p.dim, sub.q.dim}));
         if (file.Find(name + ".p_index") != nullptr) {
-          ASSIGN_OR_RETURN(l.p, offload::ReadStateProjector(file, what, name + ".p", slot.m(), d, r));
-          ASSIGN_OR_RETURN(l.q, offload::ReadStateProjector(file, what, name + ".q", slot.n(), d, r));
+          ASSIGN_OR_RETURN(l.p, offload::ReadStateProjector(file, what, name + ".p", slot.m(),
+                                                            sub.p.dim, sub.p.r));
+          ASSIGN_OR_RETURN(l.q, offload::ReadStateProjector(file, what, name + ".q", slot.n(),
+                                                            sub.q.dim, sub.q.r));
         }
       }
     }

@@ -14,6 +14,8 @@
 #include "gpu_worker/worker_job.h"
 #include "lsp/fit.h"
 #include "lsp/projector.h"
+#include "lsp/subspace.h"
+#include "offload/arena_layout.h"
 #include "offload/torch_call.h"
 #include "runtime/clock.h"
 #include "runtime/status_macros.h"
@@ -48,7 +50,6 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> RunProjectorCheck(WorkerJob* job, i
       batches.push_back(data::MakeBatch(rows, job->tokenizer->pad_id()));
       total += batches.back().num_loss_tokens;
     }
-    const int d = spec.lsp().d(), r = spec.lsp().r();
     lsp::FitOptions opts;
     opts.max_iters = std::max(0, spec.lsp().fit_iters());
     opts.lr = spec.lsp().fit_lr();
@@ -117,11 +118,17 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> RunProjectorCheck(WorkerJob* job, i
           }
         }
         if (have && !finite) continue;
+        // The matrix's subspace as laid out (lsp/subspace.h): an identity side is exact and
+        // is drawn as the identity; the seeds of a learned side are those of a square pair.
+        const lsp::MatrixSubspace sub =
+            offload::SlotSubspace(job->layout.linears(static_cast<int>(i)));
         const uint64_t seed = lsp::ProjectorSeed(spec.seed(), i, step);
         ASSIGN_OR_RETURN(lsp::SparseProjector p,
-                         lsp::SparseProjector::Random(job->linears[i].m, d, r, seed));
+                         lsp::SparseProjector::ForSide(sub.p.rows, sub.p.dim, sub.p.r,
+                                                       sub.p.identity, seed));
         ASSIGN_OR_RETURN(lsp::SparseProjector q,
-                         lsp::SparseProjector::Random(job->linears[i].n, d, r, seed + 1));
+                         lsp::SparseProjector::ForSide(sub.q.rows, sub.q.dim, sub.q.r,
+                                                       sub.q.identity, seed + 1));
         if (job->cuda) {  // Fit and apply next to G and W (the draw itself is on the CPU).
           p = p.To(job->device);
           q = q.To(job->device);

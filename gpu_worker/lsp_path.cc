@@ -4,6 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "lsp/subspace.h"
+#include "runtime/proto_json.h"
 #include "gpu_worker/device_offload.h"
 #include "gpu_worker/worker_job.h"
 #include "offload/arena_layout.h"
@@ -12,29 +15,61 @@
 #include "runtime/status_macros.h"
 
 namespace lspo::worker {
+namespace {
+
+
+lsp::NarrowRule NarrowRuleOf(lspo::v1::NarrowRule rule) {
+  switch (rule) {
+    case lspo::v1::NARROW_RULE_HALF:
+      return lsp::NarrowRule::kHalf;
+    case lspo::v1::NARROW_RULE_FULL:
+      return lsp::NarrowRule::kFull;
+    default:  // UNSPECIFIED = one-sided (proto/job_spec.proto).
+      return lsp::NarrowRule::kOneSided;
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<lspo::v1::ArenaLayout> LspPath::BuildLayout(const WorkerJob& job) {
-  const int d = job.spec.lsp().d(), r = job.spec.lsp().r();
+  const auto& lsp = job.spec.lsp();
+  std::vector<lsp::MatrixSubspace> subspaces;
+  subspaces.reserve(job.linears.size());
+  int narrow = 0;
   for (const auto& l : job.linears) {
-    absl::Status s = lsp::CheckProjectorShapes(l.m, l.n, d, r);
+    absl::StatusOr<lsp::MatrixSubspace> s = lsp::ResolveSubspace(
+        l.m, l.n, lsp.d(), lsp.d_ratio(), lsp.r(), NarrowRuleOf(lsp.narrow()));
     if (!s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "job spec field lsp.d = ", d, " / lsp.r = ", r, " does not fit ", l.name, " (", l.m,
-          " x ", l.n, "): ", s.message()));
+      return absl::InvalidArgumentError(absl::StrCat("job spec field lsp does not fit ", l.name,
+                                                     " (", l.m, " x ", l.n, "): ",
+                                                     s.status().message()));
     }
+    if (s->p.identity || s->q.identity || (lsp.d() > 0 && s->p.dim != lsp.d())) {
+      if (narrow++ < 2) {
+        LOG(INFO) << "worker: " << l.name << " (" << l.m << " x " << l.n << ") has subspace "
+                  << s->Describe() << " (lsp.narrow = "
+                  << (lsp.narrow() == lspo::v1::NARROW_RULE_UNSPECIFIED
+                          ? std::string("one-sided")
+                          : runtime::EnumShortName(lsp.narrow()))
+                  << ")";
+      }
+    }
+    subspaces.push_back(*s);
   }
-  return offload::BuildArenaLayout(job.linears, model::kLinearsPerLayer, d, r,
-                                   runtime::ShmArena::UniqueName(job.id));
+  if (narrow > 2) LOG(INFO) << "worker: " << narrow << " matrices in all have a narrow side";
+  return offload::BuildArenaLayout(job.linears, model::kLinearsPerLayer, subspaces, lsp.d(),
+                                   lsp.r(), runtime::ShmArena::UniqueName(job.id));
 }
 
 absl::Status LspPath::AttachGradients(WorkerJob* job) {
-  const int d = job->spec.lsp().d();
   p_.resize(job->linears.size());
   q_.resize(job->linears.size());
   s_accum_.resize(job->linears.size());
   RETURN_IF_ERROR(offload::TorchCall("allocating the S accumulators", [&]() -> absl::Status {
-    for (auto& s : s_accum_) {
-      s = at::zeros({d, d}, at::TensorOptions().dtype(at::kFloat).device(job->device));
+    for (size_t i = 0; i < s_accum_.size(); ++i) {
+      const auto& slot = job->layout.linears(static_cast<int>(i));
+      s_accum_[i] = at::zeros({slot.d_p(), slot.d_q()},
+                              at::TensorOptions().dtype(at::kFloat).device(job->device));
     }
     return absl::OkStatus();
   }));
@@ -52,9 +87,12 @@ absl::Status LspPath::AttachGradients(WorkerJob* job) {
 }
 
 size_t LspPath::MaxUploadBytes(const WorkerJob& job) const {
-  // The upload is D (d, d) fp32.
-  const size_t d = static_cast<size_t>(job.spec.lsp().d());
-  return job.linears.empty() ? 0 : d * d * 4;
+  // The upload is D (d_p, d_q) fp32; the largest over the matrices.
+  size_t most = 0;
+  for (const auto& slot : job.layout.linears()) {
+    most = std::max(most, static_cast<size_t>(slot.d_p()) * static_cast<size_t>(slot.d_q()) * 4);
+  }
+  return most;
 }
 
 absl::Status LspPath::CheckReady(const WorkerJob& job) const {
@@ -103,10 +141,41 @@ absl::Status LspPath::Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor&
     ASSIGN_OR_RETURN(d, job->offload->UploadAsync(i / model::kLinearsPerLayer, d.data_ptr(),
                                                   d.nbytes(), at::kFloat, d.sizes()));
   }
-  if (decay != 1.0) w.mul_(decay);
-  lsp::ApplyStep(w, p_[i], d, q_[i]);
+  if (!comp_.empty()) {
+    lsp::ApplyStepCompensated(w, comp_[i], p_[i], d, q_[i], decay);
+  } else {
+    if (decay != 1.0) w.mul_(decay);
+    lsp::ApplyStep(w, p_[i], d, q_[i]);
+  }
   if (job->cuda) RETURN_IF_ERROR(job->offload->ReleaseStaging());
   return absl::OkStatus();
+}
+
+absl::Status LspPath::InitCompensation(WorkerJob* job, std::vector<at::Tensor> residuals) {
+  if (residuals.size() != job->linears.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("InitCompensation: ", residuals.size(),
+                                                   " residuals for ", job->linears.size(),
+                                                   " matrices"));
+  }
+  for (size_t i = 0; i < residuals.size(); ++i) {
+    const at::Tensor& w = job->model->LinearWeight(static_cast<int64_t>(i));
+    if (residuals[i].sizes() != w.sizes() || residuals[i].scalar_type() != w.scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "InitCompensation: the residual of ", job->linears[i].name, " does not match its weight"));
+    }
+    residuals[i] = residuals[i].to(w.device()).contiguous();
+  }
+  comp_ = std::move(residuals);
+  return absl::OkStatus();
+}
+
+void LspPath::RefreshFromMaster(WorkerJob* job, int64_t i, const at::Tensor& master) {
+  at::Tensor& w = job->model->LinearWeight(i);
+  if (comp_.empty()) {
+    w.copy_(master);
+    return;
+  }
+  comp_[i] = lsp::RoundWithResidual(w, master);
 }
 
 absl::Status LspPath::InstallProjectors(WorkerJob* job, int64_t i, lsp::SparseProjector p,
@@ -129,6 +198,9 @@ absl::Status LspPath::SaveState(WorkerJob* job, const std::string& dir,
     offload::AppendProjector(job->linears[i].name + ".p", p_[i], tensors);
     offload::AppendProjector(job->linears[i].name + ".q", q_[i], tensors);
   }
+  for (size_t i = 0; i < comp_.size(); ++i) {
+    tensors->emplace_back(job->linears[i].name + ".comp", comp_[i]);
+  }
   (*metadata)["fitted"] = fitted_ ? "1" : "0";
   return absl::OkStatus();
 }
@@ -137,20 +209,51 @@ absl::StatusOr<UpdatePath::Commit> LspPath::ReadState(WorkerJob* job,
                                                      const model::SafetensorsFile& file,
                                                      const std::string& what,
                                                      const std::string& dir) {
+  // The compensation residuals (lsp.apply_rounding compensated, 16-bit weights). A checkpoint
+  // written before they existed has none: the job goes on with zero residuals.
+  auto comp = std::make_shared<std::vector<at::Tensor>>();
+  for (size_t i = 0; i < comp_.size(); ++i) {
+    const std::string name = job->linears[i].name + ".comp";
+    if (file.Find(name) == nullptr) {
+      LOG(WARNING) << "worker: " << what << " has no " << name
+                   << " (written without compensation); continuing with zero residuals";
+      comp->clear();
+      break;
+    }
+    ASSIGN_OR_RETURN(at::Tensor c, offload::ReadStateTensor(file, what, name,
+                                                            comp_[i].scalar_type(),
+                                                            comp_[i].sizes()));
+    comp->push_back(std::move(c));
+  }
+  const auto commit_comp = [this, comp]() {
+    for (size_t i = 0; i < comp_.size(); ++i) {
+      if (comp->empty()) {
+        comp_[i].zero_();
+      } else {
+        comp_[i].copy_((*comp)[i]);
+      }
+    }
+  };
   const auto& meta = file.metadata();
   if (!(meta.count("fitted") && meta.at("fitted") == "1")) {
-    return Commit([] { return absl::OkStatus(); });  // Saved before the first fit.
+    return Commit([commit_comp] {  // Saved before the first fit.
+      commit_comp();
+      return absl::OkStatus();
+    });
   }
   const size_t n = job->linears.size();
   auto p = std::make_shared<std::vector<lsp::SparseProjector>>(n);
   auto q = std::make_shared<std::vector<lsp::SparseProjector>>(n);
-  const int64_t d = job->layout.d(), r = job->layout.r();
   for (size_t i = 0; i < n; ++i) {
     const offload::LinearShape& ls = job->linears[i];
-    ASSIGN_OR_RETURN((*p)[i], offload::ReadStateProjector(file, what, ls.name + ".p", ls.m, d, r));
-    ASSIGN_OR_RETURN((*q)[i], offload::ReadStateProjector(file, what, ls.name + ".q", ls.n, d, r));
+    const lsp::MatrixSubspace sub = offload::SlotSubspace(job->layout.linears(static_cast<int>(i)));
+    ASSIGN_OR_RETURN((*p)[i], offload::ReadStateProjector(file, what, ls.name + ".p", ls.m,
+                                                          sub.p.dim, sub.p.r));
+    ASSIGN_OR_RETURN((*q)[i], offload::ReadStateProjector(file, what, ls.name + ".q", ls.n,
+                                                          sub.q.dim, sub.q.r));
   }
-  return Commit([this, job, p, q]() -> absl::Status {
+  return Commit([this, job, p, q, commit_comp]() -> absl::Status {
+    commit_comp();
     for (size_t i = 0; i < p->size(); ++i) {
       lsp::SparseProjector pi = std::move((*p)[i]), qi = std::move((*q)[i]);
       if (job->cuda) {

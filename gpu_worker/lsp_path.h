@@ -1,9 +1,11 @@
 // MODE_LSP on the worker (docs/method.md): every trainable matrix computes through the LSP
-// autograd node (lsp/lsp_linear.h), whose backward hands S = P^T G Q (d, d) fp32 to a sink
+// autograd node (lsp/lsp_linear.h), whose backward hands S = P^T G Q (d_p, d_q) fp32 to a sink
 // that sums it over the step's micro-batches; S goes to the optimizer service through the
-// arena, and the step D (d, d) fp32 comes back and lands as W <- (1 - lr wd) W + P D Q^T
-// (lsp::ApplyStep). The projectors P (m, d) and Q (n, d) are fitted by the projector check
-// (calibration.h), which reaches them through LspPathOf. Internal to gpu_worker/.
+// arena, and the step D (d_p, d_q) fp32 comes back and lands as W <- (1 - lr wd) W + P D Q^T
+// (lsp::ApplyStep). Each matrix's (d_p, d_q) and identity sides come from lsp/subspace.h
+// (lsp.d or lsp.d_ratio, and lsp.narrow), resolved once when the arena is laid out. The
+// projectors P (m, d_p) and Q (n, d_q) are fitted by the projector check (calibration.h),
+// which reaches them through LspPathOf. Internal to gpu_worker/.
 #ifndef LSPO_GPU_WORKER_LSP_PATH_H_
 #define LSPO_GPU_WORKER_LSP_PATH_H_
 
@@ -33,10 +35,21 @@ class LspPath final : public OffloadPath {
   absl::StatusOr<Commit> ReadState(WorkerJob* job, const model::SafetensorsFile& file,
                                    const std::string& what, const std::string& dir) override;
 
-  // Installs P (m, d) and Q (n, d) of linear i (on the job's device): in the arena for the
+  // Installs P (m, d_p) and Q (n, d_q) of linear i (on the job's device): in the arena for the
   // optimizer, in the model's LSP node and here. Errors: arena slot and shape errors.
   absl::Status InstallProjectors(WorkerJob* job, int64_t i, lsp::SparseProjector p,
                                  lsp::SparseProjector q);
+
+  // Compensated apply (lsp.apply_rounding, lsp::ApplyStepCompensated) for 16-bit weights:
+  // installs the residuals C_i = round(W0_i - round(W0_i)) of the fp32 weights the model had
+  // before its storage dtype was lowered ((m, n), the weights' dtype; moved to the job's
+  // device), so that W + C starts at W0 exactly as the optimizer's master does. Errors:
+  // kInvalidArgument if the count or a shape/dtype differs from the model's weights.
+  absl::Status InitCompensation(WorkerJob* job, std::vector<at::Tensor> residuals);
+  // Master refresh of linear i: W_i = round(master), and C_i = the residual when compensating.
+  // master: (m, n) fp32 on any device.
+  void RefreshFromMaster(WorkerJob* job, int64_t i, const at::Tensor& master);
+  bool compensating() const { return !comp_.empty(); }
 
   // Per linear; rows == 0 until the first fit.
   const std::vector<lsp::SparseProjector>& p() const { return p_; }
@@ -57,7 +70,8 @@ class LspPath final : public OffloadPath {
 
   std::vector<lsp::SparseProjector> p_, q_;
   std::shared_ptr<lsp::LspLinears> linears_;  // The model's LinearImpl.
-  std::vector<at::Tensor> s_accum_;           // Per linear, (d, d) fp32, summed over micro-batches.
+  std::vector<at::Tensor> s_accum_;  // Per linear, (d_p, d_q) fp32, summed over micro-batches.
+  std::vector<at::Tensor> comp_;     // Per linear, (m, n) bf16/fp16 residuals; empty = none.
   bool fitted_ = false;
 };
 

@@ -495,8 +495,22 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   RETURN_IF_ERROR(LoadAssets(job.get()));
   auto& model = *job->model;
   // bf16 weights by default on the GPU (issue 6), fp32 on the CPU (docs/known-failures.md).
+  // lsp with compensated rounding into bf16 weights starts from the residuals of the fp32
+  // weights (LspPath::InitCompensation), taken before the storage dtype is lowered.
+  std::vector<at::Tensor> residuals;
   if (spec.weight_dtype() == lspo::v1::WEIGHT_DTYPE_BF16 ||
       (use_cuda && spec.weight_dtype() == lspo::v1::WEIGHT_DTYPE_UNSPECIFIED)) {
+    if ((spec.mode() == lspo::v1::MODE_LSP || spec.mode() == lspo::v1::MODE_UNSPECIFIED) &&
+        spec.lsp().apply_rounding() != lspo::v1::APPLY_ROUNDING_NEAREST) {
+      RETURN_IF_ERROR(offload::TorchCall("compensation residuals", [&]() -> absl::Status {
+        at::NoGradGuard no_grad;
+        for (int64_t i = 0; i < model.num_linears(); ++i) {
+          const at::Tensor w = model.LinearWeight(i).detach().to(at::kFloat);  // (m, n)
+          residuals.push_back((w - w.to(at::kBFloat16).to(at::kFloat)).to(at::kBFloat16));
+        }
+        return absl::OkStatus();
+      }));
+    }
     RETURN_IF_ERROR(model.SetLinearStorageDtype(at::kBFloat16));
   }
   if (!use_cuda) {
@@ -523,6 +537,12 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   }
   lspo::v1::LoadJobReply reply;
   RETURN_IF_ERROR(job->path->Setup(job.get(), &reply));
+  if (!residuals.empty()) {
+    ASSIGN_OR_RETURN(LspPath * lsp_path, LspPathOf(job.get(), "compensated apply"));
+    RETURN_IF_ERROR(offload::TorchCall("compensation residuals", [&]() -> absl::Status {
+      return lsp_path->InitCompensation(job.get(), std::move(residuals));
+    }));
+  }
   job->pending_step.assign(job->linears.size(), 0);
   job->pending_decay.assign(job->linears.size(), 1.0);
   job->offload_done.assign(model.config().num_layers, 0.0);
@@ -684,7 +704,8 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> WorkerCore::ImportLayerWeights(
     ASSIGN_OR_RETURN(at::Tensor staging, offload::ArenaF32(job->arena, job->layout.staging()));
     at::NoGradGuard no_grad;
     int64_t offset = 0;
-    double max_change = 0, max_drift = 0;
+    ASSIGN_OR_RETURN(LspPath * lsp_path, LspPathOf(job, "ImportLayerWeights"));
+    double max_change = 0, max_drift = 0, max_ulps = 0;
     for (int64_t k = 0; k < model::kLinearsPerLayer; ++k) {
       const int64_t i = layer * model::kLinearsPerLayer + k;
       at::Tensor& w = job->model->LinearWeight(i);
@@ -695,10 +716,12 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> WorkerCore::ImportLayerWeights(
                                           .abs()
                                           .max()
                                           .item<double>());
-      if (!measure_only) w.copy_(src);
+      max_ulps = std::max(max_ulps, lsp::MaxDriftUlps(w, src));
+      if (!measure_only) lsp_path->RefreshFromMaster(job, i, src);
     }
     reply.set_max_abs_change(max_change);
     reply.set_max_abs_drift(max_drift);
+    reply.set_max_drift_ulps(max_ulps);
     return absl::OkStatus();
   }));
   return reply;

@@ -295,42 +295,43 @@ absl::Status CheckFinite(const float* x, int64_t n, absl::string_view what) {
   return NonFiniteError(what, stats.first_non_finite, n, x[stats.first_non_finite]);
 }
 
-SubspaceAdam::SubspaceAdam(int64_t d)
-    : d_(d),
-      m_(static_cast<size_t>(d > 0 ? d * d : 0), 0.0f),
-      v_(static_cast<size_t>(d > 0 ? d * d : 0), 0.0f) {}
+SubspaceAdam::SubspaceAdam(int64_t rows, int64_t cols)
+    : rows_(rows),
+      cols_(cols),
+      m_(static_cast<size_t>(numel()), 0.0f),
+      v_(static_cast<size_t>(numel()), 0.0f) {}
 
 absl::Status SubspaceAdam::Step(const AdamHyper& h, const float* S, float* D) {
-  if (d_ <= 0) {
+  if (numel() == 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "SubspaceAdam: subspace dimension d = %d; expected d > 0. Construct it with the "
-        "projectors' d",
-        d_));
+        "SubspaceAdam: subspace (%d, %d); expected both sizes > 0. Construct it with the "
+        "projectors' (d_p, d_q)",
+        rows_, cols_));
   }
   if (S == nullptr || D == nullptr) {
-    return absl::InvalidArgumentError("SubspaceAdam::Step: S and D must be non-null (d, d) "
+    return absl::InvalidArgumentError("SubspaceAdam::Step: S and D must be non-null (d_p, d_q) "
                                       "fp32 buffers");
   }
   absl::Status st = ValidateAdamHyper(h);
   if (!st.ok()) return st;
-  st = CheckFinite(S, d_ * d_, "compressed gradient S = P^T G Q");
+  st = CheckFinite(S, numel(), "compressed gradient S = P^T G Q");
   if (!st.ok()) return st;
   ++step_;
-  AdamStep(h, step_, S, m_.data(), v_.data(), D, d_ * d_, /*accumulate_into_out=*/false);
+  AdamStep(h, step_, S, m_.data(), v_.data(), D, numel(), /*accumulate_into_out=*/false);
   return absl::OkStatus();
 }
 
 absl::Status SubspaceAdam::Restore(int64_t step, std::vector<float> m, std::vector<float> v) {
-  const size_t want = static_cast<size_t>(d_ > 0 ? d_ * d_ : 0);
+  const size_t want = static_cast<size_t>(numel());
   if (step < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "SubspaceAdam::Restore: step = %d; expected >= 0 (the checkpoint is corrupt)", step));
   }
   if (m.size() != want || v.size() != want) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "SubspaceAdam::Restore: moment sizes m=%d v=%d; expected d*d = %d for d = %d. The "
-        "checkpoint was written with another subspace dimension",
-        m.size(), v.size(), want, d_));
+        "SubspaceAdam::Restore: moment sizes m=%d v=%d; expected d_p*d_q = %d for (%d, %d). "
+        "The checkpoint was written with another subspace size",
+        m.size(), v.size(), want, rows_, cols_));
   }
   absl::Status st = CheckFinite(m.data(), static_cast<int64_t>(m.size()), "restored Adam m");
   if (!st.ok()) return st;

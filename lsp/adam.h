@@ -115,40 +115,48 @@ absl::Status CheckFinite(const float* x, int64_t n, absl::string_view what);
 // ComputeGradientStats: names `what`, the index, the count n, the value, and the fix.
 absl::Status NonFiniteError(absl::string_view what, int64_t index, int64_t n, double value);
 
-// Adam in the d x d subspace of one weight (docs/method.md: "The CPU runs Adam in the subspace with
-// fp32 moments M, V (d x d) and returns the step D"). Holds M, V (d*d fp32, row-major) and an
-// int64 step counter. weight_decay is ignored here (no parameter in the subspace; apply
-// decoupled decay to the full weights). Not thread-safe.
+// Adam in the (d_p, d_q) subspace of one weight (docs/method.md: "The CPU runs Adam in the
+// subspace with fp32 moments M, V (d x d) and returns the step D"; lsp/subspace.h gives each
+// matrix its own (d_p, d_q), the identity side of a one-sided projection included). Holds M, V
+// (d_p*d_q fp32, row-major) and an int64 step counter. weight_decay is ignored here (no
+// parameter in the subspace; apply decoupled decay to the full weights). Not thread-safe.
 class SubspaceAdam {
  public:
-  // d: subspace dimension (> 0; a non-positive d makes every Step return kInvalidArgument).
-  explicit SubspaceAdam(int64_t d);
+  // rows = d_p, cols = d_q (both > 0; a non-positive size makes every Step return
+  // kInvalidArgument).
+  SubspaceAdam(int64_t rows, int64_t cols);
+  // A square (d, d) subspace.
+  explicit SubspaceAdam(int64_t d) : SubspaceAdam(d, d) {}
 
-  // One step. S: (d, d) fp32 row-major compressed gradient P^T G Q. D: (d, d) fp32 row-major
-  // output, D = -lr * mhat / (sqrt(vhat) + eps). Returns kInvalidArgument (and leaves M, V,
-  // step and D untouched) if S has a non-finite element, the hyper-parameters are invalid,
-  // or d <= 0.
+  // One step. S: (d_p, d_q) fp32 row-major compressed gradient P^T G Q. D: (d_p, d_q) fp32
+  // row-major output, D = -lr * mhat / (sqrt(vhat) + eps). Returns kInvalidArgument (and
+  // leaves M, V, step and D untouched) if S has a non-finite element, the hyper-parameters
+  // are invalid, or a size <= 0.
   absl::Status Step(const AdamHyper& h, const float* S, float* D);
 
-  // Restores a checkpointed state (resume). m, v: d*d fp32; step >= 0. kInvalidArgument
+  // Restores a checkpointed state (resume). m, v: d_p*d_q fp32; step >= 0. kInvalidArgument
   // (state untouched) on wrong sizes, negative step, non-finite m or v, or negative v.
   absl::Status Restore(int64_t step, std::vector<float> m, std::vector<float> v);
 
-  int64_t d() const { return d_; }
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
   // Number of completed steps (int64, exact beyond 2^24).
   int64_t step() const { return step_; }
-  // Moments, (d, d) fp32 row-major. Mutable so that a refit can write the transferred state
-  // (docs/method.md, paper Alg. 1); callers keep them finite and v >= 0.
+  // Moments, (d_p, d_q) fp32 row-major. Mutable so that a refit can write the transferred
+  // state (docs/method.md, paper Alg. 1); callers keep them finite and v >= 0.
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
   const std::vector<float>& m() const { return m_; }
   const std::vector<float>& v() const { return v_; }
 
  private:
-  int64_t d_;
+  int64_t numel() const { return rows_ > 0 && cols_ > 0 ? rows_ * cols_ : 0; }
+
+  int64_t rows_;
+  int64_t cols_;
   int64_t step_ = 0;
-  std::vector<float> m_;  // (d, d) fp32
-  std::vector<float> v_;  // (d, d) fp32
+  std::vector<float> m_;  // (d_p, d_q) fp32
+  std::vector<float> v_;  // (d_p, d_q) fp32
 };
 
 }  // namespace lspo::lsp

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -49,10 +50,10 @@ absl::Status ValidateInputs(const at::Tensor& G, const SparseProjector* P,
                                    std::string(c10::toString(G.scalar_type())))
                     : std::string("an undefined tensor")));
   }
-  if (G.size(0) != P->rows || G.size(1) != Q->rows || P->d != Q->d) {
+  if (G.size(0) != P->rows || G.size(1) != Q->rows) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "FitProjectors: G is (%d, %d), P is (%d, %d), Q is (%d, %d); expected P (m, d) and "
-        "Q (n, d) with one d for G (m, n)",
+        "FitProjectors: G is (%d, %d), P is (%d, %d), Q is (%d, %d); expected P (m, d_p) and "
+        "Q (n, d_q) for G (m, n)",
         G.size(0), G.size(1), P->rows, P->d, Q->rows, Q->d));
   }
   if (G.device() != P->index.device() || G.device() != Q->index.device()) {
@@ -68,16 +69,16 @@ absl::Status ValidateInputs(const at::Tensor& G, const SparseProjector* P,
 namespace internal {
 
 FitTerms FitObjective(const at::Tensor& Gn, const at::Tensor& p_index, const at::Tensor& p_value,
-                      const at::Tensor& q_index, const at::Tensor& q_value, int64_t d,
-                      double beta) {
+                      const at::Tensor& q_index, const at::Tensor& q_value, int64_t d_p,
+                      int64_t d_q, double beta, bool p_fixed, bool q_fixed) {
   const at::ScalarType ct = Gn.scalar_type();
   const at::Tensor pv = p_value.to(ct);                                  // (m, r)
   const at::Tensor qv = q_value.to(ct);                                  // (n, r)
-  const at::Tensor ptg = ScatterRows(Gn, p_index, pv, d);                // (d, n) = P^T Gn
-  const at::Tensor st = ScatterRows(ptg.t().contiguous(), q_index, qv, d);  // (d, d) = S^T
-  const at::Tensor s = st.t();                                           // (d, d) = P^T Gn Q
-  const at::Tensor a = CrossGram(p_index, pv, d, p_index, pv, d);        // (d, d) = P^T P
-  const at::Tensor b = CrossGram(q_index, qv, d, q_index, qv, d);        // (d, d) = Q^T Q
+  const at::Tensor ptg = ScatterRows(Gn, p_index, pv, d_p);              // (d_p, n) = P^T Gn
+  const at::Tensor st = ScatterRows(ptg.t().contiguous(), q_index, qv, d_q);  // (d_q, d_p) = S^T
+  const at::Tensor s = st.t();                                           // (d_p, d_q) = P^T Gn Q
+  const at::Tensor a = CrossGram(p_index, pv, d_p, p_index, pv, d_p);    // (d_p, d_p) = P^T P
+  const at::Tensor b = CrossGram(q_index, qv, d_q, q_index, qv, d_q);    // (d_q, d_q) = Q^T Q
   // |P S Q^T - Gn|^2 = <A S, S B> - 2 |S|^2 + |Gn|^2, |Gn| = 1.
   const at::Tensor quad = (a.mm(s) * s.mm(b)).sum();
   const at::Tensor f2 = quad - 2.0 * s.pow(2).sum() + 1.0;
@@ -85,7 +86,11 @@ FitTerms FitObjective(const at::Tensor& Gn, const at::Tensor& p_index, const at:
   // the sqrt's gradient finite.
   const at::Tensor error = f2.clamp_min(ct == at::kFloat ? 1e-30 : 1e-60).sqrt();
   at::Tensor objective = error;
-  if (beta != 0) objective = error + beta * (pv.norm() + qv.norm());
+  if (beta != 0) {
+    // Only the learned values are regularised: an identity side is not a parameter.
+    if (!p_fixed) objective = objective + beta * pv.norm();
+    if (!q_fixed) objective = objective + beta * qv.norm();
+  }
   return FitTerms{objective, error};
 }
 
@@ -122,40 +127,52 @@ absl::StatusOr<FitResult> FitProjectors(const at::Tensor& G, SparseProjector* P,
     }
     FitResult result;
     result.initial_error = RelativeBias(g, *P, *Q);
+    // Identity sides (lsp/subspace.h) are exact and never fitted: only the other side's values
+    // are parameters. With both sides the identity the bias is 0 and there is nothing to fit.
+    const int learned_sides = (P->identity ? 0 : 1) + (Q->identity ? 0 : 1);
+    if (learned_sides == 0) {
+      result.final_error = result.initial_error;
+      return result;
+    }
 
     const at::ScalarType ct = options.float64 ? at::kDouble : at::kFloat;
     const at::Tensor gn = (g.to(at::kDouble) / g_norm).to(ct).contiguous();  // (m, n), |gn| = 1
     if (options.rescale && result.initial_error > options.alpha) {
-      // Closed-form start: scaling every value of P and Q by lambda scales the reconstruction
-      // P P^T G Q Q^T by lambda^4, so |lambda^4 R - Gn|^2 = lambda^8 |R|^2 - 2 lambda^4 <R, Gn>
-      // + 1 with |R|^2 = <A S, S B> and <R, Gn> = |S|^2 (S = P^T Gn Q, A = P^T P,
-      // B = Q^T Q) is minimised at lambda^4 = |S|^2 / |R|^2, giving error^2 = 1 - |S|^4/|R|^2
-      // <= 1. Random N(0, 1/r) values start far above 1 (~6.7 on SmolLM2), so this one step
-      // removes the scale mismatch that Adam would otherwise spend its iterations on.
+      // Closed-form start: scaling every learned value by lambda scales the reconstruction
+      // P P^T G Q Q^T by lambda^(2k), k = number of learned sides (2, or 1 for a one-sided
+      // subspace), so |lambda^(2k) R - Gn|^2 = lambda^(4k) |R|^2 - 2 lambda^(2k) <R, Gn> + 1
+      // with |R|^2 = <A S, S B> and <R, Gn> = |S|^2 (S = P^T Gn Q, A = P^T P, B = Q^T Q) is
+      // minimised at lambda^(2k) = |S|^2 / |R|^2, giving error^2 = 1 - |S|^4/|R|^2 <= 1.
+      // Random N(0, 1/r) values start far above 1 (~6.7 on SmolLM2), so this one step removes
+      // the scale mismatch that Adam would otherwise spend its iterations on.
       torch::NoGradGuard no_grad;
       const at::Tensor pv0 = P->value.to(ct), qv0 = Q->value.to(ct);
-      const at::Tensor ptg = internal::ScatterRows(gn, P->index, pv0, P->d);  // (d, n)
+      const at::Tensor ptg = internal::ScatterRows(gn, P->index, pv0, P->d);  // (d_p, n)
       const at::Tensor st = internal::ScatterRows(ptg.t().contiguous(), Q->index, qv0, Q->d);
-      const at::Tensor sm = st.t();                                             // (d, d)
+      const at::Tensor sm = st.t();                                             // (d_p, d_q)
       const at::Tensor a = internal::CrossGram(P->index, pv0, P->d, P->index, pv0, P->d);
       const at::Tensor b = internal::CrossGram(Q->index, qv0, Q->d, Q->index, qv0, Q->d);
       const double quad = (a.mm(sm) * sm.mm(b)).sum().item<double>();
       const double s2 = sm.pow(2).sum().item<double>();
       if (quad > 0 && s2 > 0 && std::isfinite(quad) && std::isfinite(s2)) {
-        const double lambda = std::pow(s2 / quad, 0.25);
-        P->value = (P->value * lambda).to(at::kFloat);
-        Q->value = (Q->value * lambda).to(at::kFloat);
+        const double lambda = std::pow(s2 / quad, 1.0 / (2.0 * learned_sides));
+        if (!P->identity) P->value = (P->value * lambda).to(at::kFloat);
+        if (!Q->identity) Q->value = (Q->value * lambda).to(at::kFloat);
       }
     }
-    at::Tensor pv = P->value.detach().to(at::kFloat).clone().set_requires_grad(true);  // (m, r)
-    at::Tensor qv = Q->value.detach().to(at::kFloat).clone().set_requires_grad(true);  // (n, r)
-    torch::optim::Adam adam({pv, qv}, torch::optim::AdamOptions(options.lr));
+    at::Tensor pv = P->value.detach().to(at::kFloat).clone();  // (m, r_p)
+    at::Tensor qv = Q->value.detach().to(at::kFloat).clone();  // (n, r_q)
+    std::vector<at::Tensor> params;
+    if (!P->identity) params.push_back(pv.set_requires_grad(true));
+    if (!Q->identity) params.push_back(qv.set_requires_grad(true));
+    torch::optim::Adam adam(params, torch::optim::AdamOptions(options.lr));
     at::Tensor best_p = P->value.detach().to(at::kFloat).clone();
     at::Tensor best_q = Q->value.detach().to(at::kFloat).clone();
     double best_objective = std::numeric_limits<double>::infinity();
     for (int it = 0;; ++it) {
-      internal::FitTerms terms =
-          internal::FitObjective(gn, P->index, pv, Q->index, qv, P->d, options.beta);
+      internal::FitTerms terms = internal::FitObjective(gn, P->index, pv, Q->index, qv, P->d,
+                                                        Q->d, options.beta, P->identity,
+                                                        Q->identity);
       const double objective = terms.objective.item<double>();
       const double error = terms.error.item<double>();
       if (!std::isfinite(objective)) break;  // diverged: keep the best seen

@@ -4,9 +4,11 @@
 //
 // Dimension legend (shared by all lsp/ headers):
 //   N  tokens in a batch             m  out features of a weight (rows of W)
-//   n  in features of a weight       d  subspace dimension (S, M, V are (d, d))
+//   n  in features of a weight       d_p, d_q  subspace sizes (S, M, V are (d_p, d_q);
+//                                    d_p = d_q = d unless lsp/subspace.h says otherwise)
 //   r  non-zeros per projector row
-// HF layout: W is (m, n) (y = x W^T); G (m, n); P (m, d); Q (n, d).
+// HF layout: W is (m, n) (y = x W^T); G (m, n); P (m, d_p); Q (n, d_q). A side may be the
+// identity (SparseProjector::identity, a one-sided subspace): it is exact and never fitted.
 //
 // Cost of the fit. The objective needs |P S Q^T - G|_F with S = P^T G Q, but an (m, n) product
 // is never formed in the loop; it uses
@@ -56,8 +58,10 @@ struct FitResult {
 // to minimise  |P P^T G Q Q^T - G|_F / |G|_F + beta (|P|_F + |Q|_F)  (docs/method.md). Keeps the
 // values with the lowest objective seen (or the first whose error <= alpha, where the loop
 // stops); stops early on a non-finite objective. On success P->value and Q->value hold the
-// kept values (fp32, same device, requires_grad false).
-//   G: (m, n) floating, same device as the projectors; P: (m, d); Q: (n, d), same d.
+// kept values (fp32, same device, requires_grad false). Only the non-identity sides are
+// fitted (and regularised); with both sides the identity nothing is fitted (error 0,
+// 0 iterations). The closed-form rescale at the start scales the learned sides only.
+//   G: (m, n) floating, same device as the projectors; P: (m, d_p); Q: (n, d_q).
 // Errors (projectors untouched):
 //   kInvalidArgument    null/invalid projectors, G not 2-D floating, shape or device mismatch,
 //                       bad options (max_iters < 0, lr <= 0, beta < 0, alpha < 0, non-finite),
@@ -72,7 +76,10 @@ absl::StatusOr<FitResult> FitProjectors(const at::Tensor& G, SparseProjector* P,
 //   M <- (P'^T P) M (Q^T Q'),    V <- (P'^T P)^2 V (Q^T Q')^2   (squares element-wise),
 // with P, Q the old and P', Q' the new projectors. The step counter is not touched (callers
 // keep it). P'^T P (d', d) and Q^T Q' (d, d') are formed sparsely in O(m r r' + n r r').
-//   M, V: (d, d) floating (fp32 in the optimizer), replaced by (d', d') in the same dtype and
+// An identity side contributes the identity (P'^T P = I when both are the identity of the same
+// rows), so a one-sided or full subspace keeps its moments on that side as they are.
+//   M, V: (d_p, d_q) floating (fp32 in the optimizer), replaced by (d_p', d_q') in the same
+//   dtype and
 //   device; computed in fp32 (fp64 for fp64 M). V stays >= 0 when it was.
 // Preconditions (programmer invariants, CHECKed): P_old.rows == P_new.rows, Q_old.rows ==
 // Q_new.rows, M and V are (P_old.d, Q_old.d), all on one device.
@@ -86,11 +93,12 @@ struct FitTerms {
   at::Tensor error;      // 0-dim: |P P^T Gn Q Q^T - Gn|_F from the trace identity
 };
 // The fit objective on a unit-norm gradient. Gn: (m, n) = G / |G|_F in the compute dtype
-// (fp32 or fp64); p_index (m, r), p_value (m, r); q_index (n, r), q_value (n, r); values are
-// cast to Gn's dtype differentiably. Exposed for tests.
+// (fp32 or fp64); p_index (m, r_p), p_value (m, r_p) of P (m, d_p); q_index (n, r_q),
+// q_value (n, r_q) of Q (n, d_q); values are cast to Gn's dtype differentiably. A side marked
+// fixed (an identity side) is left out of the beta term. Exposed for tests.
 FitTerms FitObjective(const at::Tensor& Gn, const at::Tensor& p_index, const at::Tensor& p_value,
-                      const at::Tensor& q_index, const at::Tensor& q_value, int64_t d,
-                      double beta);
+                      const at::Tensor& q_index, const at::Tensor& q_value, int64_t d_p,
+                      int64_t d_q, double beta, bool p_fixed = false, bool q_fixed = false);
 }  // namespace internal
 
 }  // namespace lspo::lsp

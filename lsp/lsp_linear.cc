@@ -12,7 +12,7 @@ using torch::autograd::variable_list;
 
 // Backward node of an LSP linear y = x W^T over N tokens (docs/method.md "Math").
 // Input: dY (N, m). Output: dX = dY W (N, n), only when x needs a gradient.
-// Side effect: S = (dY P)^T XQ = P^T G Q (d, d) fp32 handed to the sink. No weight gradient.
+// Side effect: S = (dY P)^T XQ = P^T G Q (d_p, d_q) fp32 handed to the sink. No weight gradient.
 struct LspLinearBackward : public torch::autograd::Node {
   variable_list apply(variable_list&& grads) override {
     const at::Tensor& dy = grads[0];  // (N, m)
@@ -21,7 +21,7 @@ struct LspLinearBackward : public torch::autograd::Node {
       at::Tensor w = weight.unpack();  // (m, n); throws if W was modified after the forward
       if (task_should_compute_output(0)) dx = at::mm(dy, w);
       if (sink != nullptr && sink->sink) {
-        at::Tensor s = CompressFactored(dy, xq, p);  // (d, d) fp32
+        at::Tensor s = CompressFactored(dy, xq, p);  // (d_p, d_q) fp32
         sink->sink(linear_index, s);
       }
     }
@@ -34,8 +34,8 @@ struct LspLinearBackward : public torch::autograd::Node {
   std::string name() const override { return "LspLinearBackward"; }
 
   torch::autograd::SavedVariable weight;  // W (m, n) fp32
-  at::Tensor xq;                           // X Q (N, d) fp32
-  SparseProjector p;                       // P (m, d)
+  at::Tensor xq;                           // X Q (N, d_q) fp32
+  SparseProjector p;                       // P (m, d_p)
   int64_t linear_index = 0;
   std::shared_ptr<LspLinears::SinkHolder> sink;
 };
@@ -82,11 +82,11 @@ absl::Status LspLinears::SetProjectors(int64_t i, SparseProjector P, SparseProje
                                                    " is not in [0, ", count, ")"));
   }
   Slot& s = slots_[static_cast<size_t>(i)];
-  if (P.rows != s.m || Q.rows != s.n || P.d != Q.d || P.d <= 0) {
+  if (P.rows != s.m || Q.rows != s.n || P.d <= 0 || Q.d <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "SetProjectors(", s.name, "): W is (", s.m, ", ", s.n, ") so P must be (", s.m,
-        ", d) and Q (", s.n, ", d) with one d > 0; got P (", P.rows, ", ", P.d, "), Q (",
-        Q.rows, ", ", Q.d, ")"));
+        ", d_p) and Q (", s.n, ", d_q) with d_p, d_q > 0; got P (", P.rows, ", ", P.d,
+        "), Q (", Q.rows, ", ", Q.d, ")"));
   }
   s.pq = std::make_pair(std::move(P), std::move(Q));
   return absl::OkStatus();

@@ -2,11 +2,12 @@
 // linears through the compressed gradient S = P^T G Q instead of G.
 //
 // Legend: N tokens, m out-features and n in-features of W (m, n) (HF layout: y = x W^T),
-// d subspace dimension of the projectors P (m, d), Q (n, d), r non-zeros per projector row.
+// d_p, d_q subspace sizes of the projectors P (m, d_p), Q (n, d_q) (d_p = d_q = d unless
+// lsp/subspace.h gives the matrix a one-sided or per-matrix subspace), r non-zeros per row.
 //
 // For y = x W^T with upstream gradient dY (N, m) the weight gradient is G = dY^T X (m, n).
-// The forward saves XQ = X Q (N, d); the backward computes dX = dY W and
-// S = (dY P)^T XQ = P^T G Q (d, d) fp32 (lsp::CompressFactored), hands S to the sink and
+// The forward saves XQ = X Q (N, d_q); the backward computes dX = dY W and
+// S = (dY P)^T XQ = P^T G Q (d_p, d_q) fp32 (lsp::CompressFactored), hands S to the sink and
 // returns NO weight gradient: G is never materialised. The backward node runs even when
 // nothing upstream is trainable (e.g. layer 0 with a frozen embedding), so loss.backward()
 // works with every parameter frozen. W must not be modified in place between a forward and its
@@ -36,10 +37,10 @@
 
 namespace lspo::lsp {
 
-// Receives S (d, d) fp32 of linear `linear_index` during backward. S is a fresh tensor the sink
+// Receives S (d_p, d_q) fp32 of linear `linear_index` during backward. S is a fresh tensor the sink
 // may keep. The sink must not throw.
 using CompressedGradSink =
-    std::function<void(int64_t linear_index, const at::Tensor& S /* (d, d) fp32 */)>;
+    std::function<void(int64_t linear_index, const at::Tensor& S /* (d_p, d_q) fp32 */)>;
 
 class LspLinears : public model::LinearImpl {
  public:
@@ -48,10 +49,9 @@ class LspLinears : public model::LinearImpl {
   // model::LinearMode::kCustom.
   explicit LspLinears(const model::LlamaModel& model);
 
-  // Installs the projectors of linear i: P (m, d), Q (n, d), both (d, r)-sparse with the same
-  // d. They are used by the next forward (a forward already recorded keeps the projectors it
-  // saw). Errors: kInvalidArgument for i out of range, P.rows != m, Q.rows != n, or
-  // P.d != Q.d.
+  // Installs the projectors of linear i: P (m, d_p), Q (n, d_q), sparse or the identity. They
+  // are used by the next forward (a forward already recorded keeps the projectors it saw).
+  // Errors: kInvalidArgument for i out of range, P.rows != m, Q.rows != n, or d_p, d_q < 1.
   absl::Status SetProjectors(int64_t i, SparseProjector P, SparseProjector Q);
   bool HasProjectors(int64_t i) const;
 

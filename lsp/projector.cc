@@ -444,6 +444,27 @@ absl::StatusOr<SparseProjector> SparseProjector::Random(int64_t rows, int64_t d,
   return p;
 }
 
+absl::StatusOr<SparseProjector> SparseProjector::Identity(int64_t rows) {
+  if (rows <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("SparseProjector::Identity: rows=%d; expected > 0", rows));
+  }
+  SparseProjector p;
+  p.index = at::arange(rows, at::kLong).unsqueeze(1).contiguous();  // (rows, 1) int64
+  p.value = at::ones({rows, 1}, at::kFloat);                        // (rows, 1) fp32
+  p.rows = rows;
+  p.d = rows;
+  p.r = 1;
+  p.identity = true;
+  return p;
+}
+
+absl::StatusOr<SparseProjector> SparseProjector::ForSide(int64_t rows, int64_t d, int64_t r,
+                                                         bool identity, uint64_t seed) {
+  if (identity) return Identity(rows);
+  return Random(rows, d, r, seed);
+}
+
 absl::StatusOr<SparseProjector> SparseProjector::FromTensors(const at::Tensor& index,
                                                              const at::Tensor& value,
                                                              int64_t d) {
@@ -472,6 +493,16 @@ absl::StatusOr<SparseProjector> SparseProjector::FromTensors(const at::Tensor& i
   p.d = d;
   absl::Status st = p.Validate();
   if (!st.ok()) return st;
+  if (p.r == 1 && p.d == p.rows) {
+    try {
+      torch::NoGradGuard no_grad;
+      const at::Tensor ar = at::arange(p.rows, p.index.options());  // (rows) int64
+      p.identity = at::equal(p.index.reshape({-1}), ar) &&
+                   at::equal(p.value.reshape({-1}), at::ones({p.rows}, p.value.options()));
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("SparseProjector::FromTensors: ", e.what()));
+    }
+  }
   return p;
 }
 
@@ -544,30 +575,6 @@ SparseProjector SparseProjector::To(const at::Device& device) const {
   return p;
 }
 
-absl::Status CheckProjectorShapes(int64_t m, int64_t n, int64_t d, int64_t r) {
-  if (m <= 0 || n <= 0 || d <= 0 || r <= 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "projector shapes: m=%d n=%d d=%d r=%d; expected all > 0 (W must be a non-empty 2-D "
-        "matrix)",
-        m, n, d, r));
-  }
-  const int64_t min_mn = std::min(m, n);
-  if (d >= min_mn) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "projector shapes: subspace d=%d is not smaller than the weight (%d x %d); a d x d "
-        "subspace step would not compress it. Fix: choose d < min(m, n) = %d (or train this "
-        "weight without LSP)",
-        d, m, n, min_mn));
-  }
-  if (r > d) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "projector shapes: r=%d non-zeros per row exceed d=%d for the (%d x %d) weight. Fix: "
-        "choose r <= d",
-        r, d, m, n));
-  }
-  return absl::OkStatus();
-}
-
 // ---------------------------------------------------------------------------------------------
 // Building blocks
 
@@ -620,14 +627,14 @@ at::Tensor CompressFactored(const at::Tensor& dY, const at::Tensor& XQ,
   CheckOperand(XQ, "CompressFactored", "XQ");
   CheckProjector(P, "CompressFactored", "P", dY);
   CHECK(XQ.device() == dY.device()) << "CompressFactored: dY and XQ on different devices";
-  CHECK(dY.size(1) == P.rows && XQ.size(0) == dY.size(0) && XQ.size(1) == P.d)
+  CHECK(dY.size(1) == P.rows && XQ.size(0) == dY.size(0))
       << "CompressFactored: dY " << dY.sizes() << ", XQ " << XQ.sizes() << ", P (" << P.rows
       << ", " << P.d << ")";
   const at::ScalarType ct = (dY.scalar_type() == at::kDouble && XQ.scalar_type() == at::kDouble)
                                 ? at::kDouble
                                 : at::kFloat;
-  const at::Tensor dyp = RowsTimesP(dY, P, ct);  // (N, d) = dY P
-  return dyp.t().mm(XQ.to(ct));                  // (d, d) = (dY P)^T (X Q)
+  const at::Tensor dyp = RowsTimesP(dY, P, ct);  // (N, d_p) = dY P
+  return dyp.t().mm(XQ.to(ct));                  // (d_p, d_q) = (dY P)^T (X Q)
 }
 
 at::Tensor CompressDense(const at::Tensor& G, const SparseProjector& P, const SparseProjector& Q) {
@@ -709,6 +716,53 @@ void ApplyStep(at::Tensor& W, const SparseProjector& P, const at::Tensor& D,
   } else {
     W.copy_(W.to(ct).add_(delta));  // one rounding into bf16/fp16
   }
+}
+
+void ApplyStepCompensated(at::Tensor& W, at::Tensor& C, const SparseProjector& P,
+                          const at::Tensor& D, const SparseProjector& Q, double decay) {
+  CheckOperand(W, "ApplyStepCompensated", "W");
+  CHECK(W.scalar_type() == at::kBFloat16 || W.scalar_type() == at::kHalf)
+      << "ApplyStepCompensated: W is " << W.scalar_type() << "; expected bf16 or fp16";
+  CHECK(C.defined() && C.sizes() == W.sizes() && C.scalar_type() == W.scalar_type() &&
+        C.device() == W.device())
+      << "ApplyStepCompensated: C must match W " << W.sizes() << " " << W.scalar_type();
+  CHECK(W.size(0) == P.rows && W.size(1) == Q.rows)
+      << "ApplyStepCompensated: W " << W.sizes() << " vs P rows " << P.rows << ", Q rows "
+      << Q.rows;
+  torch::NoGradGuard no_grad;
+  at::Tensor t = ExpandStep(P, D.to(at::kFloat), Q);          // (m, n) fp32 = P D Q^T
+  at::Tensor kept = W.to(at::kFloat).add_(C.to(at::kFloat));  // (m, n) fp32 = W + C
+  if (decay != 1.0) kept.mul_(decay);
+  t.add_(kept);                                               // decay (W + C) + P D Q^T
+  W.copy_(t);                                                 // one rounding into W's dtype
+  C.copy_(t.sub_(W.to(at::kFloat)));                          // what that rounding dropped
+}
+
+at::Tensor RoundWithResidual(at::Tensor& W, const at::Tensor& master) {
+  CHECK(W.sizes() == master.sizes()) << "RoundWithResidual: W " << W.sizes() << " vs master "
+                                     << master.sizes();
+  torch::NoGradGuard no_grad;
+  const at::Tensor m = master.to(W.device(), at::kFloat);
+  W.copy_(m);
+  return (m - W.to(at::kFloat)).to(W.scalar_type());
+}
+
+double MaxDriftUlps(const at::Tensor& W, const at::Tensor& M) {
+  CHECK(W.sizes() == M.sizes()) << "MaxDriftUlps: W " << W.sizes() << " vs M " << M.sizes();
+  torch::NoGradGuard no_grad;
+  const at::ScalarType dt = W.scalar_type();
+  // Significant bits and smallest normal exponent of W's dtype.
+  const int bits = dt == at::kBFloat16 ? 8 : dt == at::kHalf ? 11 : 24;
+  const int min_exp = dt == at::kHalf ? -14 : -126;
+  const at::Tensor r = M.to(W.device()).to(dt).to(at::kDouble);  // round(M)
+  const at::Tensor diff = (W.to(at::kDouble) - r).abs();
+  // The scale of an element: its own magnitude, but at least the matrix's RMS (see the header)
+  // and the smallest normal number. |s| = f 2^e with f in [0.5, 1): ulp = 2^(e - bits).
+  const double rms = r.pow(2).mean().sqrt().item<double>();
+  const at::Tensor scale = r.abs().clamp_min(std::max(rms, std::ldexp(1.0, min_exp)));
+  const at::Tensor e = std::get<1>(at::frexp(scale));
+  const at::Tensor ulp = at::pow(2.0, (e - bits).to(at::kDouble));
+  return (diff / ulp).max().item<double>();
 }
 
 double RelativeBias(const at::Tensor& G, const SparseProjector& P, const SparseProjector& Q) {

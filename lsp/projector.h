@@ -4,7 +4,8 @@
 //
 // Dimension legend (shared by all lsp/ headers):
 //   N  tokens in a batch             m  out features of a weight (rows of W)
-//   n  in features of a weight       d  subspace dimension (S, D are (d, d))
+//   n  in features of a weight       d  subspace dimension (S, D are (d, d); in general
+//                                       (d_p, d_q) with P (m, d_p), Q (n, d_q): lsp/subspace.h)
 //   r  non-zeros per projector row
 // HF layout: W is (m, n) and a linear layer computes y = x W^T, so the weight gradient is
 // G = dY^T X (m, n) for X (N, n), dY (N, m). P is (m, d), Q is (n, d); the compressed gradient
@@ -42,6 +43,18 @@ struct SparseProjector {
   int64_t rows = 0;  // m for P, n for Q
   int64_t d = 0;     // subspace dimension (columns of the dense projector)
   int64_t r = 0;     // non-zeros per row
+  // The identity (rows == d, r == 1, index[i] = i, value 1): an exact, never-fitted side of a
+  // one-sided or full subspace (lsp/subspace.h). FitProjectors leaves its values alone.
+  bool identity = false;
+
+  // The identity projector (rows, rows) on the CPU: index (rows, 1) = 0..rows-1, value 1.
+  // kInvalidArgument if rows <= 0.
+  static absl::StatusOr<SparseProjector> Identity(int64_t rows);
+
+  // The projector a side of a matrix's subspace calls for (lsp/subspace.h): Identity(rows)
+  // when `identity`, else Random(rows, d, r, seed). Errors as those two.
+  static absl::StatusOr<SparseProjector> ForSide(int64_t rows, int64_t d, int64_t r,
+                                                 bool identity, uint64_t seed);
 
   // A fresh projector on the CPU: per row, r distinct columns drawn uniformly without
   // replacement (Floyd's algorithm, sorted ascending), values ~ N(0, 1/r) (std 1/sqrt(r)), so
@@ -54,7 +67,9 @@ struct SparseProjector {
 
   // Wraps existing tensors (e.g. read from a checkpoint; docs/known-failures.md #11) after
   // Validate(). index (rows, r) integer, value (rows, r) floating (converted to int64 / fp32 on
-  // the same device). kInvalidArgument on any violation of the invariants.
+  // the same device). `identity` is set when the tensors are exactly the identity projector
+  // (d == rows, r == 1, index i at row i, value 1). kInvalidArgument on any violation of the
+  // invariants.
   static absl::StatusOr<SparseProjector> FromTensors(const at::Tensor& index,
                                                      const at::Tensor& value, int64_t d);
 
@@ -69,12 +84,6 @@ struct SparseProjector {
   // A copy with index and value on `device` (same sizes).
   SparseProjector To(const at::Device& device) const;
 };
-
-// Validates the shapes of one weight's projector pair before anything is allocated
-// (docs/method.md "Unguarded edge cases"; docs/known-failures.md #10). W is (m, n), P (m, d), Q (n, d).
-// kInvalidArgument if m, n, d or r <= 0, d >= min(m, n) (the subspace would not compress:
-// message says "choose d < min(m, n) = <value>"), or r > d ("choose r <= d").
-absl::Status CheckProjectorShapes(int64_t m, int64_t n, int64_t d, int64_t r);
 
 // The seed of a projector pair's draw (SparseProjector::Random: P takes the seed, Q seed + 1):
 // distinct per job seed `base`, trained matrix `linear` (its index) and draw `draw` (the
@@ -93,9 +102,9 @@ at::Tensor ProjectRows(const at::Tensor& X, const SparseProjector& P);
 
 // The compressed weight gradient of a linear layer without materialising G (docs/method.md):
 //   S = P^T G Q with G = dY^T X, computed as S = (dY P)^T (X Q).
-// dY: (N, m) any floating dtype (cast to fp32 before the projection); XQ: (N, d) = X Q from
-// ProjectRows (any floating dtype); P: (m, d). Returns (d, d) fp32 (fp64 if dY and XQ are both
-// fp64). Cost O(N m r + N d^2).
+// dY: (N, m) any floating dtype (cast to fp32 before the projection); XQ: (N, d_q) = X Q from
+// ProjectRows (any floating dtype); P: (m, d_p). Returns (d_p, d_q) fp32 (fp64 if dY and XQ
+// are both fp64). Cost O(N m r + N d_p d_q).
 at::Tensor CompressFactored(const at::Tensor& dY, const at::Tensor& XQ, const SparseProjector& P);
 
 // The same S = P^T G Q (d, d) from a dense gradient G (m, n), e.g. calibration gradients. Two
@@ -113,6 +122,32 @@ at::Tensor ExpandStep(const SparseProjector& P, const at::Tensor& D, const Spars
 // rounded to W's dtype once (no double rounding of the step into bf16).
 void ApplyStep(at::Tensor& W, const SparseProjector& P, const at::Tensor& D,
                const SparseProjector& Q);
+
+// W <- round(decay (W + C) + P D Q^T), C <- the rounding residual, for 16-bit W (bf16/fp16):
+// compensated (Kahan) summation of the steps into low-precision weights, so that updates
+// smaller than half a ulp of W are carried in C instead of being lost. W + C tracks the fp32
+// master W0 + sum P D Q^T (decayed alike) to fp32 rounding; |W - W_master| stays within half
+// a ulp of W plus the rounding of C into its dtype (2^-9 of C's size per step). Formed in
+// fp32: t = decay (W + C) + P D Q^T (m, n); W = round(t); C = round(t - W).
+// W, C: (m, n) bf16 or fp16, one dtype and device, contiguous. P (m, d_p), D (d_p, d_q),
+// Q (n, d_q) as ApplyStep. Mismatched operands are programmer errors (CHECKed).
+void ApplyStepCompensated(at::Tensor& W, at::Tensor& C, const SparseProjector& P,
+                          const at::Tensor& D, const SparseProjector& Q, double decay);
+
+// The compensation C of ApplyStepCompensated for 16-bit weights W taken from fp32 values
+// `master` (m, n): W = round(master) (written into W) and C = round(master - W), so that
+// W + C == master to about 2^-17 relative. W: (m, n) bf16/fp16; returns C like W.
+at::Tensor RoundWithResidual(at::Tensor& W, const at::Tensor& master);
+
+// Per element, |W - round(M)| in units of the ulp of round(M) in W's dtype (bf16: 8
+// significant bits, fp16: 11), the largest over the matrix: how many representable steps the
+// worker's weights W (m, n) sit from the rounding of the fp32 master M (m, n). 0 when W is
+// exactly round(M); 1 means one neighbour away. An element smaller than the matrix's RMS
+// counts with the ulp of the RMS: its error reaches y = x W^T in absolute terms, and below the
+// typical weight's ulp it is within the rounding every 16-bit matrix has (a per-element ulp
+// would call a 1e-9 error on a weight crossing zero thousands of ulps). W: bf16/fp16/fp32
+// (fp32: ulp of fp32); M: floating, same shape.
+double MaxDriftUlps(const at::Tensor& W, const at::Tensor& M);
 
 // Relative estimation bias of the pair on G (docs/method.md): |P P^T G Q Q^T - G|_F / |G|_F.
 // G: (m, n) floating. Computed in fp64 over row blocks of G (memory O(d n + block n)), with S =

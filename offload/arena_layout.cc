@@ -69,13 +69,29 @@ absl::Status CheckPerLayer(const std::vector<LinearShape>& linears, int32_t per_
 
 }  // namespace
 
-absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(const std::vector<LinearShape>& linears,
-                                                       int32_t linears_per_layer, int32_t d,
-                                                       int32_t r, const std::string& name) {
+absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(
+    const std::vector<LinearShape>& linears, int32_t linears_per_layer,
+    const std::vector<lsp::MatrixSubspace>& subspaces, int32_t d, int32_t r,
+    const std::string& name) {
   RETURN_IF_ERROR(CheckPerLayer(linears, linears_per_layer));
-  if (d < 1 || r < 1 || r > d) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("arena layout: need 1 <= r <= d, got d = ", d, ", r = ", r));
+  if (subspaces.size() != linears.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("arena layout: ", subspaces.size(),
+                                                   " subspaces for ", linears.size(),
+                                                   " matrices"));
+  }
+  for (size_t i = 0; i < linears.size(); ++i) {
+    const LinearShape& l = linears[i];
+    const lsp::MatrixSubspace& s = subspaces[i];
+    const auto side_ok = [](const lsp::SideSubspace& side, int64_t rows) {
+      return side.rows == rows && side.dim >= 1 && side.r >= 1 && side.r <= side.dim &&
+             (!side.identity || (side.dim == rows && side.r == 1));
+    };
+    if (!side_ok(s.p, l.m) || !side_ok(s.q, l.n)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "arena layout: the subspace of ", l.name, " (", l.m, " x ", l.n, ") is P (", s.p.rows,
+          ", ", s.p.dim, ") r ", s.p.r, ", Q (", s.q.rows, ", ", s.q.dim, ") r ", s.q.r,
+          "; expected P (m, d_p), Q (n, d_q) with 1 <= r <= d"));
+    }
   }
   lspo::v1::ArenaLayout layout;
   layout.set_name(name);
@@ -83,14 +99,18 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(const std::vector<LinearS
   layout.set_d(d);
   layout.set_r(r);
   uint64_t cursor = 0;
-  for (const LinearShape& l : linears) {
+  for (size_t i = 0; i < linears.size(); ++i) {
+    const LinearShape& l = linears[i];
+    const lsp::MatrixSubspace& s = subspaces[i];
     auto* slot = AddSlot(l, &layout);
-    *slot->mutable_grad() = MakeRef(&cursor, lspo::v1::F32, {d, d});
-    *slot->mutable_step() = MakeRef(&cursor, lspo::v1::F32, {d, d});
-    *slot->mutable_p_index() = MakeRef(&cursor, lspo::v1::I32, {l.m, r});
-    *slot->mutable_p_value() = MakeRef(&cursor, lspo::v1::F32, {l.m, r});
-    *slot->mutable_q_index() = MakeRef(&cursor, lspo::v1::I32, {l.n, r});
-    *slot->mutable_q_value() = MakeRef(&cursor, lspo::v1::F32, {l.n, r});
+    slot->set_d_p(static_cast<int32_t>(s.p.dim));
+    slot->set_d_q(static_cast<int32_t>(s.q.dim));
+    *slot->mutable_grad() = MakeRef(&cursor, lspo::v1::F32, {s.p.dim, s.q.dim});
+    *slot->mutable_step() = MakeRef(&cursor, lspo::v1::F32, {s.p.dim, s.q.dim});
+    *slot->mutable_p_index() = MakeRef(&cursor, lspo::v1::I32, {l.m, s.p.r});
+    *slot->mutable_p_value() = MakeRef(&cursor, lspo::v1::F32, {l.m, s.p.r});
+    *slot->mutable_q_index() = MakeRef(&cursor, lspo::v1::I32, {l.n, s.q.r});
+    *slot->mutable_q_value() = MakeRef(&cursor, lspo::v1::F32, {l.n, s.q.r});
   }
   AddFlags(linears, &layout, &cursor);
   AddStaging(linears, static_cast<size_t>(linears_per_layer), &layout, &cursor);
@@ -126,6 +146,20 @@ absl::StatusOr<int32_t> NumLayers(const lspo::v1::ArenaLayout& layout) {
         "versions?)"));
   }
   return layout.linears_size() / k;
+}
+
+lsp::MatrixSubspace SlotSubspace(const lspo::v1::LinearSlot& slot) {
+  const auto side = [](int64_t rows, int64_t dim, const lspo::v1::TensorRef& index) {
+    lsp::SideSubspace s;
+    if (dim < 1 || index.shape_size() != 2) return s;
+    s.rows = rows;
+    s.dim = dim;
+    s.r = index.shape(1);
+    s.identity = dim == rows;
+    return s;
+  };
+  return lsp::MatrixSubspace{side(slot.m(), slot.d_p(), slot.p_index()),
+                             side(slot.n(), slot.d_q(), slot.q_index())};
 }
 
 int64_t Numel(const lspo::v1::TensorRef& ref) {

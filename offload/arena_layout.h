@@ -3,11 +3,12 @@
 // optimizer (which attaches to it); both depend on this library, which depends on neither.
 // Torch-free (protobuf messages only).
 //
-// Layout per trained matrix i (m x n), each region 64-byte aligned:
-//   grad    S  (d, d) f32   worker -> optimizer (compressed gradient P^T G Q)
-//   step    D  (d, d) f32   optimizer -> worker (W += P D Q^T)
-//   p_index    (m, r) i32,  p_value (m, r) f32   projector P
-//   q_index    (n, r) i32,  q_value (n, r) f32   projector Q
+// Layout per trained matrix i (m x n) with subspace (d_p, d_q) (lsp/subspace.h; d_p = d_q = d
+// unless a side is narrow), each region 64-byte aligned:
+//   grad    S  (d_p, d_q) f32   worker -> optimizer (compressed gradient P^T G Q)
+//   step    D  (d_p, d_q) f32   optimizer -> worker (W += P D Q^T)
+//   p_index    (m, r_p) i32,  p_value (m, r_p) f32   projector P (the identity: r_p = 1)
+//   q_index    (n, r_q) i32,  q_value (n, r_q) f32   projector Q
 // then the completion flags (runtime/completion_flags.h) and a one-layer fp32 staging region
 // (master-weight refresh). MODE_ZERO (BuildZeroArenaLayout) instead has per matrix:
 //   full_grad  (m, n) bf16  worker -> optimizer (full weight gradient)
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "lsp/subspace.h"
 #include "proto/arena.pb.h"
 #include "proto/job_spec.pb.h"
 
@@ -37,12 +39,22 @@ struct LinearShape {
   int64_t n;
 };
 
-// Computes offsets for every matrix (see the file comment). `name` is the shm name.
-// Errors: kInvalidArgument if d < 1, r < 1 or r > d, or if the matrices do not split into
-// layers of `linears_per_layer`.
-absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(const std::vector<LinearShape>& linears,
-                                                       int32_t linears_per_layer, int32_t d,
-                                                       int32_t r, const std::string& name);
+// Computes offsets for every matrix (see the file comment). `subspaces[i]` is matrix i's
+// subspace (lsp/subspace.h ResolveSubspace): its grad/step slots are (d_p, d_q) and its
+// projector slots (m, r_p) / (n, r_q). `d` and `r` are the job's settings, recorded in the
+// layout (d = 0 with lsp.d_ratio). `name` is the shm name.
+// Errors: kInvalidArgument if subspaces and linears differ in count, a subspace does not match
+// its matrix (rows, 1 <= r <= dim, identity sides (rows, 1)), or the matrices do not split
+// into layers of `linears_per_layer`.
+absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(
+    const std::vector<LinearShape>& linears, int32_t linears_per_layer,
+    const std::vector<lsp::MatrixSubspace>& subspaces, int32_t d, int32_t r,
+    const std::string& name);
+
+// The subspace an MODE_LSP slot was laid out for: P (m, d_p) with r_p = p_index.shape[1], Q
+// likewise; a side whose d equals its rows is the identity (a learned side is always narrower
+// than its rows, lsp/subspace.h). For a slot of another mode the sides are all zero.
+lsp::MatrixSubspace SlotSubspace(const lspo::v1::LinearSlot& slot);
 
 // The MODE_ZERO layout (see the file comment): 4 m n bytes per matrix plus the flags.
 // Errors: kInvalidArgument as BuildArenaLayout for `linears_per_layer`.

@@ -197,6 +197,12 @@ void JobRunner::InitSummary() {
   summary_["activation_checkpointing"] = spec_.activation_checkpointing();
   summary_["d"] = lsp_ ? spec_.lsp().d() : 0;
   summary_["r"] = lsp_ ? spec_.lsp().r() : 0;
+  summary_["d_ratio"] = lsp_ ? spec_.lsp().d_ratio() : 0.0;
+  // The rule for matrices with a side no wider than d (proto NarrowRule; unset = one-sided).
+  summary_["narrow"] = !lsp_ ? "none"
+                       : spec_.lsp().narrow() == v1::NARROW_RULE_UNSPECIFIED
+                           ? "one-sided"
+                           : runtime::EnumShortName(spec_.lsp().narrow());
   summary_["steps"] = spec_.steps();
   summary_["micro_batch_size"] = spec_.micro_batch_size();
   summary_["grad_accum"] = spec_.grad_accum();
@@ -341,6 +347,7 @@ absl::StatusOr<double> JobRunner::Refresh(bool measure_only) {
   // copying). Returns that maximum over all layers.
   double max_diff = 0;
   last_drift_ = 0;
+  last_drift_ulps_ = 0;
   for (int l = 0; l < num_layers_; ++l) {
     v1::LayerWeightsRequest req;
     req.set_job_id(id_);
@@ -350,6 +357,7 @@ absl::StatusOr<double> JobRunner::Refresh(bool measure_only) {
     ASSIGN_OR_RETURN(v1::LayerWeightsReply rep, worker_->ImportLayerWeights(req, dl_));
     max_diff = std::max(max_diff, rep.max_abs_change());
     last_drift_ = std::max(last_drift_, rep.max_abs_drift());
+    last_drift_ulps_ = std::max(last_drift_ulps_, rep.max_drift_ulps());
   }
   return max_diff;
 }
@@ -601,7 +609,8 @@ absl::Status JobRunner::AfterStep(int step) {
       Log({{"kind", "master_refresh"},
            {"step", step},
            {"max_abs_diff_before", diff},
-           {"max_abs_drift_beyond_rounding_before", last_drift_}});
+           {"max_abs_drift_beyond_rounding_before", last_drift_},
+           {"max_drift_ulps_before", last_drift_ulps_}});
       LOG(INFO) << "scheduler: " << id_ << ": master refresh at step " << step
                 << ": max |W_worker - W_master| was " << diff;
     }
@@ -623,10 +632,12 @@ absl::Status JobRunner::Finish() {
     ASSIGN_OR_RETURN(double drift, Refresh(/*measure_only=*/true));
     summary_["final_worker_master_max_abs_diff"] = drift;
     summary_["final_worker_master_drift_beyond_rounding"] = last_drift_;
+    summary_["final_worker_master_drift_ulps"] = last_drift_ulps_;
     Log({{"kind", "master_drift"},
          {"step", spec_.steps()},
          {"max_abs_diff", drift},
-         {"max_abs_drift_beyond_rounding", last_drift_}});
+         {"max_abs_drift_beyond_rounding", last_drift_},
+         {"max_drift_ulps", last_drift_ulps_}});
   }
   const int done_steps = spec_.steps() - start_step_ - skipped_;
   summary_["skipped_steps"] = skipped_;

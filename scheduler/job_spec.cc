@@ -1,5 +1,6 @@
 #include "scheduler/job_spec.h"
 
+#include <cmath>
 #include <unistd.h>
 
 #include <filesystem>
@@ -167,7 +168,7 @@ void ResolveDefaults(JobSpec* spec) {
   }
   if (data->question().empty()) data->set_question("Is this message spam or ham?");
   auto* lsp = spec->mutable_lsp();
-  if (lsp->d() == 0) lsp->set_d(128);
+  if (lsp->d() == 0 && lsp->d_ratio() == 0) lsp->set_d(128);
   if (lsp->r() == 0) lsp->set_r(4);
   if (lsp->alpha() == 0) lsp->set_alpha(0.8);
   if (lsp->fit_iters() == 0) lsp->set_fit_iters(40);
@@ -354,9 +355,25 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return bad("weight_dtype", runtime::EnumShortName(spec.weight_dtype()), "use fp32 or bf16");
   }
   const auto& lsp = spec.lsp();
-  if (lsp.d() < 1) return bad("lsp.d", lsp.d(), "d must be >= 1");
-  if (lsp.r() < 1 || lsp.r() > lsp.d()) {
-    return bad("lsp.r", lsp.r(), absl::StrCat("r must satisfy 1 <= r <= d = ", lsp.d()));
+  if (lsp.d_ratio() != 0) {
+    if (!(std::isfinite(lsp.d_ratio()) && lsp.d_ratio() > 0 && lsp.d_ratio() < 1)) {
+      return bad("lsp.d_ratio", lsp.d_ratio(),
+                 "must lie in (0, 1): d of each matrix as a fraction of its smaller side "
+                 "(the paper uses about 0.5)");
+    }
+    if (lsp.d() != 0) {
+      return bad("lsp.d", lsp.d(),
+                 "set either lsp.d (an absolute subspace size) or lsp.d_ratio, not both");
+    }
+    if (lsp.r() < 1) return bad("lsp.r", lsp.r(), "r must be >= 1");
+  } else {
+    if (lsp.d() < 1) return bad("lsp.d", lsp.d(), "d must be >= 1");
+    if (lsp.r() < 1 || lsp.r() > lsp.d()) {
+      return bad("lsp.r", lsp.r(), absl::StrCat("r must satisfy 1 <= r <= d = ", lsp.d()));
+    }
+  }
+  if (!v1::NarrowRule_IsValid(lsp.narrow())) {
+    return bad("lsp.narrow", static_cast<int>(lsp.narrow()), "use one-sided, half or full");
   }
   if (lsp.alpha() <= 0) return bad("lsp.alpha", lsp.alpha(), "alpha must be > 0");
   if (lsp.check_freq() < 0) return bad("lsp.check_freq", lsp.check_freq(), "must be >= 0");

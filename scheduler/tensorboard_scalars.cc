@@ -33,6 +33,8 @@ const std::map<std::string, std::string>& NamedTags() {
       {"master_refresh.max_abs_drift_beyond_rounding_before", "master/drift_beyond_rounding"},
       {"master_drift.max_abs_diff", "master/worker_max_abs_diff"},
       {"master_drift.max_abs_drift_beyond_rounding", "master/drift_beyond_rounding"},
+      {"master_refresh.max_drift_ulps_before", "master/drift_ulps"},
+      {"master_drift.max_drift_ulps", "master/drift_ulps"},
   };
   return *tags;
 }

@@ -8,10 +8,14 @@
 #include <sys/resource.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <cmath>
 #include <limits>
 #include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "client/embedded.h"
 #include "tests/integration/start_embedded.h"
@@ -61,11 +65,13 @@ std::vector<uint8_t> Bytes(const std::string& path) {
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
 
-void ExpectExactResume(v1::TrainingMode mode) {
+void ExpectExactResume(v1::TrainingMode mode,
+                       const std::function<void(v1::JobSpec*)>& adjust = nullptr) {
   auto runtime = testing_jobs::StartEmbedded();
   auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
   const std::string a_dir = testing_jobs::TempDir("resume-a");
   v1::JobSpec a = Spec(a_dir, mode, 6);
+  if (adjust) adjust(&a);
   a.set_checkpoint_every(3);
   RunResult full = RunToEnd(stub.get(), a);
   ASSERT_EQ(full.last.state(), v1::SUCCEEDED) << full.last.error();
@@ -76,6 +82,7 @@ void ExpectExactResume(v1::TrainingMode mode) {
 
   const std::string b_dir = testing_jobs::TempDir("resume-b");
   v1::JobSpec b = Spec(b_dir, mode, 6);
+  if (adjust) adjust(&b);
   b.set_resume_from(ckpt);
   RunResult resumed = RunToEnd(stub.get(), b);
   ASSERT_EQ(resumed.last.state(), v1::SUCCEEDED) << resumed.last.error();
@@ -100,6 +107,131 @@ void ExpectExactResume(v1::TrainingMode mode) {
 TEST(ResumeTest, LspResumedAtStep3MatchesTheUninterruptedRunBitwise) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
   ExpectExactResume(v1::MODE_LSP);
+}
+
+// The same exact resume with one-sided subspaces (d = 48 on the tiny model: k/v_proj 32 x 64
+// get P = I and S (32, 48)) and a refit after the resume point; the optimizer state in the
+// checkpoint has the per-matrix shapes.
+TEST(ResumeTest, LspOneSidedResumedAtStep3MatchesTheUninterruptedRunBitwise) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  ExpectExactResume(v1::MODE_LSP, [](v1::JobSpec* s) {
+    s->mutable_lsp()->set_d(48);
+    s->mutable_lsp()->set_narrow(v1::NARROW_RULE_ONE_SIDED);
+  });
+}
+
+// bf16 worker weights with the compensated apply (lsp.apply_rounding default): the residuals
+// are part of the worker state, so the resumed run is bitwise the uninterrupted one.
+TEST(ResumeTest, LspBf16CompensatedResumedAtStep3MatchesTheUninterruptedRunBitwise) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  ExpectExactResume(v1::MODE_LSP, [](v1::JobSpec* s) {
+    s->set_weight_dtype(v1::WEIGHT_DTYPE_BF16);
+    s->mutable_optim()->set_lr(1e-4);
+  });
+}
+
+// A refit moves the subspace Adam moments into the new subspace (paper Alg. 1):
+// M' = (P'^T P) M (Q^T Q'), V' = (P'^T P)^2 V (Q^T Q')^2. Two runs share their first two
+// steps; run B refits at step 2 (before its checkpoint), run A does not. B's moments at step 2
+// equal the transfer of A's moments from A's projectors to B's new ones (float64 reference),
+// for square (d = 16) and one-sided (d = 48) subspaces.
+void ExpectRefitTransfersMoments(int d) {
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  const auto spec = [&](const std::string& tag, int check_freq) {
+    v1::JobSpec s = Spec(testing_jobs::TempDir(tag), v1::MODE_LSP, 3);
+    s.mutable_lsp()->set_d(d);
+    s.mutable_lsp()->set_check_freq(check_freq);
+    s.mutable_lsp()->set_alpha(1e-3);  // the check at step 2 refits every matrix
+    s.set_checkpoint_every(2);
+    return s;
+  };
+  const v1::JobSpec a = spec("refit-a", 0), b = spec("refit-b", 2);
+  RunResult ra = RunToEnd(stub.get(), a), rb = RunToEnd(stub.get(), b);
+  ASSERT_EQ(ra.last.state(), v1::SUCCEEDED) << ra.last.error();
+  ASSERT_EQ(rb.last.state(), v1::SUCCEEDED) << rb.last.error();
+  ASSERT_EQ(ra.loss.at(2), rb.loss.at(2));  // the same first two steps
+  const std::string ck = "/checkpoints/step-00000002/optimizer_state.safetensors";
+  auto fa = model::SafetensorsFile::Open(a.output_dir() + ck);
+  auto fb = model::SafetensorsFile::Open(b.output_dir() + ck);
+  ASSERT_TRUE(fa.ok() && fb.ok()) << fa.status() << fb.status();
+  int checked = 0;
+  for (const std::string& base : {std::string("model.layers.0.self_attn.q_proj.weight"),
+                                  std::string("model.layers.1.self_attn.k_proj.weight"),
+                                  std::string("model.layers.1.mlp.down_proj.weight")}) {
+    const int64_t m = base.find("k_proj") != std::string::npos ? 32
+                      : base.find("down") != std::string::npos ? 64
+                                                               : 64;
+    const int64_t n = base.find("down") != std::string::npos ? 128 : 64;
+    const int64_t dp = m <= d ? m : d, dq = n <= d ? n : d, rp = m <= d ? 1 : 4,
+                  rq = n <= d ? 1 : 4;
+    auto pa = offload::ReadStateProjector(*fa, "a", base + ".p", m, dp, rp);
+    auto qa = offload::ReadStateProjector(*fa, "a", base + ".q", n, dq, rq);
+    auto pb = offload::ReadStateProjector(*fb, "b", base + ".p", m, dp, rp);
+    auto qb = offload::ReadStateProjector(*fb, "b", base + ".q", n, dq, rq);
+    ASSERT_TRUE(pa.ok() && qa.ok() && pb.ok() && qb.ok()) << base << " " << pa.status();
+    EXPECT_EQ(pa->identity, m <= d) << base;
+    EXPECT_FALSE(at::equal(qa->value, qb->value)) << base << ": no refit happened";
+    auto ma = offload::ReadStateTensor(*fa, "a", base + ".adam_m", at::kFloat, {dp, dq});
+    auto va = offload::ReadStateTensor(*fa, "a", base + ".adam_v", at::kFloat, {dp, dq});
+    auto mb = offload::ReadStateTensor(*fb, "b", base + ".adam_m", at::kFloat, {dp, dq});
+    auto vb = offload::ReadStateTensor(*fb, "b", base + ".adam_v", at::kFloat, {dp, dq});
+    ASSERT_TRUE(ma.ok() && va.ok() && mb.ok() && vb.ok()) << base << " " << ma.status();
+    const at::Tensor cp = pb->Dense().to(at::kDouble).t().mm(pa->Dense().to(at::kDouble));
+    const at::Tensor cq = qa->Dense().to(at::kDouble).t().mm(qb->Dense().to(at::kDouble));
+    const at::Tensor m_ref = cp.mm(ma->to(at::kDouble)).mm(cq);
+    const at::Tensor v_ref = cp.pow(2).mm(va->to(at::kDouble)).mm(cq.pow(2));
+    const auto rel = [](const at::Tensor& x, const at::Tensor& ref) {
+      return (x.to(at::kDouble) - ref).norm().item<double>() / ref.norm().item<double>();
+    };
+    EXPECT_LT(rel(*mb, m_ref), 1e-4) << base;
+    EXPECT_LT(rel(*vb, v_ref), 1e-4) << base;
+    // Control: the moments did move (an untransferred state would fail above).
+    EXPECT_GT(rel(*ma, m_ref), 1e-2) << base;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 3);
+}
+
+TEST(ResumeTest, RefitCarriesTheAdamMomentsIntoTheNewSubspace) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  ExpectRefitTransfersMoments(16);
+}
+
+TEST(ResumeTest, OneSidedRefitCarriesTheAdamMomentsIntoTheNewSubspace) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  ExpectRefitTransfersMoments(48);
+}
+
+// lsp.d_ratio: every matrix gets d_i = round(0.5 * min(m, n)) on both sides (the tiny model:
+// q/o 64 x 64 -> 32, k/v 32 x 64 -> 16, gate/up 128 x 64 and down 64 x 128 -> 32). The job
+// trains and resumes bitwise, and its optimizer state holds (d_i, d_i) moments per matrix.
+TEST(ResumeTest, RatioSubspacesArePerMatrixAndResumeBitwise) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  const auto ratio = [](v1::JobSpec* s) {
+    s->mutable_lsp()->set_d(0);
+    s->mutable_lsp()->set_d_ratio(0.5);
+  };
+  ExpectExactResume(v1::MODE_LSP, ratio);
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  v1::JobSpec s = Spec(testing_jobs::TempDir("ratio"), v1::MODE_LSP, 2);
+  ratio(&s);
+  s.set_checkpoint_every(2);
+  RunResult r = RunToEnd(stub.get(), s);
+  ASSERT_EQ(r.last.state(), v1::SUCCEEDED) << r.last.error();
+  auto f = model::SafetensorsFile::Open(s.output_dir() +
+                                        "/checkpoints/step-00000002/optimizer_state.safetensors");
+  ASSERT_TRUE(f.ok()) << f.status();
+  for (const auto& [name, d] : std::vector<std::pair<std::string, int64_t>>{
+           {"model.layers.0.self_attn.q_proj.weight", 32},
+           {"model.layers.0.self_attn.k_proj.weight", 16},
+           {"model.layers.1.mlp.gate_proj.weight", 32},
+           {"model.layers.1.mlp.down_proj.weight", 32}}) {
+    EXPECT_TRUE(
+        offload::ReadStateTensor(*f, "ratio", name + ".adam_m", at::kFloat, {d, d}).ok())
+        << name << " should have (" << d << ", " << d << ") moments";
+  }
 }
 
 TEST(ResumeTest, ZeroResumedAtStep3MatchesTheUninterruptedRunBitwise) {

@@ -361,6 +361,30 @@ TEST(SubspaceAdam, StepMatchesReferenceAndCountsSteps) {
   }
 }
 
+// A rectangular (d_p, d_q) subspace (one-sided projection, lsp/subspace.h), with sizes that
+// hit the SIMD tail (7 x 9 = 63 elements): the same element-wise reference; Restore checks
+// d_p * d_q.
+TEST(SubspaceAdam, RectangularStepMatchesReferenceAndRestoreChecksTheSize) {
+  SubspaceAdam opt(7, 9);
+  EXPECT_EQ(opt.rows(), 7);
+  EXPECT_EQ(opt.cols(), 9);
+  AdamHyper h;
+  h.lr = 0.02f;
+  std::mt19937 rng(9);
+  RefAdam ref(63, std::vector<float>(63, 0.0f));
+  std::vector<float> D(63);
+  for (int64_t t = 1; t <= 3; ++t) {
+    const std::vector<float> S = RandomVector(63, 1.0f, rng);
+    ASSERT_TRUE(opt.Step(h, S.data(), D.data()).ok());
+    EXPECT_LE(MaxRelErr(D, ref.Step(h, t, S, false)), 1e-6);
+  }
+  EXPECT_EQ(opt.Restore(1, std::vector<float>(49, 0.0f), std::vector<float>(49, 0.0f)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(opt.Restore(1, std::vector<float>(63, 0.0f), std::vector<float>(63, 0.0f)).ok());
+  SubspaceAdam empty(0, 4);
+  EXPECT_EQ(empty.Step(h, D.data(), D.data()).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SubspaceAdam, NonFiniteGradientIsRejectedAndStateUntouched) {
   const int64_t d = 4;
   SubspaceAdam opt(d);

@@ -58,7 +58,8 @@ TEST_P(FitObjectiveTest, MatchesDenseFormulaAtInitWithGradients) {
 
   at::Tensor pv = P.value.clone().set_requires_grad(true);
   at::Tensor qv = Q.value.clone().set_requires_grad(true);
-  internal::FitTerms terms = internal::FitObjective(gn, P.index, pv, Q.index, qv, d, beta);
+  internal::FitTerms terms =
+      internal::FitObjective(gn, P.index, pv, Q.index, qv, d, d, beta);
   terms.objective.backward();
 
   at::Tensor pv_ref = P.value.clone().set_requires_grad(true);
@@ -79,7 +80,7 @@ TEST_P(FitObjectiveTest, MatchesDenseFormulaAtInitWithGradients) {
 
   // fp32 evaluation is close (cancellation costs a few digits).
   internal::FitTerms t32 =
-      internal::FitObjective(gn.to(at::kFloat), P.index, P.value, Q.index, Q.value, d, beta);
+      internal::FitObjective(gn.to(at::kFloat), P.index, P.value, Q.index, Q.value, d, d, beta);
   EXPECT_NEAR(t32.objective.item<double>(), want_v, 1e-3 * want_v);
 }
 
@@ -146,6 +147,71 @@ TEST(FitProjectors, ClosedFormRescaleMatchesDenseOptimumAndIsAtMostOne) {
   EXPECT_LE(res->final_error, 1.0);
 }
 
+// A rectangular subspace (d_p != d_q) evaluates the same trace identity as the dense formula.
+TEST(FitObjective, RectangularSubspaceMatchesDenseFloat64) {
+  const int64_t m = 48, n = 40, d_p = 12, d_q = 20, r = 3;
+  const double beta = 0.02;
+  const SparseProjector P = Make(m, d_p, r, 71), Q = Make(n, d_q, r, 72);
+  const at::Tensor g = LowRankPlusNoise(m, n, 9);
+  const at::Tensor gn = g.to(at::kDouble) / g.to(at::kDouble).norm();
+  internal::FitTerms terms =
+      internal::FitObjective(gn, P.index, P.value, Q.index, Q.value, d_p, d_q, beta);
+  const double want = DenseObjective(g, DenseOf(P.index, P.value, d_p),
+                                     DenseOf(Q.index, Q.value, d_q), beta)
+                          .item<double>();
+  EXPECT_NEAR(terms.objective.item<double>(), want, 1e-9 * want);
+  // A fixed (identity) side is left out of the regulariser.
+  internal::FitTerms fixed_p =
+      internal::FitObjective(gn, P.index, P.value, Q.index, Q.value, d_p, d_q, beta, true);
+  EXPECT_NEAR(fixed_p.objective.item<double>(),
+              want - beta * P.value.to(at::kDouble).norm().item<double>(), 1e-9 * want);
+}
+
+// One-sided subspace of a narrow matrix (m = 32 <= d = 48 < n = 64, lsp/subspace.h): P is the
+// identity and stays exactly so; only Q is fitted; the bias reported is the dense float64
+// |G Q Q^T - G| / |G| of the kept Q.
+TEST(FitProjectors, OneSidedFitsOnlyTheLearnedSide) {
+  const int64_t m = 32, n = 64, d = 48, r = 4;
+  SparseProjector P = *SparseProjector::Identity(m);
+  SparseProjector Q = Make(n, d, r, 81);
+  const at::Tensor q0 = Q.value.clone();
+  const at::Tensor g = LowRankPlusNoise(m, n, 11);
+  FitOptions opt;
+  opt.max_iters = 60;
+  absl::StatusOr<FitResult> res = FitProjectors(g, &P, &Q, opt);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_TRUE(P.identity);
+  EXPECT_TRUE(at::equal(P.value, at::ones({m, 1}, at::kFloat)));
+  EXPECT_FALSE(at::equal(Q.value, q0));
+  EXPECT_LT(res->final_error, 0.5 * res->initial_error);
+  const at::Tensor gd = g.to(at::kDouble), qd = Q.Dense().to(at::kDouble);
+  const double dense = (gd.mm(qd).mm(qd.t()) - gd).norm().item<double>() / gd.norm().item<double>();
+  EXPECT_NEAR(res->final_error, dense, 1e-9);
+  // The closed-form rescale of one learned side (lambda^2 instead of lambda^4) lands on the
+  // dense optimum of a common scale of Q: error^2 = 1 - <R, G>^2 / (|R|^2 |G|^2), R = G Q Q^T.
+  SparseProjector P2 = *SparseProjector::Identity(m), Q2 = Make(n, d, r, 82);
+  const at::Tensor q2 = Q2.Dense().to(at::kDouble);
+  const at::Tensor rec = gd.mm(q2).mm(q2.t());
+  const double cos2 = std::pow((rec * gd).sum().item<double>(), 2) /
+                      (rec.pow(2).sum().item<double>() * gd.pow(2).sum().item<double>());
+  opt.max_iters = 0;
+  res = FitProjectors(g, &P2, &Q2, opt);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_NEAR(res->final_error, std::sqrt(1.0 - cos2), 1e-6);
+}
+
+// Identity on both sides (lsp.narrow: full): S = G, no bias, nothing to fit.
+TEST(FitProjectors, FullSubspaceHasNoBiasAndNothingToFit) {
+  SparseProjector P = *SparseProjector::Identity(12), Q = *SparseProjector::Identity(20);
+  const at::Tensor g = LowRankPlusNoise(12, 20, 12);
+  absl::StatusOr<FitResult> res = FitProjectors(g, &P, &Q, FitOptions{});
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->iterations, 0);
+  EXPECT_LT(res->initial_error, 1e-12);
+  EXPECT_LT(res->final_error, 1e-12);
+  EXPECT_TRUE(P.identity && Q.identity);
+}
+
 TEST(FitProjectors, StopsAtAlphaAndKeepsValues) {
   SparseProjector P = Make(48, 16, 4, 31), Q = Make(40, 16, 4, 32);
   const at::Tensor p0 = P.value.clone();
@@ -198,8 +264,10 @@ TEST(FitProjectors, RejectsBadInputAndLeavesProjectorsUntouched) {
             absl::StatusCode::kInvalidArgument);  // 1-D
   EXPECT_EQ(FitProjectors(g, nullptr, &Q, opt).status().code(),
             absl::StatusCode::kInvalidArgument);
-  SparseProjector q_other_d = Make(40, 8, 4, 53);
-  EXPECT_EQ(FitProjectors(g, &P, &q_other_d, opt).status().code(),
+  // Q must have n rows (a different d is a valid rectangular subspace, see
+  // FitObjective.RectangularSubspaceMatchesDenseFloat64).
+  SparseProjector q_other_rows = Make(41, 16, 4, 53);
+  EXPECT_EQ(FitProjectors(g, &P, &q_other_rows, opt).status().code(),
             absl::StatusCode::kInvalidArgument);
   FitOptions bad_opt;
   bad_opt.lr = 0;
@@ -245,6 +313,33 @@ TEST(TransferAdamState, SameProjectorsOnOrthonormalColumnsKeepState) {
   TransferAdamState(*p, *p, *p, *p, M, V);
   EXPECT_TRUE(at::allclose(M, m0));
   EXPECT_TRUE(at::allclose(V, v0));
+}
+
+// A refit of a one-sided subspace: P stays the identity (m, m), Q (n, d) is redrawn. The
+// moments (m, d) move only on the Q side: M' = M (Q^T Q'), V' = V (Q^T Q')^2.
+TEST(TransferAdamState, OneSidedRectangularMatchesDenseFloat64) {
+  const int64_t m = 32, n = 64, d = 48, r = 4;
+  const SparseProjector I = *SparseProjector::Identity(m);
+  const SparseProjector Qo = Make(n, d, r, 91), Qn = Make(n, d, r, 92);
+  torch::manual_seed(6);
+  const at::Tensor m0 = torch::randn({m, d}), v0 = torch::rand({m, d});
+  at::Tensor M = m0.clone(), V = v0.clone();
+  TransferAdamState(I, Qo, I, Qn, M, V);
+  const at::Tensor cq = Qo.Dense().to(at::kDouble).t().mm(Qn.Dense().to(at::kDouble));  // (d, d)
+  const at::Tensor m_ref = m0.to(at::kDouble).mm(cq);
+  const at::Tensor v_ref = v0.to(at::kDouble).mm(cq.pow(2));
+  ASSERT_EQ(M.sizes(), (at::IntArrayRef{m, d}));
+  EXPECT_LT((M.to(at::kDouble) - m_ref).norm().item<double>() / m_ref.norm().item<double>(),
+            1e-5);
+  EXPECT_LT((V.to(at::kDouble) - v_ref).norm().item<double>() / v_ref.norm().item<double>(),
+            1e-5);
+  // Identity on both sides (full): the state is kept exactly.
+  const SparseProjector In = *SparseProjector::Identity(n);
+  at::Tensor M2 = torch::randn({m, n}), V2 = torch::rand({m, n});
+  const at::Tensor m2 = M2.clone(), v2 = V2.clone();
+  TransferAdamState(I, In, I, In, M2, V2);
+  EXPECT_TRUE(at::equal(M2, m2));
+  EXPECT_TRUE(at::equal(V2, v2));
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <ostream>
 #include <set>
@@ -140,23 +142,129 @@ TEST(SparseProjector, FromTensorsValidatesInvariants) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// CheckProjectorShapes
+// The identity side of a one-sided or full subspace (lsp/subspace.h)
 
-TEST(CheckProjectorShapes, AcceptsValidAndRejectsNonCompressingOrOversparse) {
-  EXPECT_TRUE(CheckProjectorShapes(48, 40, 16, 4).ok());
-  EXPECT_TRUE(CheckProjectorShapes(576, 1536, 128, 4).ok());
-  absl::Status st = CheckProjectorShapes(48, 40, 40, 4);
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(st.message()), HasSubstr("choose d < min(m, n) = 40"));
-  // Wide 64 x 256 with d = 128 (docs/known-failures.md #10).
-  st = CheckProjectorShapes(64, 256, 128, 8);
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(st.message()), HasSubstr("choose d < min(m, n) = 64"));
-  st = CheckProjectorShapes(48, 40, 16, 17);
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(st.message()), HasSubstr("r=17"));
-  EXPECT_EQ(CheckProjectorShapes(0, 40, 16, 4).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(CheckProjectorShapes(48, 40, 16, 0).code(), absl::StatusCode::kInvalidArgument);
+TEST(SparseProjectorIdentity, IsExactAndRecognisedWhenReadBack) {
+  absl::StatusOr<SparseProjector> id = SparseProjector::Identity(5);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_TRUE(id->identity);
+  EXPECT_EQ(id->rows, 5);
+  EXPECT_EQ(id->d, 5);
+  EXPECT_EQ(id->r, 1);
+  EXPECT_TRUE(at::equal(id->Dense(), at::eye(5, at::kFloat)));
+  EXPECT_TRUE(id->Validate().ok());
+  // Read back from tensors (the arena, a checkpoint): recognised as the identity.
+  absl::StatusOr<SparseProjector> back = SparseProjector::FromTensors(id->index, id->value, 5);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->identity);
+  // A permutation or a scaled diagonal is a valid (5, 1)-sparse projector but no identity.
+  at::Tensor perm = id->index.flip(0).contiguous();
+  absl::StatusOr<SparseProjector> p = SparseProjector::FromTensors(perm, id->value, 5);
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->identity);
+  p = SparseProjector::FromTensors(id->index, id->value * 2, 5);
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->identity);
+  EXPECT_FALSE(MakeProjector(5, 4, 1, 3).identity);
+  EXPECT_EQ(SparseProjector::Identity(0).status().code(), absl::StatusCode::kInvalidArgument);
+  // ForSide draws the identity or a random projector.
+  absl::StatusOr<SparseProjector> side = SparseProjector::ForSide(7, 7, 1, true, 1);
+  ASSERT_TRUE(side.ok());
+  EXPECT_TRUE(side->identity);
+  side = SparseProjector::ForSide(7, 4, 2, false, 1);
+  ASSERT_TRUE(side.ok());
+  EXPECT_FALSE(side->identity);
+  EXPECT_TRUE(at::equal(side->index, MakeProjector(7, 4, 2, 1).index));
+}
+
+// A one-sided subspace: P the identity (m, m), Q (n, d) sparse. Every kernel equals its dense
+// float64 formula with S (m, d) rectangular.
+TEST(SparseProjectorIdentity, OneSidedKernelsMatchDenseFloat64) {
+  const int64_t m = 32, n = 64, d = 48, r = 4, N = 9;
+  const SparseProjector P = *SparseProjector::Identity(m);
+  const SparseProjector Q = MakeProjector(n, d, r, 21);
+  torch::manual_seed(5);
+  const at::Tensor G = torch::randn({m, n});             // (m, n)
+  const at::Tensor X = torch::randn({N, n});             // (N, n)
+  const at::Tensor dY = torch::randn({N, m});            // (N, m)
+  const at::Tensor q = DenseF64(Q);                      // (n, d)
+  const at::Tensor S_ref = G.to(at::kDouble).mm(q);      // (m, d) = I^T G Q
+  const at::Tensor S = CompressDense(G, P, Q);
+  ASSERT_EQ(S.sizes(), (at::IntArrayRef{m, d}));
+  EXPECT_LT(RelErr(S, S_ref), 1e-6);
+  const at::Tensor XQ = ProjectRows(X, Q);               // (N, d)
+  const at::Tensor Sf = CompressFactored(dY, XQ, P);     // (m, d) = dY^T X Q
+  const at::Tensor Sf_ref = dY.to(at::kDouble).t().mm(X.to(at::kDouble)).mm(q);
+  ASSERT_EQ(Sf.sizes(), (at::IntArrayRef{m, d}));
+  EXPECT_LT(RelErr(Sf, Sf_ref), 1e-6);
+  const at::Tensor D = torch::randn({m, d});             // (m, d)
+  at::Tensor W = torch::randn({m, n});
+  const at::Tensor W_ref = W.to(at::kDouble) + D.to(at::kDouble).mm(q.t());
+  ApplyStep(W, P, D, Q);
+  EXPECT_LT(RelErr(W, W_ref), 1e-6);
+  // Bias |G Q Q^T - G| / |G|; zero when Q is the identity too (a full subspace).
+  const at::Tensor g = G.to(at::kDouble);
+  const double bias_ref = (g.mm(q).mm(q.t()) - g).norm().item<double>() / g.norm().item<double>();
+  EXPECT_NEAR(RelativeBias(G, P, Q), bias_ref, 1e-9 * bias_ref);
+  EXPECT_LT(RelativeBias(G, P, *SparseProjector::Identity(n)), 1e-12);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compensated apply into bf16 weights
+
+// 200 steps whose updates are ~1/20 of a bf16 ulp of the weights, with decoupled decay on half
+// of them: after every step the compensated bf16 W is within one ulp of round(master) (master
+// in float64), and W + C tracks the master to a small fraction of a ulp. Round-to-nearest
+// (ApplyStep on bf16 W, control) loses the updates and ends many ulps away.
+TEST(ApplyStepCompensated, StaysWithinOneUlpOfTheMasterAtEveryStep) {
+  const int64_t m = 24, n = 40, d = 8, r = 2;
+  const SparseProjector P = MakeProjector(m, d, r, 31), Q = MakeProjector(n, d, r, 32);
+  torch::manual_seed(8);
+  at::Tensor master = (torch::randn({m, n}) * 0.05).to(at::kDouble);  // (m, n) fp64
+  at::Tensor W = at::empty({m, n}, at::kBFloat16);
+  at::Tensor C = RoundWithResidual(W, master.to(at::kFloat));
+  at::Tensor near = W.clone();
+  EXPECT_EQ(MaxDriftUlps(W, master), 0.0);
+  double worst = 0;
+  for (int t = 1; t <= 200; ++t) {
+    const at::Tensor D = torch::randn({d, d}) * 1e-6;  // P D Q^T ~ 1e-5 per element
+    const double decay = (t % 2 == 0) ? 1.0 - 1e-4 : 1.0;
+    master = master * decay +
+             DenseF64(P).mm(D.to(at::kDouble)).mm(DenseF64(Q).t());
+    ApplyStepCompensated(W, C, P, D, Q, decay);
+    near.mul_(decay);
+    ApplyStep(near, P, D, Q);
+    const double ulps = MaxDriftUlps(W, master);
+    worst = std::max(worst, ulps);
+    ASSERT_LE(ulps, 1.0) << "step " << t;
+  }
+  // W + C tracks the master up to the rounding of C into bf16, at most 2^-9 of |C| <= half a
+  // ulp per step: 200 steps stay below 200 / 1024 ~ 0.2 ulp of each element.
+  const at::Tensor rm = master.to(at::kBFloat16).to(at::kDouble).abs().clamp_min(1e-30);
+  const at::Tensor ulp = at::pow(2.0, (std::get<1>(at::frexp(rm)) - 8).to(at::kDouble));
+  const double tracked_ulps =
+      ((W.to(at::kDouble) + C.to(at::kDouble) - master).abs() / ulp).max().item<double>();
+  const double near_ulps = MaxDriftUlps(near, master);
+  std::printf("compensated: worst %.3g ulp over 200 steps, |W + C - master| %.3g ulp; nearest: "
+              "%.3g ulp after 200 steps\n",
+              worst, tracked_ulps, near_ulps);
+  EXPECT_LT(tracked_ulps, 200.0 / 1024);
+  EXPECT_GT(near_ulps, 2.0);
+}
+
+TEST(MaxDriftUlps, CountsRepresentableSteps) {
+  const at::Tensor m = at::tensor({1.0, 0.75, -2.0, 0.0}, at::kFloat);
+  at::Tensor w = m.to(at::kBFloat16);
+  EXPECT_EQ(MaxDriftUlps(w, m), 0.0);
+  // bf16 ulp of 1.0 is 2^-7, of 2.0 is 2^-6.
+  w = at::tensor({1.0 + 2.0 / 128, 0.75, -2.0 - 1.0 / 64, 0.0}, at::kFloat).to(at::kBFloat16);
+  EXPECT_EQ(MaxDriftUlps(w, m), 2.0);
+  EXPECT_EQ(MaxDriftUlps(m, m), 0.0);  // fp32 against itself
+  // An element far below the matrix's RMS counts with the RMS's ulp: 2e-6 off on a weight of
+  // 1e-6 next to weights of 1 is a small fraction of a ulp, not thousands.
+  const at::Tensor m2 = at::tensor({1.0, -1.0, 1e-6}, at::kFloat);
+  const at::Tensor w2 = at::tensor({1.0, -1.0, 3e-6}, at::kFloat).to(at::kBFloat16);
+  EXPECT_LT(MaxDriftUlps(w2, m2), 1e-3);
 }
 
 // ---------------------------------------------------------------------------------------------
