@@ -199,10 +199,16 @@ void JobRunner::InitSummary() {
   summary_["r"] = lsp_ ? spec_.lsp().r() : 0;
   summary_["d_ratio"] = lsp_ ? spec_.lsp().d_ratio() : 0.0;
   // The rule for matrices with a side no wider than d (proto NarrowRule; unset = one-sided).
-  summary_["narrow"] = !lsp_ ? "none"
+  summary_["narrow"] = !lsp_                          ? "none"
+                       : spec_.lsp().d_ratio() != 0 ? "not used (d_ratio)"
                        : spec_.lsp().narrow() == v1::NARROW_RULE_UNSPECIFIED
                            ? "one-sided"
                            : runtime::EnumShortName(spec_.lsp().narrow());
+  // How steps land in 16-bit worker weights (proto ApplyRounding; unset = compensated).
+  summary_["apply_rounding"] = !lsp_ ? "none"
+                               : spec_.lsp().apply_rounding() == v1::APPLY_ROUNDING_UNSPECIFIED
+                                   ? "compensated"
+                                   : runtime::EnumShortName(spec_.lsp().apply_rounding());
   summary_["steps"] = spec_.steps();
   summary_["micro_batch_size"] = spec_.micro_batch_size();
   summary_["grad_accum"] = spec_.grad_accum();

@@ -375,6 +375,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!v1::NarrowRule_IsValid(lsp.narrow())) {
     return bad("lsp.narrow", static_cast<int>(lsp.narrow()), "use one-sided, half or full");
   }
+  if (!v1::ApplyRounding_IsValid(lsp.apply_rounding())) {
+    return bad("lsp.apply_rounding", static_cast<int>(lsp.apply_rounding()),
+               "use compensated or nearest");
+  }
   if (lsp.alpha() <= 0) return bad("lsp.alpha", lsp.alpha(), "alpha must be > 0");
   if (lsp.check_freq() < 0) return bad("lsp.check_freq", lsp.check_freq(), "must be >= 0");
   if (lsp.calibration_examples() < 1) {
@@ -501,6 +505,13 @@ std::string TrainingFingerprint(lspo::v1::JobSpec spec) {
   spec.mutable_data()->clear_max_eval_examples();
   spec.mutable_data()->clear_perplexity_path();
   spec.mutable_data()->clear_perplexity_blocks();
+  // A default written out is the same training as the field left unset (and as a
+  // fingerprint written before the field existed); lsp.narrow is not used with d_ratio.
+  auto* lsp = spec.mutable_lsp();
+  if (lsp->narrow() == lspo::v1::NARROW_RULE_ONE_SIDED || lsp->d_ratio() != 0) {
+    lsp->clear_narrow();
+  }
+  if (lsp->apply_rounding() == lspo::v1::APPLY_ROUNDING_COMPENSATED) lsp->clear_apply_rounding();
   return runtime::ProtoToJson(spec);
 }
 

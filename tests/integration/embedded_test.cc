@@ -120,18 +120,25 @@ TEST(EmbeddedTest, SubspaceWiderThanANarrowMatrixTrainsAndBadSubspaceSettingsAre
   spec.mutable_lsp()->set_d(40);
   WatchResult w = SubmitAndWatch(stub.get(), spec);
   EXPECT_EQ(w.last.state(), v1::SUCCEEDED) << w.last.error();
-  for (const std::string fix : {std::string("0.5 with lsp.d 40"), std::string("1.5")}) {
+  for (const std::string fix :
+       {std::string("0.5 with lsp.d 40"), std::string("1.5"), std::string("rounding 7")}) {
     v1::JobSpec bad =
         testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("bad-ratio"), v1::MODE_LSP, 2);
-    bad.mutable_lsp()->set_d_ratio(fix == "1.5" ? 1.5 : 0.5);
-    if (fix != "1.5") bad.mutable_lsp()->set_d(40);
+    if (fix == "rounding 7") {
+      bad.mutable_lsp()->set_apply_rounding(static_cast<v1::ApplyRounding>(7));
+    } else {
+      bad.mutable_lsp()->set_d_ratio(fix == "1.5" ? 1.5 : 0.5);
+      if (fix != "1.5") bad.mutable_lsp()->set_d(40);
+    }
     grpc::ClientContext ctx;
     v1::SubmitJobRequest req;
     *req.mutable_spec() = bad;
     v1::SubmitJobReply rep;
     grpc::Status st = stub->SubmitJob(&ctx, req, &rep);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << fix;
-    EXPECT_NE(st.error_message().find(fix == "1.5" ? "lsp.d_ratio" : "lsp.d"),
+    EXPECT_NE(st.error_message().find(fix == "1.5"          ? "lsp.d_ratio"
+                                      : fix == "rounding 7" ? "lsp.apply_rounding"
+                                                            : "lsp.d"),
               std::string::npos)
         << st.error_message();
   }
@@ -355,6 +362,17 @@ TEST(JobSpecTest, AFingerprintWrittenWithStringFieldsStillMatches) {
   spec.set_schedule(v1::STEP_SCHEDULE_OVERLAP);      // Not part of it either.
   EXPECT_TRUE(scheduler::SameTraining(old_fingerprint, spec));
   EXPECT_TRUE(scheduler::SameTraining(scheduler::TrainingFingerprint(spec), spec));
+  // lsp.narrow and lsp.apply_rounding written out at their defaults are the same training as
+  // the fingerprint from before they existed; another value is not.
+  lsp->set_narrow(v1::NARROW_RULE_ONE_SIDED);
+  lsp->set_apply_rounding(v1::APPLY_ROUNDING_COMPENSATED);
+  EXPECT_TRUE(scheduler::SameTraining(old_fingerprint, spec));
+  lsp->set_narrow(v1::NARROW_RULE_FULL);
+  EXPECT_FALSE(scheduler::SameTraining(old_fingerprint, spec));
+  lsp->set_narrow(v1::NARROW_RULE_ONE_SIDED);
+  lsp->set_apply_rounding(v1::APPLY_ROUNDING_NEAREST);
+  EXPECT_FALSE(scheduler::SameTraining(old_fingerprint, spec));
+  lsp->set_apply_rounding(v1::APPLY_ROUNDING_UNSPECIFIED);
   spec.mutable_optim()->set_schedule(v1::LR_SCHEDULE_COSINE);
   EXPECT_FALSE(scheduler::SameTraining(old_fingerprint, spec));
   EXPECT_FALSE(scheduler::SameTraining("not json", spec));
