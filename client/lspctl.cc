@@ -61,7 +61,7 @@
 ABSL_FLAG(std::string, spec, "", "job spec file (.yaml, .yml or .json) for run/submit");
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:50060", "scheduler address for remote commands");
 ABSL_FLAG(int32_t, steps, 0, "override the spec's steps (0 = keep)");
-ABSL_FLAG(std::string, mode, "", "override the spec's mode: lsp, zero or native");
+ABSL_FLAG(std::string, mode, "", "override the spec's mode: lsp, zero, native or lora");
 ABSL_FLAG(std::string, schedule, "", "override the spec's offload schedule: overlap or serial");
 ABSL_FLAG(std::string, output_dir, "",
           "run/submit: override the spec's output directory; convert: the folder to write");
@@ -290,9 +290,11 @@ int Finish(const JobStatus& s) {
   }
   if (!s.last_error().empty()) std::printf("last error: %s\n", s.last_error().c_str());
   if (s.state() == lspo::v1::SUCCEEDED && !s.output_dir().empty()) {
+    // mode lora also writes the PEFT adapter folder (docs/baselines.md).
+    const bool adapter = access((s.output_dir() + "/adapter/adapter_config.json").c_str(), R_OK) == 0;
     std::printf("output: %s (report.html, summary.json, metrics.jsonl, events.out.tfevents.* "
-                "for tensorboard --logdir, model.safetensors, config.json, tokenizer.json)\n",
-                s.output_dir().c_str());
+                "for tensorboard --logdir, model.safetensors, config.json, tokenizer.json%s)\n",
+                s.output_dir().c_str(), adapter ? ", adapter/ for PEFT" : "");
   } else if (IsFinished(s.state()) && !s.output_dir().empty()) {
     // A failed or cancelled job has no model, but its report and logs up to the end.
     std::printf("output: %s (report.html with the outcome, metrics.jsonl up to the end)\n",
@@ -317,9 +319,10 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
   if (mode == "lsp") spec->set_mode(lspo::v1::MODE_LSP);
   else if (mode == "native") spec->set_mode(lspo::v1::MODE_NATIVE);
   else if (mode == "zero") spec->set_mode(lspo::v1::MODE_ZERO);
+  else if (mode == "lora") spec->set_mode(lspo::v1::MODE_LORA);
   else if (!mode.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--mode=", mode, " is not a mode: use lsp, zero or native"));
+        absl::StrCat("--mode=", mode, " is not a mode: use lsp, zero, native or lora"));
   }
   const std::string schedule = absl::GetFlag(FLAGS_schedule);
   if (schedule == "serial" || schedule == "overlap") {
@@ -338,18 +341,25 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
 void PrintChoice(const lspo::v1::JobSpec& in) {
   lspo::v1::JobSpec spec = in;
   lspo::scheduler::ResolveDefaults(&spec);
+  const bool on_worker =
+      spec.mode() == lspo::v1::MODE_NATIVE || spec.mode() == lspo::v1::MODE_LORA;
+  std::string method;  // The mode's own settings.
+  if (spec.mode() == lspo::v1::MODE_LSP) {
+    method = absl::StrCat(spec.lsp().d_ratio() > 0 ? absl::StrCat("d_ratio=", spec.lsp().d_ratio())
+                                                   : absl::StrCat("d=", spec.lsp().d()),
+                          " r=", spec.lsp().r(), ", ");
+  } else if (spec.mode() == lspo::v1::MODE_LORA) {
+    method = absl::StrCat("lora r=", spec.lora().r(), " alpha=", spec.lora().alpha(), " on ",
+                          absl::StrJoin(spec.lora().target_modules(), ","), ", ");
+  }
   std::printf(
-      "LSP-Offload job '%s': mode %s (%s schedule), %s r=%d, steps=%d, micro-batch %d x %d "
+      "LSP-Offload job '%s': mode %s (%s), %ssteps=%d, micro-batch %d x %d "
       "accum, seq_len %d, lr %g (%s, warm-up %d), %d threads\n",
-      spec.name().c_str(),
-      lspo::runtime::EnumShortName(spec.mode()).c_str(),
-      spec.mode() == lspo::v1::MODE_NATIVE ? "no offload"
-                                           : lspo::runtime::EnumShortName(spec.schedule()).c_str(),
-      (spec.lsp().d_ratio() > 0 ? absl::StrCat("d_ratio=", spec.lsp().d_ratio())
-                                : absl::StrCat("d=", spec.lsp().d()))
-          .c_str(),
-      spec.lsp().r(), spec.steps(), spec.micro_batch_size(), spec.grad_accum(),
-      spec.seq_len(), spec.optim().lr(), lspo::runtime::EnumShortName(spec.optim().schedule()).c_str(),
+      spec.name().c_str(), lspo::runtime::EnumShortName(spec.mode()).c_str(),
+      on_worker ? "no offload"
+                : absl::StrCat(lspo::runtime::EnumShortName(spec.schedule()), " schedule").c_str(),
+      method.c_str(), spec.steps(), spec.micro_batch_size(), spec.grad_accum(), spec.seq_len(),
+      spec.optim().lr(), lspo::runtime::EnumShortName(spec.optim().schedule()).c_str(),
       spec.optim().warmup_steps(), spec.num_threads());
   std::fflush(stdout);
 }

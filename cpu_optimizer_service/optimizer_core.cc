@@ -117,7 +117,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
         "arena layout has ", layout.linears_size(), " matrices, the model ",
         job->model->num_linears(), ": worker and optimizer loaded different models"));
   }
-  int64_t params = 0, dd_total = 0;
+  int64_t params = 0, dd_total = 0, state_bytes = 0;
   for (int i = 0; i < layout.linears_size(); ++i) {
     const auto& slot = layout.linears(i);
     LinearState st;
@@ -139,11 +139,16 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
       st.adam = std::make_unique<lsp::SubspaceAdam>(slot.d_p(), slot.d_q());
       dd_total += static_cast<int64_t>(slot.d_p()) * slot.d_q();
     }
+    // fp32 base (master) W, plus zero: m, v (m n each); lsp: sum_d, m, v (d_p d_q each).
+    state_bytes += 4 * (st.base.numel() + (job->zero ? 2 * st.base.numel()
+                                                     : 3 * static_cast<int64_t>(slot.d_p()) *
+                                                           slot.d_q()));
     params += st.base.numel();
     job->linears.push_back(std::move(st));
   }
   lspo::v1::LoadJobReply reply;
   reply.set_trainable_parameters(params);
+  reply.set_optimizer_state_bytes(state_bytes);
   reply.set_device("cpu");
   reply.set_seconds(runtime::SecondsSince(t0));
   LOG(INFO) << "optimizer: loaded job " << job_id << ": fp32 master weights of " << params

@@ -90,6 +90,19 @@ bool OffloadPath::PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& g
   return true;
 }
 
+int64_t OffloadPath::OffloadBytesPerStep(const WorkerJob& job) const {
+  auto bytes = [](const lspo::v1::TensorRef& t) -> int64_t {
+    int64_t n = t.dtype() == lspo::v1::BF16 ? 2 : 4;  // F32, I32: 4 bytes
+    for (int64_t d : t.shape()) n *= d;
+    return t.shape().empty() ? 0 : n;
+  };
+  int64_t total = 0;
+  for (const auto& slot : job.layout.linears()) {
+    total += bytes(slot.grad()) + bytes(slot.step()) + bytes(slot.full_grad()) + bytes(slot.param());
+  }
+  return total;
+}
+
 absl::Status OffloadPath::ApplyUpdate(WorkerJob* job, int64_t i, uint32_t step, double decay) {
   const double t0 = MonotonicSeconds();
   absl::Status st = job->flags.WaitStep(i, step, kPeerTimeout);

@@ -37,6 +37,10 @@ class OffloadPath : public UpdatePath {
 
   absl::Status ApplyUpdate(WorkerJob* job, int64_t i, uint32_t step, double decay) final;
 
+  // The bytes of every linear's down slot (lsp grad, zero full_grad) and up slot (lsp step,
+  // zero param) in the arena layout.
+  int64_t OffloadBytesPerStep(const WorkerJob& job) const final;
+
  protected:
   // Writes linear i's gradient `grad` (the mode's GradientDtype; on the job's device) for
   // `step` into its arena slot and publishes it. Returns false, having aborted the step in

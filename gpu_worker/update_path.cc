@@ -1,6 +1,7 @@
 #include "gpu_worker/update_path.h"
 
 #include "absl/strings/str_cat.h"
+#include "gpu_worker/worker_job.h"
 
 namespace lspo::worker {
 
@@ -8,6 +9,7 @@ namespace lspo::worker {
 std::unique_ptr<UpdatePath> MakeNativePath();  // native_path.cc
 std::unique_ptr<UpdatePath> MakeLspPath();     // lsp_path.cc
 std::unique_ptr<UpdatePath> MakeZeroPath();    // zero_path.cc
+std::unique_ptr<UpdatePath> MakeLoraPath();    // lora_path.cc
 
 namespace {
 
@@ -21,6 +23,7 @@ constexpr Registration kRegistry[] = {
     {lspo::v1::MODE_LSP, &MakeLspPath},
     {lspo::v1::MODE_NATIVE, &MakeNativePath},
     {lspo::v1::MODE_ZERO, &MakeZeroPath},
+    {lspo::v1::MODE_LORA, &MakeLoraPath},
 };
 
 }  // namespace
@@ -31,7 +34,17 @@ absl::StatusOr<std::unique_ptr<UpdatePath>> MakeUpdatePath(lspo::v1::TrainingMod
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "job spec field mode = ", lspo::v1::TrainingMode_Name(mode),
-      " has no update path on this worker: use lsp, zero or native"));
+      " has no update path on this worker: use lsp, zero, native or lora"));
+}
+
+int64_t UpdatePath::TrainableParameters(const WorkerJob& job) const {
+  int64_t n = 0;
+  for (const offload::LinearShape& l : job.linears) n += l.m * l.n;
+  return n;
+}
+
+offload::NamedTensors UpdatePath::ExportedTensors(WorkerJob* job) {
+  return job->model->NamedTensors();
 }
 
 absl::Status UpdatePath::ApplyUpdate(WorkerJob* job, int64_t i, uint32_t step, double decay) {

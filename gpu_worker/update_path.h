@@ -7,6 +7,7 @@
 //   native  (native_path.cc)  LibTorch AdamW on the worker; no arena, no optimizer service.
 //   lsp     (lsp_path.cc)     S = P^T G Q offloaded, W <- (1 - lr wd) W + P D Q^T applied.
 //   zero    (zero_path.cc)    the full bf16 gradient offloaded, the bf16 parameters copied back.
+//   lora    (lora_path.cc)    LoRA adapters (baselines/lora.h) trained with AdamW on the worker.
 // lsp and zero share the arena mechanics (publish, wait, apply; serial and overlap schedules)
 // in OffloadPath (offload_path.h). A new mode is one file and one line in update_path.cc.
 //
@@ -18,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -44,7 +46,7 @@ class UpdatePath {
  public:
   virtual ~UpdatePath() = default;
 
-  // The mode's name as written in checkpoint metadata: "native", "lsp" or "zero".
+  // The mode's name as written in checkpoint metadata: "native", "lsp", "zero" or "lora".
   virtual const char* name() const = 0;
 
   // True for modes whose update is computed by the optimizer service through the arena
@@ -56,6 +58,27 @@ class UpdatePath {
   // reply->arena) or the local optimizer. Errors: kInvalidArgument (spec fields that do not
   // fit the model, naming the field), arena and LibTorch errors.
   virtual absl::Status Setup(WorkerJob* job, lspo::v1::LoadJobReply* reply) = 0;
+
+  // Numbers the mode trains (LoadJobReply.trainable_parameters), after Setup. Default: every
+  // element of the trainable linears (sum of m n).
+  virtual int64_t TrainableParameters(const WorkerJob& job) const;
+
+  // LoadJobReply's optimizer_state_bytes (what the worker holds) and offload_bytes_per_step
+  // (see proto/peer.proto), after Setup. Defaults: 0 and 0.
+  virtual int64_t OptimizerStateBytes(const WorkerJob& job) const { return 0; }
+  virtual int64_t OffloadBytesPerStep(const WorkerJob& job) const { return 0; }
+
+  // Non-offloaded modes: the tensors SaveArtifacts writes as the output's model.safetensors
+  // (LlamaModel::NamedTensors names and order). Default: the worker's own (aliases); lora:
+  // copies with the adapters merged.
+  virtual offload::NamedTensors ExportedTensors(WorkerJob* job);
+
+  // Files of the mode's own in the output folder `dir` beside the model (lora: the PEFT
+  // adapter folder `dir`/adapter). Returns their paths. Errors: file errors naming the path.
+  virtual absl::StatusOr<std::vector<std::string>> WriteArtifacts(WorkerJob* job,
+                                                                  const std::string& dir) {
+    return std::vector<std::string>{};
+  }
 
   // kFailedPrecondition when no step can run yet (lsp: before the first FitProjectors).
   virtual absl::Status CheckReady(const WorkerJob& job) const { return absl::OkStatus(); }

@@ -528,15 +528,16 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     RETURN_IF_ERROR(model.To(job->device));
   }
   model.SetActivationCheckpointing(spec.activation_checkpointing());
-  int64_t trainable = 0;
   for (int64_t i = 0; i < model.num_linears(); ++i) {
     const at::Tensor& w = model.LinearWeight(i);
     job->linears.push_back(
         {static_cast<int32_t>(i), model.LinearName(i), w.size(0), w.size(1)});
-    trainable += w.numel();
   }
   lspo::v1::LoadJobReply reply;
   RETURN_IF_ERROR(job->path->Setup(job.get(), &reply));
+  const int64_t trainable = job->path->TrainableParameters(*job);
+  reply.set_optimizer_state_bytes(job->path->OptimizerStateBytes(*job));
+  reply.set_offload_bytes_per_step(job->path->OffloadBytesPerStep(*job));
   if (!residuals.empty()) {
     ASSIGN_OR_RETURN(LspPath * lsp_path, LspPathOf(job.get(), "compensated apply"));
     RETURN_IF_ERROR(offload::TorchCall("compensation residuals", [&]() -> absl::Status {
@@ -746,13 +747,15 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
   const std::string gen_source = job->spec.model().format() == lspo::v1::MODEL_FORMAT_HF
                                      ? job->spec.model().path() + "/generation_config.json"
                                      : "";
-  offload::NamedTensors weights;
-  if (!job->path->offloaded()) weights = job->model->NamedTensors();
   std::vector<std::string> files;
   RETURN_IF_ERROR(offload::TorchCall("save artifacts", [&]() -> absl::Status {
+    offload::NamedTensors weights;
+    if (!job->path->offloaded()) weights = job->path->ExportedTensors(job);
     ASSIGN_OR_RETURN(files, offload::WriteHfModelFolder(
                                 job->model->config(), *job->tokenizer, gen_source,
                                 job->path->offloaded() ? nullptr : &weights, dir));
+    ASSIGN_OR_RETURN(std::vector<std::string> own, job->path->WriteArtifacts(job, dir));
+    files.insert(files.end(), own.begin(), own.end());
     return absl::OkStatus();
   }));
   lspo::v1::SaveReply reply;

@@ -24,14 +24,20 @@ class LinearImpl {
  public:
   virtual ~LinearImpl() = default;
 
-  // y = x2d W^T for linear `linear_index`, recorded for backward. Called only with grad mode
-  // enabled (under at::NoGradGuard the model computes x2d W^T itself).
+  // y = x2d W^T for linear `linear_index`, recorded for backward. Called with grad mode
+  // enabled; under at::NoGradGuard only when AppliesWithoutGrad() (otherwise the model
+  // computes x2d W^T itself).
   //   x2d (N, n) in the compute dtype (fp32), w (m, n) in the same dtype (an upcast copy when
   //   the model stores bf16 weights) -> y (N, m) in that dtype.
   // Must not throw for well-formed inputs (shapes are the model's own); c10::Error from
   // LibTorch (e.g. out of memory) propagates to the caller of the forward, as any op's would.
   virtual at::Tensor Forward(const at::Tensor& x2d, const at::Tensor& w,
                              int64_t linear_index) = 0;
+
+  // True when the implementation changes what the linear computes (e.g. LoRA's W + B A), so
+  // that evaluation and generation under at::NoGradGuard must go through Forward too; false
+  // when it only changes the backward (LSP), so no-grad passes use the plain x W^T.
+  virtual bool AppliesWithoutGrad() const { return false; }
 
   // Moves the implementation's own tensors to `device` (LlamaModel::To calls it before it
   // commits its own move). On error nothing may have moved. Errors: kInvalidArgument naming

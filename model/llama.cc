@@ -350,7 +350,8 @@ at::Tensor LlamaModel::Linear(const at::Tensor& x, int64_t linear_index) {
   at::Tensor x2d = x.reshape({-1, n});  // (N, n)
   const LinearMode mode = modes_[static_cast<size_t>(linear_index)];
   at::Tensor y;  // (N, m)
-  if (mode == LinearMode::kCustom && at::GradMode::is_enabled() && linear_impl_ != nullptr) {
+  if (mode == LinearMode::kCustom && linear_impl_ != nullptr &&
+      (at::GradMode::is_enabled() || linear_impl_->AppliesWithoutGrad())) {
     y = linear_impl_->Forward(x2d, w, linear_index);
   } else {
     if (mode == LinearMode::kCustom && at::GradMode::is_enabled()) {

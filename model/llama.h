@@ -76,8 +76,9 @@ enum class LinearMode {
   // (used for calibration gradients and the `zero`/`native` baselines).
   kDense,
   // The installed LinearImpl computes the linear with grad mode on (SetLinearImpl), e.g. the
-  // LSP node (lsp/lsp_linear.h). W.requires_grad() == false. Under at::NoGradGuard, or with no
-  // LinearImpl installed, the linear computes as kFrozen.
+  // LSP node (lsp/lsp_linear.h). W.requires_grad() == false. With no LinearImpl installed, or
+  // under at::NoGradGuard with one whose AppliesWithoutGrad() is false, the linear computes
+  // as kFrozen.
   kCustom,
 };
 

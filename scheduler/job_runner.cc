@@ -162,7 +162,8 @@ absl::Status JobRunner::Load() {
   }
   if (optimizer_ != nullptr) {
     *load.mutable_arena() = wload_.arena();
-    RETURN_IF_ERROR(optimizer_->LoadJob(load, dl_).status());
+    ASSIGN_OR_RETURN(v1::LoadJobReply oload, optimizer_->LoadJob(load, dl_));
+    optimizer_state_bytes_ = oload.optimizer_state_bytes();
   }
   if (start_step_ > 0) {
     Phase(absl::StrCat("restoring the training state of step ", start_step_));
@@ -191,7 +192,7 @@ void JobRunner::UnloadPeers() {
 
 void JobRunner::InitSummary() {
   summary_["job_id"] = id_;
-  summary_["mode"] = lsp_ ? "lsp" : zero_ ? "zero" : "native";
+  summary_["mode"] = runtime::EnumShortName(spec_.mode());
   summary_["schedule"] = offload_ ? runtime::EnumShortName(spec_.schedule()) : "none";
   summary_["weight_dtype"] = runtime::EnumShortName(spec_.weight_dtype());
   summary_["activation_checkpointing"] = spec_.activation_checkpointing();
@@ -209,6 +210,13 @@ void JobRunner::InitSummary() {
                                : spec_.lsp().apply_rounding() == v1::APPLY_ROUNDING_UNSPECIFIED
                                    ? "compensated"
                                    : runtime::EnumShortName(spec_.lsp().apply_rounding());
+  if (spec_.mode() == v1::MODE_LORA) {
+    summary_["lora_r"] = spec_.lora().r();
+    summary_["lora_alpha"] = spec_.lora().alpha();
+    summary_["lora_target_modules"] = std::vector<std::string>(
+        spec_.lora().target_modules().begin(), spec_.lora().target_modules().end());
+    summary_["lora_use_rslora"] = spec_.lora().use_rslora();
+  }
   summary_["steps"] = spec_.steps();
   summary_["micro_batch_size"] = spec_.micro_batch_size();
   summary_["grad_accum"] = spec_.grad_accum();
@@ -219,6 +227,10 @@ void JobRunner::InitSummary() {
   if (spec_.data().packing()) summary_["train_packed_rows"] = wload_.train_data().packed_rows();
   summary_["eval_examples"] = wload_.eval_examples();
   summary_["trainable_parameters"] = wload_.trainable_parameters();
+  // Optimizer state (master weights, moments) on whichever peer holds it, and the bytes one
+  // step moves between worker and optimizer (proto/peer.proto LoadJobReply).
+  summary_["optimizer_state_bytes"] = wload_.optimizer_state_bytes() + optimizer_state_bytes_;
+  summary_["offload_bytes_per_step"] = wload_.offload_bytes_per_step();
   summary_["model"] = spec_.model().format() == v1::MODEL_FORMAT_TINY_RANDOM
                           ? std::string("tiny-random")
                           : spec_.model().path();

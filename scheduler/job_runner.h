@@ -122,6 +122,7 @@ class JobRunner {
   std::optional<RunLog> log_;
   bool log_failed_ = false, timeline_failed_ = false;
   lspo::v1::LoadJobReply wload_;
+  int64_t optimizer_state_bytes_ = 0;  // The optimizer's LoadJobReply (offloaded modes).
   bool loaded_ = false;
   nlohmann::json summary_;
   int skipped_ = 0, nonfinite_in_a_row_ = 0;

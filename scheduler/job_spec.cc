@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <iterator>
+#include <set>
 #include <fstream>
 #include <sstream>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -99,6 +102,11 @@ v1::DataFormat DetectDataFormat(const std::string& path) {
   return format;
 }
 
+// The HF module names of a decoder layer's seven trainable linears (model/llama.h
+// LinearKind order): the lora.target_modules a job may name.
+constexpr const char* kLinearModules[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                          "gate_proj", "up_proj", "down_proj"};
+
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json, absl::string_view source) {
@@ -108,7 +116,8 @@ absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json, absl::string_vi
   if (!st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         st.message(), ". See examples/*.yaml and proto/job_spec.proto (message JobSpec) for the "
-        "fields; mode is lsp, zero, native (or MODE_LSP, MODE_ZERO, MODE_NATIVE)."));
+        "fields; mode is lsp, zero, native or lora (or MODE_LSP, MODE_ZERO, MODE_NATIVE, "
+        "MODE_LORA)."));
   }
   return spec;
 }
@@ -186,6 +195,15 @@ void ResolveDefaults(JobSpec* spec) {
       spec->device() != v1::DEVICE_UNSPECIFIED) {
     spec->set_weight_dtype(spec->device() == v1::DEVICE_CUDA ? v1::WEIGHT_DTYPE_BF16
                                                              : v1::WEIGHT_DTYPE_FP32);
+  }
+  if (spec->mode() == v1::MODE_LORA) {
+    // PEFT's LoraConfig defaults (r 8, lora_alpha 8); the targets written out.
+    auto* lora = spec->mutable_lora();
+    if (lora->r() == 0) lora->set_r(8);
+    if (lora->alpha() == 0) lora->set_alpha(8);
+    if (lora->target_modules().empty()) {
+      for (const char* m : kLinearModules) lora->add_target_modules(m);
+    }
   }
   auto* optim = spec->mutable_optim();
   if (optim->lr() == 0) optim->set_lr(1e-4);
@@ -343,8 +361,33 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return bad("data.perplexity_blocks", data.perplexity_blocks(), "must be >= 0");
   }
   if (spec.mode() != lspo::v1::MODE_LSP && spec.mode() != lspo::v1::MODE_NATIVE &&
-      spec.mode() != lspo::v1::MODE_ZERO) {
-    return bad("mode", runtime::EnumShortName(spec.mode()), "use lsp, zero or native");
+      spec.mode() != lspo::v1::MODE_ZERO && spec.mode() != lspo::v1::MODE_LORA) {
+    return bad("mode", runtime::EnumShortName(spec.mode()), "use lsp, zero, native or lora");
+  }
+  if (spec.mode() == lspo::v1::MODE_LORA) {
+    const auto& lora = spec.lora();
+    if (lora.r() < 1) {
+      return bad("lora.r", lora.r(), "the adapter rank must be >= 1 (PEFT's default is 8)");
+    }
+    if (!(std::isfinite(lora.alpha()) && lora.alpha() > 0)) {
+      return bad("lora.alpha", lora.alpha(), "lora_alpha must be a finite number > 0");
+    }
+    std::set<std::string> seen;
+    for (const std::string& m : lora.target_modules()) {
+      if (absl::c_find(kLinearModules, m) == std::end(kLinearModules)) {
+        return bad("lora.target_modules", absl::StrCat("[..., \"", m, "\", ...]"),
+                   absl::StrCat("each target is one of ", absl::StrJoin(kLinearModules, ", ")));
+      }
+      if (!seen.insert(m).second) {
+        return bad("lora.target_modules", absl::StrCat("[..., \"", m, "\", ...]"),
+                   "a module is named twice; name each once");
+      }
+    }
+  } else if (spec.lora().r() != 0 || spec.lora().alpha() != 0 ||
+             !spec.lora().target_modules().empty() || spec.lora().use_rslora()) {
+    return bad("lora", "{...}",
+               absl::StrCat("the lora settings apply to mode lora only, and mode is ",
+                            runtime::EnumShortName(spec.mode()), "; remove lora or set mode: lora"));
   }
   if (spec.schedule() != v1::STEP_SCHEDULE_SERIAL && spec.schedule() != v1::STEP_SCHEDULE_OVERLAP) {
     return bad("schedule", runtime::EnumShortName(spec.schedule()), "use overlap or serial");

@@ -149,6 +149,44 @@ TEST(EmbeddedTest, SubspaceWiderThanANarrowMatrixTrainsAndBadSubspaceSettingsAre
   EXPECT_EQ(ok.last.state(), v1::SUCCEEDED) << ok.last.error();
 }
 
+// summary.json's optimizer_state_bytes and offload_bytes_per_step, per mode, against the
+// numbers of the tiny Llama (hidden 64, 2 layers; q, o 64x64, k, v 32x64, gate, up 128x64,
+// down 64x128: sum m n = 73728 over the 14 matrices, every side above d = 16).
+TEST(EmbeddedTest, SummaryReportsOptimizerStateAndOffloadBytesOfEveryMode) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  const int64_t mn = 73728;
+  struct Want {
+    v1::TrainingMode mode;
+    int64_t state, offload;
+  };
+  const Want wants[] = {
+      // AdamW moments on the worker (fp32 on the CPU): 2 x 4 bytes per weight.
+      {v1::MODE_NATIVE, 8 * mn, 0},
+      // fp32 master + m + v on the optimizer; bf16 G down and W up.
+      {v1::MODE_ZERO, 12 * mn, 4 * mn},
+      // fp32 base W + summed steps, m, v (16 x 16 each); fp32 S down and D up (16 x 16 each).
+      {v1::MODE_LSP, 4 * mn + 14 * 3 * 4 * 256, 14 * 2 * 4 * 256},
+      // AdamW moments of the adapters, sum r (m + n) = 4 x 2048 numbers, fp32.
+      {v1::MODE_LORA, 8 * 4 * 2048, 0},
+  };
+  for (const Want& want : wants) {
+    const std::string dir = testing_jobs::TempDir("bytes");
+    v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(dir, want.mode, 1);
+    if (want.mode == v1::MODE_LORA) spec.mutable_lora()->set_r(4);
+    spec.set_skip_initial_eval(true);
+    spec.set_skip_checkpoint(true);
+    WatchResult w = SubmitAndWatch(stub.get(), spec);
+    ASSERT_EQ(w.last.state(), v1::SUCCEEDED) << w.last.error();
+    std::ifstream in(dir + "/summary.json");
+    const nlohmann::json s = nlohmann::json::parse(in);
+    SCOPED_TRACE(s["mode"].get<std::string>());
+    EXPECT_EQ(s["optimizer_state_bytes"].get<int64_t>(), want.state);
+    EXPECT_EQ(s["offload_bytes_per_step"].get<int64_t>(), want.offload);
+  }
+}
+
 TEST(EmbeddedTest, MissingDataFileIsRejectedAtSubmit) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
   auto runtime = testing_jobs::StartEmbedded();

@@ -1,0 +1,350 @@
+#include "baselines/lora.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "model/safetensors.h"
+#include "nlohmann/json.hpp"
+#include "runtime/file_io.h"
+#include "runtime/status_macros.h"
+#include "runtime/util.h"
+
+namespace lspo::baselines {
+
+namespace {
+
+constexpr char kConfigFile[] = "adapter_config.json";
+constexpr char kWeightsFile[] = "adapter_model.safetensors";
+
+// The module name of linear i's kind ("q_proj", ...).
+const char* ModuleOf(int64_t i) { return kLoraModuleNames[i % model::kLinearsPerLayer]; }
+
+bool KnownModule(const std::string& name) {
+  return std::find_if(std::begin(kLoraModuleNames), std::end(kLoraModuleNames),
+                      [&](const char* m) { return name == m; }) != std::end(kLoraModuleNames);
+}
+
+// Checks `s` (r, alpha, targets; empty targets become all seven) for a model with the given
+// linear shapes. Errors: kInvalidArgument naming the setting.
+absl::Status CheckSettings(LoraSettings* s, const model::LlamaModel& model) {
+  if (s->r < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoRA rank r = ", s->r, " is invalid: it must be >= 1"));
+  }
+  if (!(std::isfinite(s->alpha) && s->alpha > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoRA lora_alpha = ", s->alpha, " is invalid: it must be finite and > 0"));
+  }
+  if (s->target_modules.empty()) {
+    s->target_modules.assign(std::begin(kLoraModuleNames), std::end(kLoraModuleNames));
+  }
+  std::set<std::string> seen;
+  for (const std::string& m : s->target_modules) {
+    if (!KnownModule(m)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoRA target module '", m, "' is not a linear of this model; use any of ",
+          absl::StrJoin(kLoraModuleNames, ", ")));
+    }
+    if (!seen.insert(m).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LoRA target module '", m, "' is named twice"));
+    }
+  }
+  for (int64_t i = 0; i < model.num_linears(); ++i) {
+    if (!seen.count(ModuleOf(i))) continue;
+    const at::Tensor& w = model.LinearWeight(i);
+    if (s->r > std::min(w.size(0), w.size(1))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoRA rank r = ", s->r, " exceeds the smaller side of ", model.LinearName(i), " (",
+          w.size(0), " x ", w.size(1), "): use r <= ", std::min(w.size(0), w.size(1)),
+          " or leave ", ModuleOf(i), " out of the target modules"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+double LoraSettings::Scaling() const {
+  return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
+}
+
+absl::StatusOr<std::shared_ptr<LoraAdapter>> LoraAdapter::Create(const model::LlamaModel& model,
+                                                                 LoraSettings settings,
+                                                                 uint64_t seed) {
+  RETURN_IF_ERROR(CheckSettings(&settings, model));
+  std::shared_ptr<LoraAdapter> adapter(new LoraAdapter());
+  adapter->settings_ = settings;
+  adapter->scaling_ = settings.Scaling();
+  const std::set<std::string> targets(settings.target_modules.begin(),
+                                      settings.target_modules.end());
+  const int64_t n_lin = model.num_linears();
+  adapter->a_.resize(static_cast<size_t>(n_lin));
+  adapter->b_.resize(static_cast<size_t>(n_lin));
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const at::Device device = model.device();
+  for (int64_t i = 0; i < n_lin; ++i) {
+    if (!targets.count(ModuleOf(i))) continue;
+    const int64_t m = model.LinearWeight(i).size(0), n = model.LinearWeight(i).size(1);
+    // kaiming_uniform_(a = sqrt(5)): gain sqrt(2 / (1 + 5)), bound gain * sqrt(3 / fan_in)
+    // = 1 / sqrt(n) (torch.nn.init; PEFT LoraLayer.reset_lora_parameters).
+    const double bound = 1.0 / std::sqrt(static_cast<double>(n));
+    at::Tensor a = at::empty({settings.r, n}, at::kFloat);
+    a.uniform_(-bound, bound, gen);
+    adapter->a_[static_cast<size_t>(i)] = a.to(device).requires_grad_(true);
+    adapter->b_[static_cast<size_t>(i)] =
+        at::zeros({m, settings.r}, at::TensorOptions().dtype(at::kFloat).device(device))
+            .requires_grad_(true);
+  }
+  return adapter;
+}
+
+void LoraAdapter::Attach(model::LlamaModel* model) {
+  for (int64_t i = 0; i < model->num_linears(); ++i) {
+    model->SetLinearMode(i, targets(i) ? model::LinearMode::kCustom : model::LinearMode::kFrozen);
+  }
+  model->SetLinearImpl(shared_from_this());
+}
+
+at::Tensor LoraAdapter::Forward(const at::Tensor& x2d, const at::Tensor& w,
+                                int64_t linear_index) {
+  at::Tensor y = at::mm(x2d, w.t());  // (N, m)
+  if (!targets(linear_index)) return y;
+  const at::Tensor& a = A(linear_index);  // (r, n)
+  const at::Tensor& b = B(linear_index);  // (m, r)
+  return y + at::mm(at::mm(x2d, a.t()), b.t()) * scaling_;
+}
+
+absl::Status LoraAdapter::To(const at::Device& device) {
+  std::vector<at::Tensor> a(a_.size()), b(b_.size());
+  try {
+    for (size_t i = 0; i < a_.size(); ++i) {
+      if (!a_[i].defined()) continue;
+      a[i] = a_[i].detach().to(device).requires_grad_(true);
+      b[i] = b_[i].detach().to(device).requires_grad_(true);
+    }
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot move the LoRA adapters to ",
+                                                   device.str(), ": ", e.what_without_backtrace()));
+  }
+  a_ = std::move(a);
+  b_ = std::move(b);
+  return absl::OkStatus();
+}
+
+std::vector<at::Tensor> LoraAdapter::Parameters() const {
+  std::vector<at::Tensor> params;
+  for (size_t i = 0; i < a_.size(); ++i) {
+    if (!a_[i].defined()) continue;
+    params.push_back(a_[i]);
+    params.push_back(b_[i]);
+  }
+  return params;
+}
+
+int64_t LoraAdapter::NumParameters() const {
+  int64_t n = 0;
+  for (const at::Tensor& p : Parameters()) n += p.numel();
+  return n;
+}
+
+at::Tensor LoraAdapter::MergedWeight(int64_t i, const at::Tensor& w) const {
+  at::NoGradGuard no_grad;
+  at::Tensor merged = w.detach().to(at::kFloat).clone();  // (m, n)
+  if (targets(i)) merged.add_(at::mm(B(i).detach(), A(i).detach()), scaling_);
+  return merged;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> LoraAdapter::MergedTensors(
+    const model::LlamaModel& model) const {
+  std::vector<std::pair<std::string, at::Tensor>> tensors = model.NamedTensors();
+  for (int64_t i = 0; i < model.num_linears(); ++i) {
+    if (!targets(i)) continue;
+    const std::string name = model.LinearName(i);
+    for (auto& [n, t] : tensors) {
+      if (n == name) t = MergedWeight(i, t);
+    }
+  }
+  return tensors;
+}
+
+std::string LoraAdapter::PeftKey(const std::string& hf_weight_name, char which) {
+  std::string module = hf_weight_name;
+  if (absl::EndsWith(module, ".weight")) module.resize(module.size() - 7);
+  return absl::StrCat("base_model.model.", module, which == 'A' ? ".lora_A" : ".lora_B",
+                      ".weight");
+}
+
+absl::StatusOr<std::vector<std::string>> WritePeftAdapter(const LoraAdapter& adapter,
+                                                          const model::LlamaModel& model,
+                                                          const std::string& base_model,
+                                                          const std::string& dir) {
+  RETURN_IF_ERROR(runtime::MakeDirs(dir));
+  const LoraSettings& s = adapter.settings();
+  // The fields PEFT's LoraConfig.to_dict writes that matter for loading; the others take
+  // PEFT's defaults.
+  nlohmann::json config = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"base_model_name_or_path", base_model},
+      {"r", s.r},
+      {"lora_alpha", s.alpha},
+      {"target_modules", s.target_modules},
+      {"lora_dropout", 0.0},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"use_rslora", s.use_rslora},
+      {"use_dora", false},
+      {"init_lora_weights", true},
+      {"inference_mode", true},
+      {"modules_to_save", nullptr},
+      {"layers_to_transform", nullptr},
+      {"layers_pattern", nullptr},
+      {"rank_pattern", nlohmann::json::object()},
+      {"alpha_pattern", nlohmann::json::object()},
+      {"revision", nullptr},
+  };
+  const std::string config_path = absl::StrCat(dir, "/", kConfigFile);
+  RETURN_IF_ERROR(runtime::WriteFileAtomically(config_path, config.dump(2) + "\n"));
+  std::vector<at::Tensor> host;  // keeps the CPU copies alive during the write
+  std::vector<model::SafetensorsEntry> entries;
+  for (int64_t i = 0; i < adapter.num_linears(); ++i) {
+    if (!adapter.targets(i)) continue;
+    for (char which : {'A', 'B'}) {
+      const at::Tensor& t = which == 'A' ? adapter.A(i) : adapter.B(i);
+      host.push_back(t.detach().to(at::kCPU, at::kFloat).contiguous());
+      entries.push_back({LoraAdapter::PeftKey(model.LinearName(i), which), "F32",
+                         host.back().sizes().vec(), host.back().data_ptr(),
+                         static_cast<size_t>(host.back().nbytes())});
+    }
+  }
+  const std::string weights_path = absl::StrCat(dir, "/", kWeightsFile);
+  RETURN_IF_ERROR(model::WriteSafetensors(weights_path, entries, {{"format", "pt"}}));
+  return std::vector<std::string>{config_path, weights_path};
+}
+
+absl::StatusOr<std::shared_ptr<LoraAdapter>> ReadPeftAdapter(const std::string& dir,
+                                                             const model::LlamaModel& model) {
+  const std::string config_path = absl::StrCat(dir, "/", kConfigFile);
+  ASSIGN_OR_RETURN(std::string text, runtime::ReadFileToString(config_path, "adapter config"));
+  nlohmann::json c = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  auto bad = [&](const std::string& field, const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adapter config '", config_path, "': ", field, " ", why));
+  };
+  if (!c.is_object()) return bad("the file", "is not a JSON object");
+  auto field_is = [&](const char* key, const nlohmann::json& expected) {
+    return !c.contains(key) || c[key].is_null() || c[key] == expected;
+  };
+  if (!c.contains("peft_type") || c["peft_type"] != "LORA") {
+    return bad("peft_type", "must be \"LORA\" (this reader loads LoRA adapters only)");
+  }
+  if (!c.contains("r") || !c["r"].is_number_integer()) return bad("r", "must be an integer");
+  if (!c.contains("lora_alpha") || !c["lora_alpha"].is_number()) {
+    return bad("lora_alpha", "must be a number");
+  }
+  if (!field_is("bias", "none")) {
+    return absl::UnimplementedError(absl::StrCat("adapter config '", config_path,
+                                                 "': bias ", c["bias"].dump(),
+                                                 " is not supported; only \"none\""));
+  }
+  // PEFT features this reader does not implement must be off: false, null or empty.
+  for (const char* off : {"fan_in_fan_out", "use_dora", "lora_bias", "use_qalora"}) {
+    if (!field_is(off, false)) {
+      return absl::UnimplementedError(absl::StrCat("adapter config '", config_path, "': ", off,
+                                                   " = ", c[off].dump(), " is not supported"));
+    }
+  }
+  for (const char* empty : {"rank_pattern", "alpha_pattern", "layers_to_transform",
+                            "layer_replication", "exclude_modules", "modules_to_save",
+                            "target_parameters", "trainable_token_indices"}) {
+    if (c.contains(empty) && !c[empty].is_null() && !c[empty].empty()) {
+      return absl::UnimplementedError(absl::StrCat("adapter config '", config_path, "': ", empty,
+                                                   " = ", c[empty].dump(),
+                                                   " is not supported (leave it empty)"));
+    }
+  }
+  LoraSettings s;
+  s.r = c["r"].get<int64_t>();
+  s.alpha = c["lora_alpha"].get<double>();
+  s.use_rslora = c.contains("use_rslora") && c["use_rslora"].is_boolean() &&
+                 c["use_rslora"].get<bool>();
+  const nlohmann::json& tm = c.contains("target_modules") ? c["target_modules"] : nlohmann::json();
+  if (tm.is_string() && tm == "all-linear") {
+    // PEFT: every linear but the output layer.
+  } else if (tm.is_array()) {
+    for (const auto& m : tm) {
+      if (!m.is_string()) return bad("target_modules", "must list module names (strings)");
+      s.target_modules.push_back(m.get<std::string>());
+    }
+    if (s.target_modules.empty()) return bad("target_modules", "is empty");
+    std::sort(s.target_modules.begin(), s.target_modules.end(), [](const auto& x, const auto& y) {
+      auto rank = [](const std::string& m) {
+        return std::find_if(std::begin(kLoraModuleNames), std::end(kLoraModuleNames),
+                            [&](const char* k) { return m == k; }) -
+               std::begin(kLoraModuleNames);
+      };
+      return rank(x) < rank(y);
+    });
+  } else {
+    return bad("target_modules",
+               "must be a list of module names or \"all-linear\" (a regular expression is not "
+               "supported)");
+  }
+  absl::StatusOr<std::shared_ptr<LoraAdapter>> made = LoraAdapter::Create(model, s, 0);
+  if (!made.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adapter config '", config_path, "': ", made.status().message()));
+  }
+  std::shared_ptr<LoraAdapter> adapter = *std::move(made);
+
+  const std::string weights_path = absl::StrCat(dir, "/", kWeightsFile);
+  ASSIGN_OR_RETURN(model::SafetensorsFile file, model::SafetensorsFile::Open(weights_path));
+  std::set<std::string> expected;
+  for (int64_t i = 0; i < adapter->num_linears(); ++i) {
+    if (!adapter->targets(i)) continue;
+    for (char which : {'A', 'B'}) {
+      const std::string key = LoraAdapter::PeftKey(model.LinearName(i), which);
+      expected.insert(key);
+      at::Tensor& dst = which == 'A' ? adapter->A(i) : adapter->B(i);
+      absl::StatusOr<std::vector<int64_t>> shape = file.shape(key);
+      if (!shape.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "adapter '", weights_path, "' has no tensor ", key, ", which the config's target ",
+            "modules imply"));
+      }
+      if (*shape != dst.sizes().vec()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "adapter '", weights_path, "': tensor ", key, " has shape [",
+            absl::StrJoin(*shape, ", "), "] but the model needs [",
+            absl::StrJoin(dst.sizes().vec(), ", "), "] (r = ", s.r, ")"));
+      }
+      at::Tensor host = at::empty(dst.sizes(), at::kFloat);
+      RETURN_IF_ERROR(file.ReadF32Into(
+          key, absl::Span<float>(host.data_ptr<float>(), static_cast<size_t>(host.numel()))));
+      if (!at::isfinite(host).all().item<bool>()) {
+        return absl::DataLossError(absl::StrCat("adapter '", weights_path, "': tensor ", key,
+                                                " holds non-finite values"));
+      }
+      at::NoGradGuard no_grad;
+      dst.copy_(host);
+    }
+  }
+  for (const std::string& name : file.names()) {
+    if (!expected.count(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "adapter '", weights_path, "' has tensor ", name,
+          " that belongs to no target module of its config (or to a model of another shape)"));
+    }
+  }
+  return adapter;
+}
+
+}  // namespace lspo::baselines

@@ -1,0 +1,84 @@
+#include "gpu_worker/worker_adamw.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/clock.h"
+
+namespace lspo::worker {
+
+WorkerAdamW::WorkerAdamW(std::vector<at::Tensor> params, const lspo::v1::OptimSpec& optim)
+    : params_(std::move(params)), max_grad_norm_(optim.max_grad_norm()) {
+  adamw_ = std::make_unique<torch::optim::AdamW>(
+      params_, torch::optim::AdamWOptions(optim.lr())
+                   .betas({optim.beta1(), optim.beta2()})
+                   .eps(optim.eps())
+                   .weight_decay(optim.weight_decay()));
+}
+
+int64_t WorkerAdamW::StateBytes() const {
+  int64_t bytes = 0;
+  for (const at::Tensor& p : params_) bytes += 2 * p.numel() * static_cast<int64_t>(p.element_size());
+  return bytes;
+}
+
+void WorkerAdamW::Step(double lr, lspo::v1::TrainStepReply* reply) {
+  auto t0 = std::chrono::steady_clock::now();
+  // One host synchronisation: the squared norms summed on the device, read once.
+  at::Tensor sq;
+  for (const at::Tensor& p : params_) {
+    if (!p.grad().defined()) continue;
+    at::Tensor s = p.grad().to(at::kDouble).pow(2).sum();
+    sq = sq.defined() ? sq + s : s;
+  }
+  const double norm = sq.defined() ? std::sqrt(sq.item<double>()) : 0.0;
+  if (!std::isfinite(norm)) {  // A NaN or Inf anywhere makes the sum non-finite.
+    reply->set_nonfinite(true);
+    return;
+  }
+  for (auto& group : adamw_->param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  }
+  auto* metrics = reply->mutable_metrics();
+  if (max_grad_norm_ > 0) {
+    metrics->set_grad_norm(torch::nn::utils::clip_grad_norm_(params_, max_grad_norm_));
+  }
+  adamw_->step();
+  metrics->set_update_seconds(runtime::SecondsSince(t0));
+}
+
+absl::Status WorkerAdamW::Save(const std::string& dir, lspo::v1::StateReply* reply) {
+  const std::string path = StatePath(dir);
+  try {
+    torch::save(*adamw_, path);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("cannot write the AdamW state '", path, "': ", e.what_without_backtrace()));
+  }
+  reply->add_files(path);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::function<absl::Status()>> WorkerAdamW::Read(const std::string& dir,
+                                                                const std::string& mode) {
+  const std::string path = StatePath(dir);
+  if (access(path.c_str(), R_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "'", path, "' is missing: the checkpoint has no AdamW state for this ", mode, " job"));
+  }
+  return std::function<absl::Status()>([this, path]() -> absl::Status {
+    try {
+      torch::load(*adamw_, path);
+    } catch (const c10::Error& e) {
+      return absl::DataLossError(absl::StrCat("cannot read the AdamW state '", path,
+                                              "': ", e.what_without_backtrace()));
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace lspo::worker
