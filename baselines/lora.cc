@@ -57,15 +57,21 @@ absl::Status CheckSettings(LoraSettings* s, const model::LlamaModel& model) {
           absl::StrCat("LoRA target module '", m, "' is named twice"));
     }
   }
+  // The largest rank every target allows, and the first matrix that r exceeds.
+  int64_t limit = -1, first = -1;
   for (int64_t i = 0; i < model.num_linears(); ++i) {
     if (!seen.count(ModuleOf(i))) continue;
     const at::Tensor& w = model.LinearWeight(i);
-    if (s->r > std::min(w.size(0), w.size(1))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "LoRA rank r = ", s->r, " exceeds the smaller side of ", model.LinearName(i), " (",
-          w.size(0), " x ", w.size(1), "): use r <= ", std::min(w.size(0), w.size(1)),
-          " or leave ", ModuleOf(i), " out of the target modules"));
-    }
+    const int64_t side = std::min(w.size(0), w.size(1));
+    limit = limit < 0 ? side : std::min(limit, side);
+    if (first < 0 && s->r > side) first = i;
+  }
+  if (first >= 0) {
+    const at::Tensor& w = model.LinearWeight(first);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LoRA rank r = ", s->r, " exceeds the smaller side of ", model.LinearName(first), " (",
+        w.size(0), " x ", w.size(1), "): use r <= ", limit,
+        " (the smallest side of the target modules) or leave the narrow modules out"));
   }
   return absl::OkStatus();
 }

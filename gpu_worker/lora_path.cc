@@ -5,6 +5,8 @@
 // worker_state.safetensors and the AdamW state in worker_adamw.pt. The job's output is the
 // merged model (W + scaling B A, fp32) as model.safetensors and the PEFT adapter folder in
 // `<dir>/adapter`. Internal to gpu_worker/.
+#include <filesystem>
+#include <system_error>
 #include <vector>
 
 #include <torch/torch.h>
@@ -69,7 +71,13 @@ class LoraPath final : public UpdatePath {
 
   absl::StatusOr<std::vector<std::string>> WriteArtifacts(WorkerJob* job,
                                                           const std::string& dir) override {
-    return baselines::WritePeftAdapter(*adapter_, *job->model, job->spec.model().path(),
+    // PEFT loads the base from base_model_name_or_path: an absolute path works from any
+    // working directory (a GGUF or tiny-random base has no HF folder: docs/baselines.md).
+    const std::string& path = job->spec.model().path();
+    std::error_code ec;
+    const std::string base =
+        path.empty() ? path : std::filesystem::absolute(path, ec).lexically_normal().string();
+    return baselines::WritePeftAdapter(*adapter_, *job->model, ec ? path : base,
                                        dir + "/adapter");
   }
 

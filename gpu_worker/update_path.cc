@@ -1,5 +1,11 @@
 #include "gpu_worker/update_path.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/worker_job.h"
 
@@ -45,6 +51,20 @@ int64_t UpdatePath::TrainableParameters(const WorkerJob& job) const {
 
 offload::NamedTensors UpdatePath::ExportedTensors(WorkerJob* job) {
   return job->model->NamedTensors();
+}
+
+absl::StatusOr<std::vector<std::string>> UpdatePath::WriteArtifacts(WorkerJob* job,
+                                                                    const std::string& dir) {
+  const std::string adapter = dir + "/adapter";
+  for (const char* f : {"/adapter_config.json", "/adapter_model.safetensors"}) {
+    if (std::remove((adapter + f).c_str()) != 0 && errno != ENOENT) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "cannot remove the stale PEFT adapter file '", adapter, f, "' of an earlier lora job: ",
+          std::strerror(errno)));
+    }
+  }
+  (void)rmdir(adapter.c_str());  // Only when empty: anything else the user put there stays.
+  return std::vector<std::string>{};
 }
 
 absl::Status UpdatePath::ApplyUpdate(WorkerJob* job, int64_t i, uint32_t step, double decay) {

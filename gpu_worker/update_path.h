@@ -75,10 +75,10 @@ class UpdatePath {
 
   // Files of the mode's own in the output folder `dir` beside the model (lora: the PEFT
   // adapter folder `dir`/adapter). Returns their paths. Errors: file errors naming the path.
+  // Default: none, and the PEFT adapter files a lora job left in `dir` are removed, so that a
+  // reused output folder holds no adapter of another model.
   virtual absl::StatusOr<std::vector<std::string>> WriteArtifacts(WorkerJob* job,
-                                                                  const std::string& dir) {
-    return std::vector<std::string>{};
-  }
+                                                                  const std::string& dir);
 
   // kFailedPrecondition when no step can run yet (lsp: before the first FitProjectors).
   virtual absl::Status CheckReady(const WorkerJob& job) const { return absl::OkStatus(); }

@@ -70,11 +70,12 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
   const int step = trainer_state["step"].get<int>();
   absl::Status st = runtime::WriteFileSynced(tmp_dir + "/" + kTrainerState, trainer_state.dump(2) + "\n");
   if (!st.ok()) return fail(st);
-  // Checksums over every regular file (sorted for a stable manifest).
+  // Checksums over every regular file, sub-folders included (mode lora's adapter/), by path
+  // relative to the checkpoint (sorted for a stable manifest).
   std::vector<std::string> names;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(tmp_dir, ec)) {
-    if (e.is_regular_file()) names.push_back(e.path().filename().string());
+  for (const auto& e : fs::recursive_directory_iterator(tmp_dir, ec)) {
+    if (e.is_regular_file()) names.push_back(fs::relative(e.path(), tmp_dir).string());
   }
   if (ec) return fail(runtime::FileErrnoStatus("list", tmp_dir, ec.value()));
   std::sort(names.begin(), names.end());
@@ -89,6 +90,12 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
   }
   st = runtime::WriteFileSynced(tmp_dir + "/" + kChecksums, manifest);
   if (!st.ok()) return fail(st);
+  for (const std::string& name : names) {  // the sub-folders' entries (adapter/)
+    const std::string sub = fs::path(name).parent_path().string();
+    if (sub.empty()) continue;
+    st = runtime::FsyncDir(tmp_dir + "/" + sub);
+    if (!st.ok()) return fail(st);
+  }
   st = runtime::FsyncDir(tmp_dir);
   if (!st.ok()) return fail(st);
   const std::string parent = fs::path(tmp_dir).parent_path().string();
@@ -155,7 +162,15 @@ absl::StatusOr<nlohmann::json> VerifyCheckpoint(const std::string& dir) {
     const std::string line(line_view);
     if (line.empty()) continue;
     std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits("  ", 1));
-    if (parts.size() != 2 || parts[0].size() != 64 || parts[1].find('/') != std::string::npos) {
+    // A name is a relative path inside the checkpoint: no absolute path, no "..", no empty part.
+    auto outside = [](const std::string& name) {
+      if (name.empty() || name[0] == '/') return true;
+      for (absl::string_view part : absl::StrSplit(name, '/')) {
+        if (part.empty() || part == "..") return true;
+      }
+      return false;
+    };
+    if (parts.size() != 2 || parts[0].size() != 64 || outside(parts[1])) {
       return absl::DataLossError(absl::StrCat("'", manifest_path, "': malformed line '", line,
                                               "'"));
     }

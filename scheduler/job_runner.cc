@@ -127,7 +127,7 @@ absl::Status JobRunner::SelectResume() {
   if (!SameTraining(resume_state_.value("training_fingerprint", std::string()), spec_)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint '", resume_dir_, "' was written by a job with a different training spec "
-        "(mode, model, data, lsp, optim, batch or seed differ): resume with the spec in its "
+        "(mode, model, data, lsp, lora, optim, batch or seed differ): resume with the spec in its "
         "trainer_state.json, changing only steps, output, evaluation or threads"));
   }
   start_step_ = resume_state_["step"].get<int>();

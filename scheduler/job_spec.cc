@@ -1,10 +1,12 @@
 #include "scheduler/job_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <unistd.h>
 
 #include <filesystem>
 #include <iterator>
+#include <limits>
 #include <set>
 #include <fstream>
 #include <sstream>
@@ -204,6 +206,17 @@ void ResolveDefaults(JobSpec* spec) {
     if (lora->target_modules().empty()) {
       for (const char* m : kLinearModules) lora->add_target_modules(m);
     }
+    // Layer order (q, k, v, o, gate, up, down), so that the same targets listed in another
+    // order are the same training (fingerprint); names that are not modules stay last, for
+    // ValidateJobSpec to refuse.
+    auto rank = [](const std::string& m) {
+      return std::find_if(std::begin(kLinearModules), std::end(kLinearModules),
+                          [&](const char* k) { return m == k; }) -
+             std::begin(kLinearModules);
+    };
+    std::stable_sort(lora->mutable_target_modules()->begin(),
+                     lora->mutable_target_modules()->end(),
+                     [&](const std::string& a, const std::string& b) { return rank(a) < rank(b); });
   }
   auto* optim = spec->mutable_optim();
   if (optim->lr() == 0) optim->set_lr(1e-4);
@@ -371,6 +384,16 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     }
     if (!(std::isfinite(lora.alpha()) && lora.alpha() > 0)) {
       return bad("lora.alpha", lora.alpha(), "lora_alpha must be a finite number > 0");
+    }
+    // The adapters' scaling alpha / r (rsLoRA: alpha / sqrt(r)) multiplies fp32 activations:
+    // it must be a normal fp32 number (PEFT's usual alpha is r to 4 r).
+    const double scaling = lora.use_rslora() ? lora.alpha() / std::sqrt(double{lora.r()})
+                                             : lora.alpha() / lora.r();
+    if (!(scaling >= std::numeric_limits<float>::min() &&
+          scaling <= std::numeric_limits<float>::max())) {
+      return bad("lora.alpha", lora.alpha(),
+                 absl::StrCat("the scaling alpha / r = ", scaling,
+                              " is not a normal fp32 number; use an alpha near r to 4 r"));
     }
     std::set<std::string> seen;
     for (const std::string& m : lora.target_modules()) {

@@ -259,8 +259,9 @@ TEST(LoraAdapterTest, BadSettingsAreRefusedByName) {
   LoraSettings s;
   s.r = 0;
   refuse(s, "r = 0");
-  s.r = 65;  // above every matrix's smaller side: the first target, q_proj (96 x 64), is named
-  refuse(s, "model.layers.0.self_attn.q_proj.weight (96 x 64): use r <= 64");
+  s.r = 65;  // above every matrix's smaller side: the first target, q_proj (96 x 64), is named,
+             // and the limit is the smallest side of all targets (k/v_proj, 48 x 64)
+  refuse(s, "model.layers.0.self_attn.q_proj.weight (96 x 64): use r <= 48");
   s.r = 49;  // k_proj is 48 x 64: its smaller side is 48
   s.target_modules = {"q_proj", "k_proj"};
   refuse(s, "exceeds the smaller side of model.layers.0.self_attn.k_proj.weight");

@@ -110,6 +110,17 @@ TEST(LoraJobTest, TrainsTheAdaptersAndWritesTheMergedModelAndAPeftFolder) {
     }
   }
   EXPECT_EQ(changed, 6);
+  // A tiny-random base has no model folder: base_model_name_or_path is empty (an HF folder's
+  // is written as an absolute path, docs/baselines.md).
+  EXPECT_EQ(config["base_model_name_or_path"], "");
+
+  // The output folder reused by a job of another mode keeps no stale adapter.
+  v1::JobSpec native = testing_jobs::TinyMobyDickSpec(dir, v1::MODE_NATIVE, 1);
+  native.set_skip_initial_eval(true);
+  testing_jobs::WatchResult nw = testing_jobs::SubmitAndWatch(stub.get(), native);
+  ASSERT_EQ(nw.last.state(), v1::SUCCEEDED) << nw.last.error();
+  EXPECT_FALSE(fs::exists(dir + "/adapter/adapter_model.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/adapter"));
 }
 
 // Stopped at step 3 and resumed from its checkpoint, the job gives bitwise the losses, the
@@ -130,9 +141,18 @@ TEST(LoraJobTest, ResumedAtStep3MatchesTheUninterruptedRunBitwise) {
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_NE(state->Find("model.layers.1.mlp.down_proj.weight.lora_B"), nullptr);
 
+  // The checkpoint's adapter folder is checksummed like its other files.
+  EXPECT_NE(Bytes(ckpt + "/checksums.sha256").find("  adapter/adapter_model.safetensors\n"),
+            std::string::npos);
+
   const std::string b_dir = testing_jobs::TempDir("lora-b");
   v1::JobSpec b = LoraSpec(b_dir, 6);
   b.set_resume_from(ckpt);
+  // The same targets listed in another order are the same training.
+  for (const char* m : {"down_proj", "up_proj", "gate_proj", "o_proj", "v_proj", "k_proj",
+                        "q_proj"}) {
+    b.mutable_lora()->add_target_modules(m);
+  }
   testing_jobs::WatchResult resumed = testing_jobs::SubmitAndWatch(stub.get(), b);
   ASSERT_EQ(resumed.last.state(), v1::SUCCEEDED) << resumed.last.error();
   EXPECT_EQ(resumed.last.resumed_from_step(), 3);
@@ -153,9 +173,20 @@ TEST(LoraJobTest, ResumedAtStep3MatchesTheUninterruptedRunBitwise) {
   EXPECT_EQ(other.last.state(), v1::FAILED);
   EXPECT_NE(other.last.error().find("different training spec"), std::string::npos)
       << other.last.error();
+  // A modified adapter file in the checkpoint is found by its checksum.
+  const std::string bad_ckpt = testing_jobs::TempDir("lora-bad-ckpt") + "/step-00000003";
+  fs::copy(ckpt, bad_ckpt, fs::copy_options::recursive);
+  std::ofstream(bad_ckpt + "/adapter/adapter_config.json", std::ios::app) << " ";
+  v1::JobSpec d = LoraSpec(testing_jobs::TempDir("lora-d"), 6);
+  d.set_resume_from(bad_ckpt);
+  testing_jobs::WatchResult corrupt = testing_jobs::SubmitAndWatch(stub.get(), d);
+  EXPECT_EQ(corrupt.last.state(), v1::FAILED);
+  EXPECT_NE(corrupt.last.error().find("adapter/adapter_config.json' does not match its SHA-256"),
+            std::string::npos)
+      << corrupt.last.error();
 }
 
-// Bad settings are refused naming the field: at submission (r = 0, an unknown module, lora
+// Bad settings are refused naming the field: at submission (r < 0, an unknown module, an overflowing scaling, lora
 // settings in another mode) or at load (a rank above a matrix's smaller side); the runtime
 // then runs the next job.
 TEST(LoraJobTest, BadSettingsAreRefusedByName) {
@@ -173,6 +204,8 @@ TEST(LoraJobTest, BadSettingsAreRefusedByName) {
        [](v1::JobSpec* s) { s->mutable_lora()->add_target_modules("lm_head"); },
        "lora.target_modules"},
       {"lora in lsp mode", [](v1::JobSpec* s) { s->set_mode(v1::MODE_LSP); }, "mode lora"},
+      {"overflowing scaling", [](v1::JobSpec* s) { s->mutable_lora()->set_alpha(1e300); },
+       "not a normal fp32 number"},
   };
   for (const Case& c : at_submit) {
     v1::JobSpec spec = LoraSpec(testing_jobs::TempDir("lora-bad"), 2);
@@ -192,7 +225,7 @@ TEST(LoraJobTest, BadSettingsAreRefusedByName) {
   testing_jobs::WatchResult w = testing_jobs::SubmitAndWatch(stub.get(), wide);
   EXPECT_EQ(w.last.state(), v1::FAILED);
   EXPECT_NE(w.last.error().find("lora"), std::string::npos) << w.last.error();
-  EXPECT_NE(w.last.error().find("model.layers.0.self_attn.k_proj.weight (32 x 64)"),
+  EXPECT_NE(w.last.error().find("model.layers.0.self_attn.k_proj.weight (32 x 64): use r <= 32"),
             std::string::npos)
       << w.last.error();
   testing_jobs::WatchResult ok =
