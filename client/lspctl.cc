@@ -8,9 +8,10 @@
 //                                                        three services (--scheduler=ADDRESS)
 //   lspctl metrics                                       jobs in Prometheus text format
 //   lspctl generate --model=DIR|FILE (--prompt=TEXT | --chat=FILE.jsonl) [--max_new_tokens
-//                   --temperature --top_k --top_p --seed --chat_template]
+//                   --temperature --top_k --top_p --seed --chat_template --adapter=DIR]
 //                                                        KV-cached decoding, streamed
-//   lspctl eval --model=DIR|FILE --data=FILE [--format]  loss / perplexity / accuracy
+//   lspctl eval --model=DIR|FILE --data=FILE [--format --adapter=DIR]
+//                                                        loss / perplexity / accuracy
 //   lspctl convert --model=FILE.gguf --output_dir=DIR    a GGUF as a Hugging Face model folder
 // Common flags: --scheduler=127.0.0.1:50060, spec overrides --steps, --mode, --output_dir;
 // security: --auth_token_file, --tls_ca (runtime/grpc_flags.h).
@@ -69,6 +70,9 @@ ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends");
 ABSL_FLAG(bool, json, false, "status/list: print JSON instead of a table");
 ABSL_FLAG(bool, verbose, false, "run: also print the services' INFO logs to stderr");
 ABSL_FLAG(double, timeout_seconds, 5, "health: deadline of the check, seconds");
+ABSL_FLAG(std::string, adapter, "",
+          "generate / eval: a PEFT LoRA adapter folder merged into --model (e.g. a lora job's "
+          "OUTPUT/adapter onto its base model)");
 ABSL_FLAG(std::string, model, "",
           "generate/eval: HF model folder (e.g. a job's output) or GGUF; convert: the GGUF");
 ABSL_FLAG(std::string, prompt, "", "generate: plain-text prompt");
@@ -105,11 +109,12 @@ constexpr char kUsage[] =
     "  lspctl metrics                      the scheduler's jobs in Prometheus text format\n"
     "  lspctl generate --model=DIR|FILE (--prompt=TEXT | --chat=FILE.jsonl)\n"
     "                  [--max_new_tokens=256 --temperature=0 --top_k=0 --top_p=1 --seed=0\n"
-    "                   --chat_template=JINJA|FILE.jinja]\n"
+    "                   --chat_template=JINJA|FILE.jinja --adapter=PEFT_DIR]\n"
     "                                      generate from a model (e.g. a job's output folder)\n"
     "  lspctl eval --model=DIR|FILE --data=FILE [--format=classification|text|alpaca|chat|\n"
     "              prompt_completion --chat_template\n"
-    "              --question --system_prompt --seq_len --max_examples --perplexity_path]\n"
+    "              --question --system_prompt --seq_len --max_examples --perplexity_path\n"
+    "              --adapter=PEFT_DIR]\n"
     "                                      loss, perplexity, accuracy; no training\n"
     "  lspctl convert --model=FILE.gguf --output_dir=DIR\n"
     "                                      write a GGUF as a Hugging Face model folder\n"
@@ -608,6 +613,7 @@ int main(int argc, char** argv) {
       }
       lspo::client::GenerateCommand g;
       g.model = absl::GetFlag(FLAGS_model);
+      g.adapter = absl::GetFlag(FLAGS_adapter);
       g.prompt = absl::GetFlag(FLAGS_prompt);
       g.chat_file = absl::GetFlag(FLAGS_chat);
       g.chat_template = absl::GetFlag(FLAGS_chat_template);
@@ -630,6 +636,7 @@ int main(int argc, char** argv) {
     }
     lspo::client::EvalCommand e;
     e.model = absl::GetFlag(FLAGS_model);
+    e.adapter = absl::GetFlag(FLAGS_adapter);
     e.data = absl::GetFlag(FLAGS_data);
     e.format = absl::GetFlag(FLAGS_format);
     e.seq_len = absl::GetFlag(FLAGS_seq_len);

@@ -67,6 +67,12 @@ absl::StatusOr<model::ChatMessage> Message(const nlohmann::json& m, const std::s
 absl::Status CheckModelPath(const std::string& path) {
   if (runtime::IsDirectory(path)) {
     if (model::IsHfModelFolder(path)) return absl::OkStatus();
+    if (runtime::IsRegularFile(path + "/adapter_config.json")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--model '", path, "' is a PEFT adapter folder, not a model: give the base model as "
+          "--model and this folder as --adapter (or, for a lora job's output, the output "
+          "folder itself, which holds the merged model)"));
+    }
     return absl::NotFoundError(absl::StrCat(
         "--model '", path, "' is a folder without config.json: not a Hugging Face model "
         "folder (give the folder save_pretrained or a job wrote)"));
@@ -197,6 +203,7 @@ absl::Status RunGenerate(const GenerateCommand& cmd, std::FILE* out, std::FILE* 
     ASSIGN_OR_RETURN(chats, ReadChats(cmd.chat_file));
   }
   lspo::v1::JobSpec spec = ModelSpec(cmd.model, cmd.num_threads);
+  spec.mutable_model()->set_adapter_path(cmd.adapter);
   scheduler::ResolveDefaults(&spec);
   ASSIGN_OR_RETURN(model::BpeTokenizer tok, offload::LoadJobTokenizer(spec));
   ASSIGN_OR_RETURN(model::LlamaModel m, offload::LoadJobModel(spec));
@@ -300,6 +307,7 @@ absl::StatusOr<lspo::v1::EvalMetrics> RunEval(const EvalCommand& cmd) {
         absl::StrCat("--perplexity_path '", cmd.perplexity_path, "' is not a readable file"));
   }
   lspo::v1::JobSpec spec = ModelSpec(cmd.model, cmd.num_threads);
+  spec.mutable_model()->set_adapter_path(cmd.adapter);
   auto* data = spec.mutable_data();
   data->set_train_path(cmd.data);
   data->set_eval_path(cmd.data);

@@ -24,6 +24,7 @@ namespace lspo::client {
 
 struct GenerateCommand {
   std::string model;   // HF folder or GGUF file
+  std::string adapter;  // PEFT LoRA adapter folder merged into `model` (JobSpec model.adapter_path)
   std::string prompt;  // plain text (tokenized as is; the tokenizer's BOS prepended when its
                        // post-processor adds one, as transformers' tokenizer(prompt) does)
   // JSONL file of conversations: each line {"messages": [{"role", "content"}, ...]} (one reply
@@ -57,6 +58,7 @@ absl::Status RunGenerate(const GenerateCommand& cmd, std::FILE* out, std::FILE* 
 
 struct EvalCommand {
   std::string model;    // HF folder or GGUF file
+  std::string adapter;  // PEFT LoRA adapter folder merged into `model` (JobSpec model.adapter_path)
   std::string data;     // evaluation file
   std::string format;   // classification, text, alpaca, chat or prompt_completion (empty:
                         // classification for .tsv, detected from the keys for .jsonl /

@@ -1,5 +1,9 @@
 #include "offload/job_assets.h"
 
+#include <memory>
+
+#include "baselines/lora.h"
+
 #include "absl/strings/str_cat.h"
 #include "model/gguf.h"
 #include "model/hf_checkpoint.h"
@@ -53,7 +57,10 @@ absl::StatusOr<model::LlamaConfig> RandomLlamaConfig(const lspo::v1::LlamaShape&
   return c;
 }
 
-absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec) {
+namespace {
+
+// The base model of `spec` (LoadJobModel without the adapter).
+absl::StatusOr<model::LlamaModel> LoadBaseModel(const lspo::v1::JobSpec& spec) {
   const auto& m = spec.model();
   if (m.format() == lspo::v1::MODEL_FORMAT_GGUF) {
     auto file = model::GgufFile::Open(m.path());
@@ -77,6 +84,28 @@ absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec) {
   return absl::InvalidArgumentError(absl::StrCat(
       "job spec field model.format = ", static_cast<int>(m.format()),
       ": use hf, gguf or tiny-random"));
+}
+
+}  // namespace
+
+absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec) {
+  ASSIGN_OR_RETURN(model::LlamaModel model, LoadBaseModel(spec));
+  const std::string& adapter_path = spec.model().adapter_path();
+  if (adapter_path.empty()) return model;
+  absl::StatusOr<std::shared_ptr<baselines::LoraAdapter>> adapter =
+      baselines::ReadPeftAdapter(adapter_path, model);
+  if (!adapter.ok()) {
+    return absl::Status(adapter.status().code(),
+                        absl::StrCat("job spec field model.adapter_path: ",
+                                     adapter.status().message()));
+  }
+  at::NoGradGuard no_grad;
+  for (int64_t i = 0; i < model.num_linears(); ++i) {
+    if (!(*adapter)->targets(i)) continue;
+    at::Tensor& w = model.LinearWeight(i);
+    w.copy_((*adapter)->MergedWeight(i, w));
+  }
+  return model;
 }
 
 absl::Status CheckTokenizerFitsModel(const model::BpeTokenizer& tokenizer,

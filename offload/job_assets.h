@@ -26,8 +26,11 @@ absl::StatusOr<model::LlamaConfig> RandomLlamaConfig(const lspo::v1::LlamaShape&
 // The model: "hf" -> the folder's weights converted to fp32 (LlamaModel::FromHfCheckpoint);
 // "gguf" -> dequantised fp32 weights of spec.model.path; "tiny-random" ->
 // RandomLlamaConfig(spec.model.random_shape, vocab of the tokenizer file) initialised from
-// spec.model.init_seed.
-// Errors: kInvalidArgument (unknown format), file errors prefixed with the path.
+// spec.model.init_seed. Then, with spec.model.adapter_path, that PEFT LoRA adapter merged into
+// the weights (W += scaling B A in fp32; baselines/lora.h ReadPeftAdapter), so the worker and
+// the optimizer start from the same merged weights.
+// Errors: kInvalidArgument (unknown format), file errors prefixed with the path; the adapter's
+// errors (ReadPeftAdapter) prefixed with "job spec field model.adapter_path".
 absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec);
 
 // Checks that every id the tokenizer can produce is a row of the model's embedding:

@@ -359,6 +359,12 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                                             data.eval_path(),
                                             "' does not exist or is not readable"));
   }
+  if (const std::string& a = spec.model().adapter_path();
+      !a.empty() && !Readable(a + "/adapter_config.json")) {
+    return absl::NotFoundError(absl::StrCat(
+        "job spec field model.adapter_path: '", a, "' has no readable adapter_config.json; give "
+        "a PEFT LoRA adapter folder (a lora job writes one as <output_dir>/adapter)"));
+  }
   if (!data.perplexity_path().empty() && !Readable(data.perplexity_path())) {
     return absl::NotFoundError(absl::StrCat("job spec field data.perplexity_path: file '",
                                             data.perplexity_path(),
@@ -532,6 +538,7 @@ absl::Status CheckPathsUnderRoots(const lspo::v1::JobSpec& spec,
   const std::pair<const char*, std::string> fields[] = {
       {"model.path", spec.model().path()},
       {"model.tokenizer_path", spec.model().tokenizer_path()},
+      {"model.adapter_path", spec.model().adapter_path()},
       {"data.train_path", spec.data().train_path()},
       {"data.eval_path", spec.data().eval_path()},
       {"data.perplexity_path", spec.data().perplexity_path()},

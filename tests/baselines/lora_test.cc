@@ -17,6 +17,8 @@
 #include "model/llama.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "offload/job_assets.h"
+#include "proto/job_spec.pb.h"
 #include "tests/test_files.h"
 
 namespace lspo::baselines {
@@ -121,6 +123,27 @@ TEST(LoraPeftOracleTest, MergedModelMatchesPeft) {
     const bool rs = o["config"].value("use_rslora", false);
     EXPECT_DOUBLE_EQ((*adapter)->scaling(), rs ? alpha / std::sqrt(r) : alpha / r);
   }
+}
+
+// A job spec's model.adapter_path merges the adapter at load (offload::LoadJobModel, what the
+// worker, the optimizer and lspctl eval / generate use): PEFT's logits again.
+TEST(LoraPeftOracleTest, AJobModelWithAnAdapterPathIsThePeftModel) {
+  const auto& o = Oracle()["adapters"]["lora-r4"];
+  v1::JobSpec spec;
+  spec.mutable_model()->set_path(kBase);
+  spec.mutable_model()->set_format(v1::MODEL_FORMAT_HF);
+  spec.mutable_model()->set_adapter_path(std::string(kPeftDir) + "/lora-r4");
+  auto m = offload::LoadJobModel(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  at::NoGradGuard g;
+  EXPECT_LT(RelErr(m->Logits(Ids(o["input_ids"])), Logits(o["logits"])), 2e-5);
+  spec.mutable_model()->set_adapter_path(std::string(kPeftDir) + "/no-such-adapter");
+  auto missing = offload::LoadJobModel(spec);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("job spec field model.adapter_path"),
+            std::string::npos)
+      << missing.status();
 }
 
 // Writing an adapter and reading it back gives the same tensors, under PEFT's keys.

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "baselines/lora.h"
+#include "client/model_tools.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -123,6 +124,47 @@ TEST(LoraJobTest, TrainsTheAdaptersAndWritesTheMergedModelAndAPeftFolder) {
   EXPECT_FALSE(fs::exists(dir + "/adapter"));
 }
 
+// On an HF model folder: `lspctl eval` of the base with the job's adapter (--adapter, i.e.
+// model.adapter_path) gives the merged output's numbers, and the adapter folder given as
+// --model is refused with the fix.
+TEST(LoraJobTest, EvalOfBasePlusAdapterEqualsTheMergedOutput) {
+  const std::string base = "tests/oracle/data/hf_models/llama-job";
+  const std::string dir = testing_jobs::TempDir("lora-hf");
+  v1::JobSpec spec = LoraSpec(dir, 6);
+  spec.mutable_model()->clear_format();
+  spec.mutable_model()->set_path(base);
+  spec.mutable_model()->clear_tokenizer_path();
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  testing_jobs::WatchResult w = testing_jobs::SubmitAndWatch(stub.get(), spec);
+  ASSERT_EQ(w.last.state(), v1::SUCCEEDED) << w.last.error();
+  // base_model_name_or_path is absolute, so PEFT finds the base from anywhere.
+  const nlohmann::json config = ReadJson(dir + "/adapter/adapter_config.json");
+  EXPECT_EQ(config["base_model_name_or_path"], fs::absolute(base).lexically_normal().string());
+  client::EvalCommand merged;
+  merged.model = dir;
+  merged.data = testing_jobs::MobyDickPath();
+  merged.format = "text";
+  merged.seq_len = 32;
+  merged.max_examples = 8;
+  merged.num_threads = 2;
+  client::EvalCommand with_adapter = merged;
+  with_adapter.model = base;
+  with_adapter.adapter = dir + "/adapter";
+  client::EvalCommand plain = with_adapter;
+  plain.adapter.clear();
+  auto a = client::RunEval(merged), b = client::RunEval(with_adapter), c = client::RunEval(plain);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << a.status() << b.status() << c.status();
+  EXPECT_NEAR(b->loss(), a->loss(), 1e-6 * a->loss());
+  EXPECT_GT(std::abs(c->loss() - a->loss()), 1e-3) << "the adapter changed nothing";
+  client::EvalCommand wrong = merged;
+  wrong.model = dir + "/adapter";
+  auto d = client::RunEval(wrong);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << d.status();
+  EXPECT_NE(std::string(d.status().message()).find("is a PEFT adapter folder"), std::string::npos)
+      << d.status();
+}
+
 // Stopped at step 3 and resumed from its checkpoint, the job gives bitwise the losses, the
 // merged model and the adapter of the uninterrupted run (the AdamW state and the adapters
 // are in the checkpoint).
@@ -218,6 +260,18 @@ TEST(LoraJobTest, BadSettingsAreRefusedByName) {
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.what;
     EXPECT_NE(st.error_message().find(c.needle), std::string::npos)
         << c.what << ": " << st.error_message();
+  }
+  {  // model.adapter_path must be an adapter folder.
+    v1::JobSpec spec = LoraSpec(testing_jobs::TempDir("lora-bad"), 2);
+    spec.mutable_model()->set_adapter_path("/no/such/adapter");
+    grpc::ClientContext ctx;
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() = spec;
+    v1::SubmitJobReply rep;
+    grpc::Status st = stub->SubmitJob(&ctx, req, &rep);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
+    EXPECT_NE(st.error_message().find("model.adapter_path"), std::string::npos)
+        << st.error_message();
   }
   // r = 40 > 32, the smaller side of k_proj (32 x 64): the job fails at load, naming it.
   v1::JobSpec wide = LoraSpec(testing_jobs::TempDir("lora-wide"), 2);

@@ -617,6 +617,11 @@ TEST(ResumeTest, SpecsCannotReachOutsideTheAllowedRoots) {
   EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_NE(st.message().find("data.eval_path"), std::string::npos) << st;
   EXPECT_NE(st.message().find("--allowed_roots"), std::string::npos) << st;
+  v1::JobSpec adapter = spec;  // mode lora's adapter folder, merged at load
+  adapter.mutable_model()->set_adapter_path(root + "/data/escape");
+  st = scheduler::CheckPathsUnderRoots(adapter, {root});
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(st.message().find("model.adapter_path"), std::string::npos) << st;
 }
 
 }  // namespace
