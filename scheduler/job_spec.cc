@@ -393,8 +393,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     }
     // The adapters' scaling alpha / r (rsLoRA: alpha / sqrt(r)) multiplies fp32 activations:
     // it must be a normal fp32 number (PEFT's usual alpha is r to 4 r).
-    const double scaling = lora.use_rslora() ? lora.alpha() / std::sqrt(double{lora.r()})
-                                             : lora.alpha() / lora.r();
+    const double r = static_cast<double>(lora.r());
+    const double scaling = lora.use_rslora() ? lora.alpha() / std::sqrt(r) : lora.alpha() / r;
     if (!(scaling >= std::numeric_limits<float>::min() &&
           scaling <= std::numeric_limits<float>::max())) {
       return bad("lora.alpha", lora.alpha(),
