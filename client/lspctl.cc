@@ -62,7 +62,7 @@
 ABSL_FLAG(std::string, spec, "", "job spec file (.yaml, .yml or .json) for run/submit");
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:50060", "scheduler address for remote commands");
 ABSL_FLAG(int32_t, steps, 0, "override the spec's steps (0 = keep)");
-ABSL_FLAG(std::string, mode, "", "override the spec's mode: lsp, zero, native or lora");
+ABSL_FLAG(std::string, mode, "", "override the spec's mode: lsp, zero, native, lora or galore");
 ABSL_FLAG(std::string, schedule, "", "override the spec's offload schedule: overlap or serial");
 ABSL_FLAG(std::string, output_dir, "",
           "run/submit: override the spec's output directory; convert: the folder to write");
@@ -325,9 +325,10 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
   else if (mode == "native") spec->set_mode(lspo::v1::MODE_NATIVE);
   else if (mode == "zero") spec->set_mode(lspo::v1::MODE_ZERO);
   else if (mode == "lora") spec->set_mode(lspo::v1::MODE_LORA);
+  else if (mode == "galore") spec->set_mode(lspo::v1::MODE_GALORE);
   else if (!mode.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--mode=", mode, " is not a mode: use lsp, zero, native or lora"));
+        absl::StrCat("--mode=", mode, " is not a mode: use lsp, zero, native, lora or galore"));
   }
   const std::string schedule = absl::GetFlag(FLAGS_schedule);
   if (schedule == "serial" || schedule == "overlap") {
@@ -347,7 +348,8 @@ void PrintChoice(const lspo::v1::JobSpec& in) {
   lspo::v1::JobSpec spec = in;
   lspo::scheduler::ResolveDefaults(&spec);
   const bool on_worker =
-      spec.mode() == lspo::v1::MODE_NATIVE || spec.mode() == lspo::v1::MODE_LORA;
+      spec.mode() == lspo::v1::MODE_NATIVE || spec.mode() == lspo::v1::MODE_LORA ||
+      spec.mode() == lspo::v1::MODE_GALORE;
   std::string method;  // The mode's own settings.
   if (spec.mode() == lspo::v1::MODE_LSP) {
     method = absl::StrCat(spec.lsp().d_ratio() > 0 ? absl::StrCat("d_ratio=", spec.lsp().d_ratio())
@@ -356,6 +358,9 @@ void PrintChoice(const lspo::v1::JobSpec& in) {
   } else if (spec.mode() == lspo::v1::MODE_LORA) {
     method = absl::StrCat("lora r=", spec.lora().r(), " alpha=", spec.lora().alpha(), " on ",
                           absl::StrJoin(spec.lora().target_modules(), ","), ", ");
+  } else if (spec.mode() == lspo::v1::MODE_GALORE) {
+    method = absl::StrCat("galore rank=", spec.galore().rank(), " gap=",
+                          spec.galore().update_proj_gap(), " scale=", spec.galore().scale(), ", ");
   }
   std::printf(
       "LSP-Offload job '%s': mode %s (%s), %ssteps=%d, micro-batch %d x %d "

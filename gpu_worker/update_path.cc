@@ -16,6 +16,7 @@ std::unique_ptr<UpdatePath> MakeNativePath();  // native_path.cc
 std::unique_ptr<UpdatePath> MakeLspPath();     // lsp_path.cc
 std::unique_ptr<UpdatePath> MakeZeroPath();    // zero_path.cc
 std::unique_ptr<UpdatePath> MakeLoraPath();    // lora_path.cc
+std::unique_ptr<UpdatePath> MakeGalorePath();  // galore_path.cc
 
 namespace {
 
@@ -30,6 +31,7 @@ constexpr Registration kRegistry[] = {
     {lspo::v1::MODE_NATIVE, &MakeNativePath},
     {lspo::v1::MODE_ZERO, &MakeZeroPath},
     {lspo::v1::MODE_LORA, &MakeLoraPath},
+    {lspo::v1::MODE_GALORE, &MakeGalorePath},
 };
 
 }  // namespace
@@ -40,7 +42,7 @@ absl::StatusOr<std::unique_ptr<UpdatePath>> MakeUpdatePath(lspo::v1::TrainingMod
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "job spec field mode = ", lspo::v1::TrainingMode_Name(mode),
-      " has no update path on this worker: use lsp, zero, native or lora"));
+      " has no update path on this worker: use lsp, zero, native, lora or galore"));
 }
 
 int64_t UpdatePath::TrainableParameters(const WorkerJob& job) const {

@@ -8,6 +8,7 @@
 //   lsp     (lsp_path.cc)     S = P^T G Q offloaded, W <- (1 - lr wd) W + P D Q^T applied.
 //   zero    (zero_path.cc)    the full bf16 gradient offloaded, the bf16 parameters copied back.
 //   lora    (lora_path.cc)    LoRA adapters (baselines/lora.h) trained with AdamW on the worker.
+//   galore  (galore_path.cc)  GaLore's projected AdamW (baselines/galore.h) on the worker.
 // lsp and zero share the arena mechanics (publish, wait, apply; serial and overlap schedules)
 // in OffloadPath (offload_path.h). A new mode is one file and one line in update_path.cc.
 //
@@ -46,7 +47,8 @@ class UpdatePath {
  public:
   virtual ~UpdatePath() = default;
 
-  // The mode's name as written in checkpoint metadata: "native", "lsp", "zero" or "lora".
+  // The mode's name as written in checkpoint metadata: "native", "lsp", "zero", "lora" or
+  // "galore".
   virtual const char* name() const = 0;
 
   // True for modes whose update is computed by the optimizer service through the arena

@@ -127,7 +127,7 @@ absl::Status JobRunner::SelectResume() {
   if (!SameTraining(resume_state_.value("training_fingerprint", std::string()), spec_)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint '", resume_dir_, "' was written by a job with a different training spec "
-        "(mode, model, data, lsp, lora, optim, batch or seed differ): resume with the spec in its "
+        "(mode, model, data, lsp, lora, galore, optim, batch or seed differ): resume with the spec in its "
         "trainer_state.json, changing only steps, output, evaluation or threads"));
   }
   start_step_ = resume_state_["step"].get<int>();
@@ -216,6 +216,11 @@ void JobRunner::InitSummary() {
     summary_["lora_target_modules"] = std::vector<std::string>(
         spec_.lora().target_modules().begin(), spec_.lora().target_modules().end());
     summary_["lora_use_rslora"] = spec_.lora().use_rslora();
+  }
+  if (spec_.mode() == v1::MODE_GALORE) {
+    summary_["galore_rank"] = spec_.galore().rank();
+    summary_["galore_update_proj_gap"] = spec_.galore().update_proj_gap();
+    summary_["galore_scale"] = spec_.galore().scale();
   }
   summary_["steps"] = spec_.steps();
   summary_["micro_batch_size"] = spec_.micro_batch_size();

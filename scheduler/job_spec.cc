@@ -118,8 +118,8 @@ absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json, absl::string_vi
   if (!st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         st.message(), ". See examples/*.yaml and proto/job_spec.proto (message JobSpec) for the "
-        "fields; mode is lsp, zero, native or lora (or MODE_LSP, MODE_ZERO, MODE_NATIVE, "
-        "MODE_LORA)."));
+        "fields; mode is lsp, zero, native, lora or galore (or MODE_LSP, MODE_ZERO, "
+        "MODE_NATIVE, MODE_LORA, MODE_GALORE)."));
   }
   return spec;
 }
@@ -217,6 +217,13 @@ void ResolveDefaults(JobSpec* spec) {
     std::stable_sort(lora->mutable_target_modules()->begin(),
                      lora->mutable_target_modules()->end(),
                      [&](const std::string& a, const std::string& b) { return rank(a) < rank(b); });
+  }
+  if (spec->mode() == v1::MODE_GALORE) {
+    // GaLore's usual settings (its README: rank 128, update_proj_gap 200, scale 0.25).
+    auto* galore = spec->mutable_galore();
+    if (galore->rank() == 0) galore->set_rank(128);
+    if (galore->update_proj_gap() == 0) galore->set_update_proj_gap(200);
+    if (galore->scale() == 0) galore->set_scale(0.25);
   }
   auto* optim = spec->mutable_optim();
   if (optim->lr() == 0) optim->set_lr(1e-4);
@@ -380,8 +387,31 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return bad("data.perplexity_blocks", data.perplexity_blocks(), "must be >= 0");
   }
   if (spec.mode() != lspo::v1::MODE_LSP && spec.mode() != lspo::v1::MODE_NATIVE &&
-      spec.mode() != lspo::v1::MODE_ZERO && spec.mode() != lspo::v1::MODE_LORA) {
-    return bad("mode", runtime::EnumShortName(spec.mode()), "use lsp, zero, native or lora");
+      spec.mode() != lspo::v1::MODE_ZERO && spec.mode() != lspo::v1::MODE_LORA &&
+      spec.mode() != lspo::v1::MODE_GALORE) {
+    return bad("mode", runtime::EnumShortName(spec.mode()),
+               "use lsp, zero, native, lora or galore");
+  }
+  if (spec.mode() == lspo::v1::MODE_GALORE) {
+    // The rank against each matrix's sides is checked when the model is loaded (the worker
+    // names the matrix).
+    const auto& galore = spec.galore();
+    if (galore.rank() < 1) {
+      return bad("galore.rank", galore.rank(), "the projection rank must be >= 1 (GaLore uses 128)");
+    }
+    if (galore.update_proj_gap() < 1) {
+      return bad("galore.update_proj_gap", galore.update_proj_gap(),
+                 "the projector is recomputed every this many steps; use >= 1 (default 200)");
+    }
+    if (!(std::isfinite(galore.scale()) && galore.scale() > 0)) {
+      return bad("galore.scale", galore.scale(), "must be a finite number > 0 (GaLore uses 0.25)");
+    }
+  } else if (spec.galore().rank() != 0 || spec.galore().update_proj_gap() != 0 ||
+             spec.galore().scale() != 0) {
+    return bad("galore", "{...}",
+               absl::StrCat("the galore settings apply to mode galore only, and mode is ",
+                            runtime::EnumShortName(spec.mode()),
+                            "; remove galore or set mode: galore"));
   }
   if (spec.mode() == lspo::v1::MODE_LORA) {
     const auto& lora = spec.lora();

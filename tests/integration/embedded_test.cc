@@ -170,11 +170,15 @@ TEST(EmbeddedTest, SummaryReportsOptimizerStateAndOffloadBytesOfEveryMode) {
       {v1::MODE_LSP, 4 * mn + 14 * 3 * 4 * 256, 14 * 2 * 4 * 256},
       // AdamW moments of the adapters, sum r (m + n) = 4 x 2048 numbers, fp32.
       {v1::MODE_LORA, 8 * 4 * 2048, 0},
+      // GaLore rank 8, fp32: per matrix two moments 8 x max(m, n) and a projector
+      // 8 x min(m, n); per layer sum (2 max + min) = 2 (128 + 64) + 2 (128 + 32) + 3 (256 + 64).
+      {v1::MODE_GALORE, 2 * 4 * 8 * (2 * 192 + 2 * 160 + 3 * 320), 0},
   };
   for (const Want& want : wants) {
     const std::string dir = testing_jobs::TempDir("bytes");
     v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(dir, want.mode, 1);
     if (want.mode == v1::MODE_LORA) spec.mutable_lora()->set_r(4);
+    if (want.mode == v1::MODE_GALORE) spec.mutable_galore()->set_rank(8);
     spec.set_skip_initial_eval(true);
     spec.set_skip_checkpoint(true);
     WatchResult w = SubmitAndWatch(stub.get(), spec);
@@ -237,6 +241,25 @@ TEST(JobSpecTest, RandomShapeGivesTheRequestedLlamaConfig) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("model.random_shape"), std::string::npos)
       << bad.status();
+}
+
+// Every job spec in examples/ (the README's, the baselines', the data issue's) loads,
+// resolves and validates as the scheduler would take it: an example the spec changes left
+// behind fails here, not in a user's first run.
+TEST(JobSpecTest, EveryExampleSpecLoadsAndValidates) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("examples")) {
+    if (entry.path().extension() != ".yaml") continue;
+    const std::string path = entry.path().string();
+    absl::StatusOr<v1::JobSpec> spec = scheduler::LoadJobSpecFile(path);
+    ASSERT_TRUE(spec.ok()) << path << ": " << spec.status();
+    scheduler::ResolveDefaults(&*spec);
+    EXPECT_TRUE(scheduler::ValidateJobSpec(*spec).ok())
+        << path << ": " << scheduler::ValidateJobSpec(*spec);
+    ++checked;
+  }
+  EXPECT_GE(checked, 5) << "examples/*.yaml not found: run from the repository root";
 }
 
 TEST(JobSpecTest, YamlAndJsonGiveTheSameSpecAndBadFieldsAreNamed) {

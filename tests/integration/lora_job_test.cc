@@ -35,20 +35,9 @@ v1::JobSpec LoraSpec(const std::string& out, int steps) {
   return spec;
 }
 
-std::map<int, double> Losses(const testing_jobs::WatchResult& w) {
-  std::map<int, double> loss;
-  for (const auto& s : w.updates) {
-    if (s.has_last_step()) loss[s.last_step().step()] = s.last_step().loss();
-  }
-  return loss;
+nlohmann::json ReadJson(const std::string& path) {
+  return nlohmann::json::parse(testing_jobs::FileBytes(path));
 }
-
-std::string Bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-nlohmann::json ReadJson(const std::string& path) { return nlohmann::json::parse(Bytes(path)); }
 
 // The job trains: the loss falls, only r (m + n) numbers per matrix are trainable, and the
 // output's merged model.safetensors equals base + scaling B A from its PEFT adapter folder,
@@ -65,15 +54,14 @@ TEST(LoraJobTest, TrainsTheAdaptersAndWritesTheMergedModelAndAPeftFolder) {
   spec.mutable_optim()->set_lr(2e-2);
   testing_jobs::WatchResult w = testing_jobs::SubmitAndWatch(stub.get(), spec);
   ASSERT_EQ(w.last.state(), v1::SUCCEEDED) << w.last.error();
-  std::map<int, double> loss = Losses(w);
+  std::map<int, double> loss = testing_jobs::StepLosses(w);
   ASSERT_EQ(loss.size(), 8u);
   EXPECT_LT(loss[8], loss[1] - 0.05) << "the adapters did not train";
 
   const nlohmann::json summary = ReadJson(dir + "/summary.json");
   EXPECT_EQ(summary["mode"], "lora");
   EXPECT_EQ(summary["lora_r"], 4);
-  EXPECT_EQ(summary["lora_target_modules"],
-            nlohmann::json({"q_proj", "v_proj", "down_proj"}));
+  EXPECT_EQ(summary["lora_target_modules"], nlohmann::json({"q_proj", "v_proj", "down_proj"}));
   // Tiny Llama: hidden 64, intermediate 128, 4 heads of 16, 2 kv heads: q 64x64, v 32x64,
   // down 64x128; two layers.
   EXPECT_EQ(summary["trainable_parameters"], 2 * 4 * ((64 + 64) + (32 + 64) + (64 + 128)));
@@ -184,28 +172,30 @@ TEST(LoraJobTest, ResumedAtStep3MatchesTheUninterruptedRunBitwise) {
   EXPECT_NE(state->Find("model.layers.1.mlp.down_proj.weight.lora_B"), nullptr);
 
   // The checkpoint's adapter folder is checksummed like its other files.
-  EXPECT_NE(Bytes(ckpt + "/checksums.sha256").find("  adapter/adapter_model.safetensors\n"),
+  EXPECT_NE(testing_jobs::FileBytes(ckpt + "/checksums.sha256")
+                .find("  adapter/adapter_model.safetensors\n"),
             std::string::npos);
 
   const std::string b_dir = testing_jobs::TempDir("lora-b");
   v1::JobSpec b = LoraSpec(b_dir, 6);
   b.set_resume_from(ckpt);
   // The same targets listed in another order are the same training.
-  for (const char* m : {"down_proj", "up_proj", "gate_proj", "o_proj", "v_proj", "k_proj",
-                        "q_proj"}) {
+  for (const char* m :
+       {"down_proj", "up_proj", "gate_proj", "o_proj", "v_proj", "k_proj", "q_proj"}) {
     b.mutable_lora()->add_target_modules(m);
   }
   testing_jobs::WatchResult resumed = testing_jobs::SubmitAndWatch(stub.get(), b);
   ASSERT_EQ(resumed.last.state(), v1::SUCCEEDED) << resumed.last.error();
   EXPECT_EQ(resumed.last.resumed_from_step(), 3);
-  std::map<int, double> la = Losses(full), lb = Losses(resumed);
+  std::map<int, double> la = testing_jobs::StepLosses(full), lb = testing_jobs::StepLosses(resumed);
   ASSERT_EQ(lb.size(), 3u);
   for (int step = 4; step <= 6; ++step) EXPECT_EQ(lb[step], la[step]) << "step " << step;
-  const std::string wa = Bytes(a_dir + "/model.safetensors");
+  const std::string wa = testing_jobs::FileBytes(a_dir + "/model.safetensors");
   EXPECT_GT(wa.size(), 1000u);
-  EXPECT_TRUE(wa == Bytes(b_dir + "/model.safetensors")) << "merged models differ";
-  EXPECT_TRUE(Bytes(a_dir + "/adapter/adapter_model.safetensors") ==
-              Bytes(b_dir + "/adapter/adapter_model.safetensors"))
+  EXPECT_TRUE(wa == testing_jobs::FileBytes(b_dir + "/model.safetensors"))
+      << "merged models differ";
+  EXPECT_TRUE(testing_jobs::FileBytes(a_dir + "/adapter/adapter_model.safetensors") ==
+              testing_jobs::FileBytes(b_dir + "/adapter/adapter_model.safetensors"))
       << "adapters differ";
   // A lora checkpoint does not resume a job of another rank.
   v1::JobSpec c = LoraSpec(testing_jobs::TempDir("lora-c"), 6);
@@ -228,9 +218,9 @@ TEST(LoraJobTest, ResumedAtStep3MatchesTheUninterruptedRunBitwise) {
       << corrupt.last.error();
 }
 
-// Bad settings are refused naming the field: at submission (r < 0, an unknown module, an overflowing scaling, lora
-// settings in another mode) or at load (a rank above a matrix's smaller side); the runtime
-// then runs the next job.
+// Bad settings are refused naming the field: at submission (r < 0, an unknown module, an
+// overflowing scaling, lora settings in another mode) or at load (a rank above a matrix's smaller
+// side); the runtime then runs the next job.
 TEST(LoraJobTest, BadSettingsAreRefusedByName) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
   auto runtime = testing_jobs::StartEmbedded();
@@ -242,8 +232,7 @@ TEST(LoraJobTest, BadSettingsAreRefusedByName) {
   };
   const std::vector<Case> at_submit = {
       {"zero rank", [](v1::JobSpec* s) { s->mutable_lora()->set_r(-1); }, "lora.r"},
-      {"unknown module",
-       [](v1::JobSpec* s) { s->mutable_lora()->add_target_modules("lm_head"); },
+      {"unknown module", [](v1::JobSpec* s) { s->mutable_lora()->add_target_modules("lm_head"); },
        "lora.target_modules"},
       {"lora in lsp mode", [](v1::JobSpec* s) { s->set_mode(v1::MODE_LSP); }, "mode lora"},
       {"overflowing scaling", [](v1::JobSpec* s) { s->mutable_lora()->set_alpha(1e300); },
@@ -252,14 +241,8 @@ TEST(LoraJobTest, BadSettingsAreRefusedByName) {
   for (const Case& c : at_submit) {
     v1::JobSpec spec = LoraSpec(testing_jobs::TempDir("lora-bad"), 2);
     c.edit(&spec);
-    grpc::ClientContext ctx;
-    v1::SubmitJobRequest req;
-    *req.mutable_spec() = spec;
-    v1::SubmitJobReply rep;
-    grpc::Status st = stub->SubmitJob(&ctx, req, &rep);
-    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.what;
-    EXPECT_NE(st.error_message().find(c.needle), std::string::npos)
-        << c.what << ": " << st.error_message();
+    testing_jobs::ExpectRefusedAtSubmit(stub.get(), spec, grpc::StatusCode::INVALID_ARGUMENT,
+                                        c.needle, c.what);
   }
   {  // model.adapter_path must be an adapter folder.
     v1::JobSpec spec = LoraSpec(testing_jobs::TempDir("lora-bad"), 2);

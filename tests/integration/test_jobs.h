@@ -5,14 +5,17 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "proto/job_spec.pb.h"
-#include "proto/scheduler.pb.h"
 #include "proto/scheduler.grpc.pb.h"
+#include "proto/scheduler.pb.h"
 
 namespace lspo::testing_jobs {
 
@@ -23,13 +26,13 @@ inline constexpr char kNoModel[] =
 inline bool HaveModel() { return access(kModel, R_OK) == 0; }
 
 // The tiny jobs need only SmolLM2's tokenizer and Moby-Dick. On a GPU machine reached through
-// scripts/device-check models/ does not travel (datasets/ does, being tracked); `scripts/device-check download`
-// puts a tensor-free copy of the GGUF (tokenizer + metadata) and the text in .devdata/.
+// scripts/device-check models/ does not travel (datasets/ does, being tracked);
+// `scripts/device-check download` puts a tensor-free copy of the GGUF (tokenizer + metadata) and
+// the text in .devdata/.
 inline std::string TinyTokenizerPath() {
   if (HaveModel()) return kModel;
-  return access(".devdata/smollm2-tokenizer.gguf", R_OK) == 0
-             ? ".devdata/smollm2-tokenizer.gguf"
-             : kModel;
+  return access(".devdata/smollm2-tokenizer.gguf", R_OK) == 0 ? ".devdata/smollm2-tokenizer.gguf"
+                                                              : kModel;
 }
 inline std::string MobyDickPath() {
   const char* shared = "datasets/moby-dick/moby-dick.txt";
@@ -49,8 +52,7 @@ inline std::string TempDir(const std::string& tag) {
 
 // A seeded tiny random Llama (hidden 64, 2 layers; vocabulary and tokenizer of SmolLM2) on
 // Moby-Dick blocks of 32 tokens, d = 16, r = 4.
-inline v1::JobSpec TinyMobyDickSpec(const std::string& out_dir, v1::TrainingMode mode,
-                                    int steps) {
+inline v1::JobSpec TinyMobyDickSpec(const std::string& out_dir, v1::TrainingMode mode, int steps) {
   v1::JobSpec spec;
   spec.set_name("tiny-moby");
   spec.mutable_model()->set_format(v1::MODEL_FORMAT_TINY_RANDOM);
@@ -101,6 +103,36 @@ inline WatchResult SubmitAndWatch(v1::Scheduler::Stub* stub, const v1::JobSpec& 
   EXPECT_TRUE(reader->Finish().ok());
   if (!out.updates.empty()) out.last = out.updates.back();
   return out;
+}
+
+// The loss of every finished step of a watched job, by step number (1-based).
+inline std::map<int, double> StepLosses(const WatchResult& w) {
+  std::map<int, double> loss;
+  for (const auto& s : w.updates) {
+    if (s.has_last_step()) loss[s.last_step().step()] = s.last_step().loss();
+  }
+  return loss;
+}
+
+// The bytes of `path` (empty when it cannot be read).
+inline std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Submits `spec` and expects a refusal at submission with gRPC `code` and a message that
+// contains `needle`; `what` names the case in failures.
+inline void ExpectRefusedAtSubmit(v1::Scheduler::Stub* stub, const v1::JobSpec& spec,
+                                  grpc::StatusCode code, const std::string& needle,
+                                  const std::string& what) {
+  grpc::ClientContext ctx;
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = spec;
+  v1::SubmitJobReply rep;
+  grpc::Status st = stub->SubmitJob(&ctx, req, &rep);
+  EXPECT_EQ(st.error_code(), code) << what << ": " << st.error_message();
+  EXPECT_NE(st.error_message().find(needle), std::string::npos)
+      << what << ": " << st.error_message();
 }
 
 }  // namespace lspo::testing_jobs
