@@ -50,6 +50,13 @@ nlohmann::json YamlToJson(const YAML::Node& node) {
       double d;
       if (absl::SimpleAtoi(s, &i)) return i;
       if (absl::SimpleAtod(s, &d) && s.find_first_of("0123456789") != std::string::npos) {
+        // A number past the double range parses as +-inf, which JSON cannot hold: it would
+        // become null, i.e. the field's default, silently.
+        if (!std::isfinite(d)) {
+          throw YAML::ParserException(
+              node.Mark(), absl::StrCat("the number ", s, " is outside the range of a double "
+                                        "(about 1.8e308); write a finite number"));
+        }
         return d;
       }
       std::string lower = absl::AsciiStrToLower(s);

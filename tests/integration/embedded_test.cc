@@ -282,6 +282,15 @@ TEST(JobSpecTest, YamlAndJsonGiveTheSameSpecAndBadFieldsAreNamed) {
   auto bad = scheduler::ParseJobSpecYaml("stepz: 3\n");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("stepz"), std::string::npos) << bad.status();
+  // A number past the double range is an error naming it and its line, not the default.
+  auto huge = scheduler::ParseJobSpecYaml("steps: 3\noptim:\n  lr: 1e400\n", "h.yaml");
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(huge.status().message().find("the number 1e400 is outside the range of a double"),
+            std::string::npos)
+      << huge.status();
+  EXPECT_NE(huge.status().message().find("line 3"), std::string::npos) << huge.status();
+  auto negative = scheduler::ParseJobSpecYaml("lsp:\n  d_ratio: -2e999\n");
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument) << negative.status();
   v1::JobSpec spec = *y;
   scheduler::ResolveDefaults(&spec);
   spec.mutable_lsp()->set_r(100);
