@@ -204,6 +204,12 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
     const lspo::v1::UpdateRequest& request) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(OptimizerJob * job, Find(request.job_id()));
+  // Published for UnloadJob, which may abandon this step while we wait (see the header).
+  update_step_.store(request.step());
+  struct ClearStep {
+    std::atomic<int>* step;
+    ~ClearStep() { step->store(0); }
+  } clear_step{&update_step_};
   const double t_start = MonotonicSeconds();
   const auto& o = job->spec.optim();
   const uint32_t step = static_cast<uint32_t>(request.step());
@@ -578,6 +584,12 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string&
 }
 
 absl::Status OptimizerCore::UnloadJob(const std::string& job_id) {
+  // An Update waiting for gradients holds mu_: abandon its step first (a no-op for another
+  // job's id or when none waits). An Update that starts between this and the lock below is
+  // one the caller itself sent, and runs to its end as usual.
+  if (const int step = update_step_.load(); step > 0) {
+    (void)aborter_.Abort(job_id, step, "optimizer");
+  }
   absl::MutexLock lock(&mu_);
   if (job_ != nullptr && job_->id == job_id) {
     aborter_.Detach();

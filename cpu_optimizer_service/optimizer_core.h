@@ -18,6 +18,7 @@
 #ifndef LSPO_CPU_OPTIMIZER_SERVICE_OPTIMIZER_CORE_H_
 #define LSPO_CPU_OPTIMIZER_SERVICE_OPTIMIZER_CORE_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -95,6 +96,10 @@ class OptimizerCore {
   absl::StatusOr<lspo::v1::StateReply> LoadState(const std::string& job_id,
                                                  const std::string& dir, int step);
 
+  // Forgets the job. An Update of it still waiting for the worker's gradients (one a dead
+  // scheduler started: its worker never runs that step) is first abandoned through the flags,
+  // so that the unload, and a reload that follows it, do not wait for that Update's timeout
+  // (it returns reply.aborted, no state changed). Always OK.
   absl::Status UnloadJob(const std::string& job_id);
 
  private:
@@ -105,6 +110,8 @@ class OptimizerCore {
   std::unique_ptr<OptimizerJob> job_ ABSL_GUARDED_BY(mu_);
   // The loaded job's flags for AbortStep (which must not wait for mu_).
   runtime::StepAborter aborter_;
+  // The step of the Update in progress (0 = none): UnloadJob abandons it without mu_.
+  std::atomic<int> update_step_{0};
 };
 
 }  // namespace lspo::optimizer

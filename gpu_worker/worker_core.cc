@@ -579,6 +579,12 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
     const std::string& job_id, int step, double lr, const lspo::v1::StepPlan& plan) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
+  // Published for UnloadJob, which may abandon this step while we wait (see the header).
+  busy_step_.store(step);
+  struct ClearStep {
+    std::atomic<int>* step;
+    ~ClearStep() { step->store(0); }
+  } clear_step{&busy_step_};
   RETURN_IF_ERROR(job->path->CheckReady(*job));
   if (step < 1) return absl::InvalidArgumentError("TrainStep: step is 1-based");
   auto t_step = std::chrono::steady_clock::now();
@@ -649,6 +655,12 @@ absl::StatusOr<lspo::v1::ApplyReply> WorkerCore::ApplyUpdates(
     const std::string& job_id, int step, const lspo::v1::ApplyRequest& request) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
+  // Published for UnloadJob, which may abandon this step while we wait (see the header).
+  busy_step_.store(step);
+  struct ClearStep {
+    std::atomic<int>* step;
+    ~ClearStep() { step->store(0); }
+  } clear_step{&busy_step_};
   if (!job->path->offloaded()) {
     return absl::FailedPreconditionError("ApplyUpdates needs MODE_LSP or MODE_ZERO");
   }
@@ -784,6 +796,11 @@ absl::Status WorkerCore::AbortStep(const std::string& job_id, int step) {
 }
 
 absl::Status WorkerCore::UnloadJob(const std::string& job_id) {
+  // A TrainStep / ApplyUpdates waiting for updates holds mu_: abandon its step first (a
+  // no-op for another job's id or when none waits).
+  if (const int step = busy_step_.load(); step > 0) {
+    (void)aborter_.Abort(job_id, step, "worker");
+  }
   absl::MutexLock lock(&mu_);
   if (job_ != nullptr && job_->id == job_id) {
     aborter_.Detach();

@@ -22,6 +22,7 @@
 #ifndef LSPO_GPU_WORKER_WORKER_CORE_H_
 #define LSPO_GPU_WORKER_WORKER_CORE_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -126,7 +127,10 @@ class WorkerCore {
   // kFailedPrecondition if `job_id` is not loaded.
   absl::Status AbortStep(const std::string& job_id, int step);
 
-  // Frees the job and removes its arena. Unknown ids are ignored.
+  // Frees the job and removes its arena. Unknown ids are ignored. A TrainStep or ApplyUpdates
+  // of the job still waiting for the optimizer's updates (one a dead scheduler started: that
+  // optimizer never got the step's Update) is first abandoned through the flags, so the
+  // unload and a reload do not wait for the 10-minute peer timeout.
   absl::Status UnloadJob(const std::string& job_id);
 
  private:
@@ -137,6 +141,10 @@ class WorkerCore {
   std::unique_ptr<WorkerJob> job_ ABSL_GUARDED_BY(mu_);
   // The loaded job's flags for AbortStep (which must not wait for mu_).
   runtime::StepAborter aborter_;
+  // The step of the TrainStep / ApplyUpdates in progress (0 = none): UnloadJob abandons it
+  // without mu_. Only that step's updates can be missing: the previous step's were all
+  // published before the scheduler started this one.
+  std::atomic<int> busy_step_{0};
 };
 
 }  // namespace lspo::worker

@@ -4,11 +4,14 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/embedded.h"
 #include "cpu_optimizer_service/optimizer_core.h"
+#include "gpu_worker/worker_core.h"
 #include "tests/integration/start_embedded.h"
 #include "offload/job_assets.h"
 #include "gtest/gtest.h"
@@ -93,6 +96,70 @@ TEST(OptimizerCoreTest, AnArenaOfAnotherModeIsRefusedBeforeAnythingIsAttached) {
   EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.status().message().find("MODE_ZERO"), std::string::npos) << st.status();
   EXPECT_NE(st.status().message().find("MODE_LSP"), std::string::npos) << st.status();
+}
+
+// A scheduler that dies between sending the optimizer its Update of step N and the worker its
+// TrainStep N leaves that Update waiting for gradients that never come, holding the core. The
+// restarted scheduler's UnloadJob must abandon it at once, not after its timeout (here 120 s;
+// MultiProcessTest.SchedulerKilledMidJobResumesAfterRestart met it as a 300 s stall).
+TEST(OptimizerCoreTest, UnloadAbandonsAnUpdateWaitingForGradients) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("unload-wait"),
+                                                    v1::MODE_ZERO, 2);
+  scheduler::ResolveDefaults(&spec);
+  worker::WorkerCore worker;
+  auto wload = worker.LoadJob("job-w", spec);
+  ASSERT_TRUE(wload.ok()) << wload.status();
+  optimizer::OptimizerCore core;
+  ASSERT_TRUE(core.LoadJob("job-w", spec, wload->arena()).ok());
+  v1::UpdateRequest req;
+  req.set_job_id("job-w");
+  req.set_step(1);
+  req.set_lr(1e-3);
+  req.set_wait_for_grads(true);
+  req.set_wait_timeout_seconds(120);
+  req.add_tasks()->set_index(0);
+  absl::StatusOr<v1::UpdateReply> reply;
+  std::thread update([&] { reply = core.Update(req); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // Update is waiting now.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(core.UnloadJob("job-w").ok());
+  update.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 30.0) << "UnloadJob waited for the Update's timeout";
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_TRUE(reply->aborted());
+  // The core takes the job again (the restarted scheduler's LoadJob).
+  EXPECT_TRUE(core.LoadJob("job-w", spec, wload->arena()).ok());
+  EXPECT_TRUE(worker.UnloadJob("job-w").ok());
+}
+
+// The mirror case: the dead scheduler sent the worker TrainStep N (overlap: it applies the
+// deep layers' updates as they arrive) but never sent the optimizer Update N. The worker's
+// UnloadJob abandons the step instead of waiting for the 10-minute peer timeout.
+TEST(WorkerCoreTest, UnloadAbandonsATrainStepWaitingForUpdates) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("unload-train"),
+                                                    v1::MODE_ZERO, 2);
+  scheduler::ResolveDefaults(&spec);
+  worker::WorkerCore worker;
+  ASSERT_TRUE(worker.LoadJob("job-t", spec).ok());
+  v1::StepPlan plan;
+  plan.set_overlap(true);
+  plan.set_split_layer(0);  // Every layer's update is awaited before TrainStep returns.
+  absl::StatusOr<v1::TrainStepReply> reply;
+  std::thread train([&] { reply = worker.TrainStep("job-t", 1, 1e-3, plan); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // Past the backward.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(worker.UnloadJob("job-t").ok());
+  train.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 30.0) << "UnloadJob waited for the peer timeout";
+  EXPECT_FALSE(reply.ok() && !reply->nonfinite()) << "the step cannot have completed";
+  EXPECT_TRUE(worker.LoadJob("job-t", spec).ok());
+  EXPECT_TRUE(worker.UnloadJob("job-t").ok());
 }
 
 TEST(EmbeddedTest, NativeModeTrainsTheSameJob) {
