@@ -2,6 +2,7 @@
 #include "baselines/galore.h"
 
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -73,15 +74,20 @@ absl::StatusOr<std::unique_ptr<GaloreAdamW>> GaloreAdamW::Create(std::vector<at:
                      ": the projector is recomputed every this many steps; use >= 1 "
                      "(GaLore's default is 200)"));
   }
-  if (!(std::isfinite(settings.scale) && settings.scale > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "galore.scale = ", settings.scale, ": must be a finite number > 0 (GaLore uses 0.25)"));
+  // The scale multiplies fp32 updates: it must be a normal fp32 number (a larger one turns
+  // every update into inf, a smaller one into 0).
+  if (!(settings.scale >= std::numeric_limits<float>::min() &&
+        settings.scale <= std::numeric_limits<float>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("galore.scale = ", settings.scale,
+                     ": must be a normal fp32 number > 0 (GaLore uses 0.25 to 4)"));
   }
   if (names.size() != params.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("GaloreAdamW: ", params.size(), " matrices but ", names.size(), " names"));
   }
   auto opt = std::unique_ptr<GaloreAdamW>(new GaloreAdamW());
+  size_t narrowest = 0;  // The matrix with the smallest min(m, n): it bounds the rank.
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
     if (p.dim() != 2) {
@@ -89,12 +95,19 @@ absl::StatusOr<std::unique_ptr<GaloreAdamW>> GaloreAdamW::Create(std::vector<at:
           absl::StrCat("GaloreAdamW: ", names[i], " is ", p.dim(), "-D; GaLore trains matrices"));
     }
     const int64_t m = p.size(0), n = p.size(1);
-    if (settings.rank > std::min(m, n)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "galore.rank = ", settings.rank, " is above the smaller side of ", names[i], " (", m,
-          " x ", n, "): use a rank <= ", std::min(m, n), " (the narrowest trained matrix)"));
+    if (std::min(m, n) < std::min(params[narrowest].size(0), params[narrowest].size(1))) {
+      narrowest = i;
     }
     opt->sides_.push_back(GaloreSideOf(m, n));
+  }
+  if (!params.empty()) {
+    const int64_t m = params[narrowest].size(0), n = params[narrowest].size(1);
+    if (settings.rank > std::min(m, n)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "galore.rank = ", settings.rank, " is above the smaller side of ", names[narrowest], " (",
+          m, " x ", n, "), the narrowest trained matrix: use a rank <= ", std::min(m, n),
+          " (an unset galore.rank is 128)"));
+    }
   }
   opt->params_ = std::move(params);
   opt->names_ = std::move(names);

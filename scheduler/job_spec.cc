@@ -410,8 +410,18 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
       return bad("galore.update_proj_gap", galore.update_proj_gap(),
                  "the projector is recomputed every this many steps; use >= 1 (default 200)");
     }
-    if (!(std::isfinite(galore.scale()) && galore.scale() > 0)) {
-      return bad("galore.scale", galore.scale(), "must be a finite number > 0 (GaLore uses 0.25)");
+    // The scale multiplies fp32 updates (a normal fp32 number), and scale x lr is the step
+    // size, bounded like lr alone in the other modes.
+    if (!(galore.scale() >= std::numeric_limits<float>::min() &&
+          galore.scale() <= std::numeric_limits<float>::max())) {
+      return bad("galore.scale", galore.scale(),
+                 "must be a normal fp32 number > 0 (GaLore uses 0.25 to 4)");
+    }
+    if (galore.scale() * spec.optim().lr() > 1) {
+      return bad("galore.scale", galore.scale(),
+                 absl::StrCat("galore.scale x optim.lr = ", galore.scale() * spec.optim().lr(),
+                              " is the step size and must be <= 1 (as optim.lr is in the other "
+                              "modes); GaLore uses a scale of 0.25 to 4"));
     }
   } else if (spec.galore().rank() != 0 || spec.galore().update_proj_gap() != 0 ||
              spec.galore().scale() != 0) {

@@ -159,7 +159,16 @@ TEST(GaloreAdamWTest, RefusesBadSettingsByName) {
   EXPECT_NE(above.message().find("galore.rank = 5"), std::string::npos) << above;
   EXPECT_NE(above.message().find("model.layers.0.self_attn.k_proj (4 x 12)"), std::string::npos)
       << above;
+  // The bound is the narrowest matrix's, even when a wider one comes first.
+  const absl::Status nine = create(9, 10, 0.25);
+  EXPECT_NE(nine.message().find("model.layers.0.self_attn.k_proj (4 x 12), the narrowest"),
+            std::string::npos)
+      << nine;
+  EXPECT_NE(nine.message().find("use a rank <= 4"), std::string::npos) << nine;
   EXPECT_NE(create(0, 10, 0.25).message().find("galore.rank = 0"), std::string::npos);
+  // The scale multiplies fp32 updates: it must be a normal fp32 number.
+  EXPECT_NE(create(4, 10, 1e39).message().find("galore.scale"), std::string::npos);
+  EXPECT_NE(create(4, 10, 1e-40).message().find("galore.scale"), std::string::npos);
   EXPECT_NE(create(4, 0, 0.25).message().find("galore.update_proj_gap = 0"), std::string::npos);
   EXPECT_NE(create(4, 10, std::nan("")).message().find("galore.scale"), std::string::npos);
   EXPECT_NE(create(4, 10, -1).message().find("galore.scale"), std::string::npos);

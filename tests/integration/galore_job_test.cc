@@ -138,6 +138,13 @@ TEST(GaloreJobTest, BadSettingsAreRefusedByName) {
       {"nan scale", [](v1::JobSpec* s) { s->mutable_galore()->set_scale(std::nan("")); },
        "galore.scale"},
       {"galore in lsp mode", [](v1::JobSpec* s) { s->set_mode(v1::MODE_LSP); }, "mode galore"},
+      // fp32 inf / 0 updates (found by a break-it pass: the job "succeeded" with NaN weights).
+      {"overflowing scale", [](v1::JobSpec* s) { s->mutable_galore()->set_scale(1e39); },
+       "galore.scale = 1e+39 is invalid: must be a normal fp32 number"},
+      {"vanishing scale", [](v1::JobSpec* s) { s->mutable_galore()->set_scale(1e-300); },
+       "normal fp32 number"},
+      {"scale x lr above 1", [](v1::JobSpec* s) { s->mutable_galore()->set_scale(200); },
+       "galore.scale x optim.lr = 2 is the step size and must be <= 1"},
   };
   for (const Case& c : at_submit) {
     v1::JobSpec spec = GaloreSpec(testing_jobs::TempDir("galore-bad"), 2);
