@@ -41,12 +41,15 @@ struct LinearState {
   int64_t step = 0;
 };
 
-// Undo record of one lsp linear for the step in progress (restored if the step is abandoned).
+// Undo record of one lsp / galore linear for the step in progress (restored if the step is
+// abandoned). GaLore-Offload's projector refresh replaces base, sum_d and the projectors with
+// new tensors, so the record keeps the old ones.
 struct LinearUndo {
   int index;
   int64_t step;
   std::vector<float> m, v;
   at::Tensor base, sum_d;
+  lsp::SparseProjector p, q;
 };
 
 struct OptimizerJob {
@@ -60,12 +63,80 @@ struct OptimizerJob {
   std::unique_ptr<model::LlamaModel> model;  // W0 and frozen tensors.
   std::vector<LinearState> linears;
   bool zero = false;
+  // MODE_GALORE (GaLore-Offload): the lsp state and arena slots, GaLore's Adam form, the
+  // projectors read with each refresh step's gradients (see Update).
+  bool galore = false;
   runtime::CompletionFlags flags;
 };
 
 namespace {
 
 using runtime::MonotonicSeconds;
+
+// The checkpoint's mode name of a job.
+const char* ModeName(const OptimizerJob& job) {
+  return job.zero ? "zero" : job.galore ? "galore" : "lsp";
+}
+
+// True when the projector a worker wrote into `value` (its value slot) differs from `held`
+// (or nothing is held yet): GaLore-Offload's refresh signal. Compares the bytes, without a copy.
+absl::StatusOr<bool> ProjectorChanged(const runtime::ShmArena& arena,
+                                      const lspo::v1::TensorRef& value,
+                                      const lsp::SparseProjector& held) {
+  const int64_t n = offload::Numel(value);
+  ASSIGN_OR_RETURN(const float* now, arena.At<float>(value.offset(), n));
+  if (held.rows == 0 || held.value.numel() != n) return true;
+  return std::memcmp(now, held.value.data_ptr<float>(), static_cast<size_t>(n) * 4) != 0;
+}
+
+// GaLore-Offload, linear i, before its Adam step: when the worker wrote a new projector with
+// this gradient (a refresh step), folds the old subspace's steps into the master's base
+// (base + P (sum D) Q^T, a new tensor), starts a new zero sum and installs the new projectors.
+// The Adam moments are kept as they are, as galore-torch keeps them (baselines/galore.h).
+// Errors: kDataLoss (a malformed projector in the arena), LibTorch errors.
+absl::Status RefreshGaloreProjector(OptimizerJob* job, int i) {
+  const auto& slot = job->layout.linears(i);
+  LinearState& st = job->linears[i];
+  ASSIGN_OR_RETURN(const bool p_changed, ProjectorChanged(job->arena, slot.p_value(), st.p));
+  ASSIGN_OR_RETURN(const bool q_changed, ProjectorChanged(job->arena, slot.q_value(), st.q));
+  if (!p_changed && !q_changed) return absl::OkStatus();
+  return offload::TorchCall("galore projector refresh", [&]() -> absl::Status {
+    at::NoGradGuard no_grad;
+    ASSIGN_OR_RETURN(lsp::SparseProjector p, offload::ReadProjector(job->arena, slot.p_index(),
+                                                                    slot.p_value(), slot.d_p()));
+    ASSIGN_OR_RETURN(lsp::SparseProjector q, offload::ReadProjector(job->arena, slot.q_index(),
+                                                                    slot.q_value(), slot.d_q()));
+    if (!(p.identity || p.dense) || !(q.identity || q.dense) ||
+        !at::isfinite(p.value).all().item<bool>() || !at::isfinite(q.value).all().item<bool>()) {
+      return absl::DataLossError(absl::StrCat(
+          "GaLore-Offload: the projector of ", slot.name(),
+          " in the arena is not a finite dense / identity pair (a worker of another version?)"));
+    }
+    if (st.p.rows > 0) st.base = st.base + lsp::ExpandStep(st.p, st.sum_d, st.q);
+    st.sum_d = at::zeros_like(st.sum_d);
+    st.p = std::move(p);
+    st.q = std::move(q);
+    return absl::OkStatus();
+  });
+}
+
+// The subspace-Adam hyper-parameters that give galore-torch's AdamW step (baselines/galore.h)
+// at Adam step t (1-based, after the increment), from the job's `base` (lr = this step's lr):
+//   galore-torch: W <- (W - lr sqrt(bc2)/bc1 * scale * back(m / (sqrt(v) + eps))) (1 - lr wd)
+//   SubspaceAdam: D = -lr' m_hat / (sqrt(v_hat) + eps') = -lr' sqrt(bc2)/bc1 m / (sqrt(v) +
+//                 eps' sqrt(bc2)),  with bc1 = 1 - b1^t, bc2 = 1 - b2^t,
+// so eps' = eps / sqrt(bc2) and lr' = lr scale (1 - lr wd); the master and the worker apply the
+// decay (1 - lr wd) to W before adding P D Q^T (Update, LspPath::WorkerDecay), which completes
+// the product. scale: galore.scale (0 = 0.25, proto/job_spec.proto).
+lsp::AdamHyper GaloreHyper(const lspo::v1::JobSpec& spec, const lsp::AdamHyper& base, double lr,
+                           int64_t t) {
+  const double scale = spec.galore().scale() > 0 ? spec.galore().scale() : 0.25;
+  const double bc2 = 1.0 - std::pow(static_cast<double>(base.beta2), static_cast<double>(t));
+  lsp::AdamHyper h = base;
+  h.eps = static_cast<float>(static_cast<double>(base.eps) / std::sqrt(bc2));
+  h.lr = static_cast<float>(lr * scale * (1.0 - lr * spec.optim().weight_decay()));
+  return h;
+}
 
 }  // namespace
 
@@ -110,6 +181,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
   ASSIGN_OR_RETURN(job->flags, offload::ArenaFlags(job->arena, layout));
   RETURN_IF_ERROR(offload::NumLayers(layout).status());
   job->zero = layout.mode() == lspo::v1::MODE_ZERO;
+  job->galore = layout.mode() == lspo::v1::MODE_GALORE;
   ASSIGN_OR_RETURN(auto m, offload::LoadJobModel(spec));
   job->model = std::make_unique<model::LlamaModel>(std::move(m));
   if (layout.linears_size() != job->model->num_linears()) {
@@ -153,9 +225,11 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
   reply.set_seconds(runtime::SecondsSince(t0));
   LOG(INFO) << "optimizer: loaded job " << job_id << ": fp32 master weights of " << params
             << " parameters, "
-            << (job->zero ? std::string("full Adam (zero mode)")
-                          : absl::StrCat("subspace Adam over ", dd_total,
-                                         " elements (lsp.d = ", layout.d(), ")"));
+            << (job->zero     ? std::string("full Adam (zero mode)")
+                : job->galore ? absl::StrCat("GaLore-Offload Adam over ", dd_total,
+                                             " elements (galore.rank = ", layout.d(), ")")
+                              : absl::StrCat("subspace Adam over ", dd_total,
+                                             " elements (lsp.d = ", layout.d(), ")"));
   aborter_.Attach(job_id, job->flags);
   job_ = std::move(job);
   return reply;
@@ -166,6 +240,11 @@ absl::Status OptimizerCore::SetProjectors(const std::string& job_id,
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(OptimizerJob * job, Find(job_id));
   if (job->zero) return absl::FailedPreconditionError("SetProjectors needs MODE_LSP");
+  if (job->galore) {
+    return absl::FailedPreconditionError(
+        "SetProjectors needs MODE_LSP: GaLore-Offload reads each projector from the arena with "
+        "the gradient of its refresh step");
+  }
   return offload::TorchCall("set projectors", [&]() -> absl::Status {
     at::NoGradGuard no_grad;
     for (int i : indices) {
@@ -227,7 +306,7 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
     if (i < 0 || i >= static_cast<int>(job->linears.size())) {
       return absl::InvalidArgumentError(absl::StrCat("Update: bad linear index ", i));
     }
-    if (!job->zero && job->linears[i].p.rows == 0) {
+    if (!job->zero && !job->galore && job->linears[i].p.rows == 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("Update before SetProjectors for ", job->layout.linears(i).name()));
     }
@@ -241,6 +320,8 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
       (void)st.adam->Restore(u.step, std::move(u.m), std::move(u.v));
       st.base = u.base;
       st.sum_d = u.sum_d;
+      st.p = std::move(u.p);
+      st.q = std::move(u.q);
     }
     undo.clear();
   };
@@ -273,7 +354,8 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
     ASSIGN_OR_RETURN(g.bf16, job->arena.At<uint16_t>(slot.full_grad().offset(), g.n));
     return g;
   };
-  // One read-only pass: finiteness (kInvalidArgument naming the weight) and sum g^2.
+  // One read-only pass: finiteness (kInvalidArgument naming the weight) and sum g^2 (galore:
+  // |G|_F^2 of the full gradient, from its grad_sq slot: clipping is GaLore's, of G).
   auto stats_of = [&](int i, const GradRef& g) -> absl::StatusOr<double> {
     const lsp::GradientStats gs = g.fp32 != nullptr ? lsp::ComputeGradientStats(g.fp32, g.n)
                                                     : lsp::ComputeGradientStats(g.bf16, g.n);
@@ -282,7 +364,14 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
       return lsp::NonFiniteError(job->layout.linears(i).name(), k, g.n,
                                  g.fp32 != nullptr ? g.fp32[k] : runtime::Bf16ToFp32(g.bf16[k]));
     }
-    return gs.sum_sq;
+    if (!job->galore) return gs.sum_sq;
+    ASSIGN_OR_RETURN(const float* sq,
+                     job->arena.At<float>(job->layout.linears(i).grad_sq().offset(), 1));
+    if (!std::isfinite(*sq) || *sq < 0) {
+      return lsp::NonFiniteError(absl::StrCat(job->layout.linears(i).name(), " (|G|^2)"), 0, 1,
+                                 *sq);
+    }
+    return static_cast<double>(*sq);
   };
   // Clipping needs the global norm before any update: wait for every gradient first.
   float clip = 1.0f;
@@ -363,7 +452,20 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
       ops.n = n;
       lsp::FusedAdamStep(hyper, st.step, ops);
     } else {
-      undo.push_back({i, st.adam->step(), st.adam->m(), st.adam->v(), st.base, st.sum_d.clone()});
+      undo.push_back(
+          {i, st.adam->step(), st.adam->m(), st.adam->v(), st.base, st.sum_d.clone(), st.p, st.q});
+      lsp::AdamHyper h = hyper;
+      if (job->galore) {
+        // A new projector came with this gradient (a refresh step): fold the old subspace's
+        // steps into the base, keep the moments as they are (galore-torch does), start a new
+        // sum (new tensors: the undo record keeps the old ones).
+        absl::Status ps = RefreshGaloreProjector(job, i);
+        if (!ps.ok()) {
+          roll_back();
+          return ps;
+        }
+        h = GaloreHyper(job->spec, hyper, request.lr(), st.adam->step() + 1);
+      }
       ASSIGN_OR_RETURN(float* d, job->arena.At<float>(slot.step().offset(), n));
       const float* s_in = g.fp32;  // S (d_p, d_q); clipped into a copy (small)
       if (clip != 1.0f) {
@@ -371,7 +473,7 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
         for (float& x : scaled) x *= clip;
         s_in = scaled.data();
       }
-      absl::Status as = st.adam->Step(hyper, s_in, d);
+      absl::Status as = st.adam->Step(h, s_in, d);
       if (!as.ok()) {
         roll_back();
         return as;
@@ -488,10 +590,9 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::SaveState(const std::string&
         }
       }
     }
-    return offload::WriteTensorFile(path, tensors,
-                                   {{"job_id", job->id},
-                                    {"mode", job->zero ? "zero" : "lsp"},
-                                    {"step", std::to_string(step)}});
+    return offload::WriteTensorFile(
+        path, tensors,
+        {{"job_id", job->id}, {"mode", ModeName(*job)}, {"step", std::to_string(step)}});
   }));
   reply.add_files(path);
   reply.set_seconds(runtime::SecondsSince(t0));
@@ -512,7 +613,7 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string&
       auto it = meta.find(key);
       return it == meta.end() ? std::string() : it->second;
     };
-    const std::string mode = job->zero ? "zero" : "lsp";
+    const std::string mode = ModeName(*job);
     if (get("mode") != mode || get("step") != std::to_string(step)) {
       return absl::DataLossError(absl::StrCat(what, " holds the ", get("mode"),
                                               " state of step ", get("step"), ", expected ",

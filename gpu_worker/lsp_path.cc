@@ -183,7 +183,7 @@ absl::Status LspPath::InstallProjectors(WorkerJob* job, int64_t i, lsp::SparsePr
   const auto& slot = job->layout.linears(static_cast<int>(i));
   RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.p_index(), slot.p_value(), p));
   RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.q_index(), slot.q_value(), q));
-  RETURN_IF_ERROR(linears_->SetProjectors(i, p, q));
+  if (linears_ != nullptr) RETURN_IF_ERROR(linears_->SetProjectors(i, p, q));
   p_[i] = std::move(p);
   q_[i] = std::move(q);
   return absl::OkStatus();
@@ -263,7 +263,7 @@ absl::StatusOr<UpdatePath::Commit> LspPath::ReadState(WorkerJob* job,
       RETURN_IF_ERROR(InstallProjectors(job, static_cast<int64_t>(i), std::move(pi),
                                         std::move(qi)));
     }
-    job->model->SetLinearMode(model::LinearMode::kCustom);
+    if (linears_ != nullptr) job->model->SetLinearMode(model::LinearMode::kCustom);
     fitted_ = true;
     return absl::OkStatus();
   });
@@ -274,7 +274,8 @@ std::unique_ptr<UpdatePath> MakeLspPath() { return std::make_unique<LspPath>(); 
 absl::StatusOr<LspPath*> LspPathOf(WorkerJob* job, const char* what) {
   auto* path = dynamic_cast<LspPath*>(job->path.get());
   if (path == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(what, " needs MODE_LSP"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " needs MODE_LSP (or MODE_GALORE with galore.offload)"));
   }
   return path;
 }

@@ -21,8 +21,10 @@
 
 namespace lspo::worker {
 
-// The LSP update path (see the file comment).
-class LspPath final : public OffloadPath {
+// The LSP update path (see the file comment). GaLore-Offload (galore_offload_path.cc) derives
+// from it: the same arena slots, landing, compensation and checkpointed projectors, with its
+// own layout, gradients and name.
+class LspPath : public OffloadPath {
  public:
   const char* name() const override { return "lsp"; }
   absl::Status CheckReady(const WorkerJob& job) const override;
@@ -68,14 +70,17 @@ class LspPath final : public OffloadPath {
   absl::Status Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor& w,
                     double decay) override;
 
+ protected:
   std::vector<lsp::SparseProjector> p_, q_;
-  std::shared_ptr<lsp::LspLinears> linears_;  // The model's LinearImpl.
+  // The model's LinearImpl; null when the linears compute densely (GaLore-Offload).
+  std::shared_ptr<lsp::LspLinears> linears_;
   std::vector<at::Tensor> s_accum_;  // Per linear, (d_p, d_q) fp32, summed over micro-batches.
   std::vector<at::Tensor> comp_;     // Per linear, (m, n) bf16/fp16 residuals; empty = none.
   bool fitted_ = false;
 };
 
-// The job's LspPath. Errors: kFailedPrecondition naming `what` when the job is not MODE_LSP.
+// The job's LspPath (MODE_LSP, or MODE_GALORE with galore.offload). Errors:
+// kFailedPrecondition naming `what` when the job has no LspPath.
 absl::StatusOr<LspPath*> LspPathOf(WorkerJob* job, const char* what);
 
 }  // namespace lspo::worker

@@ -17,6 +17,7 @@ std::unique_ptr<UpdatePath> MakeLspPath();     // lsp_path.cc
 std::unique_ptr<UpdatePath> MakeZeroPath();    // zero_path.cc
 std::unique_ptr<UpdatePath> MakeLoraPath();    // lora_path.cc
 std::unique_ptr<UpdatePath> MakeGalorePath();  // galore_path.cc
+std::unique_ptr<UpdatePath> MakeGaloreOffloadPath();  // galore_offload_path.cc
 
 namespace {
 
@@ -36,7 +37,9 @@ constexpr Registration kRegistry[] = {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<UpdatePath>> MakeUpdatePath(lspo::v1::TrainingMode mode) {
+absl::StatusOr<std::unique_ptr<UpdatePath>> MakeUpdatePath(const lspo::v1::JobSpec& spec) {
+  const lspo::v1::TrainingMode mode = spec.mode();
+  if (mode == lspo::v1::MODE_GALORE && spec.galore().offload()) return MakeGaloreOffloadPath();
   for (const Registration& r : kRegistry) {
     if (r.mode == mode) return r.make();
   }

@@ -8,7 +8,9 @@
 //   lsp     (lsp_path.cc)     S = P^T G Q offloaded, W <- (1 - lr wd) W + P D Q^T applied.
 //   zero    (zero_path.cc)    the full bf16 gradient offloaded, the bf16 parameters copied back.
 //   lora    (lora_path.cc)    LoRA adapters (baselines/lora.h) trained with AdamW on the worker.
-//   galore  (galore_path.cc)  GaLore's projected AdamW (baselines/galore.h) on the worker.
+//   galore  (galore_path.cc)  GaLore's projected AdamW (baselines/galore.h) on the worker;
+//           with galore.offload (galore_offload_path.cc) GaLore-Offload: the projected
+//           gradient offloaded like lsp's S, GaLore's Adam on the optimizer service.
 // lsp and zero share the arena mechanics (publish, wait, apply; serial and overlap schedules)
 // in OffloadPath (offload_path.h). A new mode is one file and one line in update_path.cc.
 //
@@ -130,8 +132,9 @@ class UpdatePath {
   }
 };
 
-// The update path of `mode`. Errors: kInvalidArgument for a mode with no implementation.
-absl::StatusOr<std::unique_ptr<UpdatePath>> MakeUpdatePath(lspo::v1::TrainingMode mode);
+// The update path of the job's mode (spec.mode; for MODE_GALORE also galore.offload).
+// Errors: kInvalidArgument for a mode with no implementation.
+absl::StatusOr<std::unique_ptr<UpdatePath>> MakeUpdatePath(const lspo::v1::JobSpec& spec);
 
 }  // namespace lspo::worker
 

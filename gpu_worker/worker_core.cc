@@ -490,7 +490,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     }
     LOG(WARNING) << "worker: fault injection: non-finite gradients at steps " << f;
   }
-  ASSIGN_OR_RETURN(job->path, MakeUpdatePath(spec.mode()));
+  ASSIGN_OR_RETURN(job->path, MakeUpdatePath(spec));
   job->classification = spec.data().format() == lspo::v1::DATA_FORMAT_CLASSIFICATION;
   RETURN_IF_ERROR(LoadAssets(job.get()));
   auto& model = *job->model;
@@ -500,8 +500,11 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   std::vector<at::Tensor> residuals;
   if (spec.weight_dtype() == lspo::v1::WEIGHT_DTYPE_BF16 ||
       (use_cuda && spec.weight_dtype() == lspo::v1::WEIGHT_DTYPE_UNSPECIFIED)) {
-    if ((spec.mode() == lspo::v1::MODE_LSP || spec.mode() == lspo::v1::MODE_UNSPECIFIED) &&
-        spec.lsp().apply_rounding() != lspo::v1::APPLY_ROUNDING_NEAREST) {
+    const bool lsp_mode =
+        spec.mode() == lspo::v1::MODE_LSP || spec.mode() == lspo::v1::MODE_UNSPECIFIED;
+    const bool galore_offload = spec.mode() == lspo::v1::MODE_GALORE && spec.galore().offload();
+    if ((lsp_mode && spec.lsp().apply_rounding() != lspo::v1::APPLY_ROUNDING_NEAREST) ||
+        galore_offload) {
       RETURN_IF_ERROR(offload::TorchCall("compensation residuals", [&]() -> absl::Status {
         at::NoGradGuard no_grad;
         for (int64_t i = 0; i < model.num_linears(); ++i) {
@@ -619,6 +622,7 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
     int64_t total = 0, input_tokens = 0, padding_tokens = 0;
     const std::vector<data::Batch> batches =
         StepBatches(job, step, &total, &input_tokens, &padding_tokens);
+    job->step = static_cast<uint32_t>(step);
     job->path->ZeroGrads(job);
     RETURN_IF_ERROR(RunMicroBatches(job, batches, total, step, plan, &reply));
     if (reply.nonfinite()) return absl::OkStatus();

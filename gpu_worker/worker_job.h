@@ -72,6 +72,8 @@ struct WorkerJob {
   // forward (0 = none), and the weight-decay factor 1 - lr * wd of that step.
   std::vector<uint32_t> pending_step;
   std::vector<double> pending_decay;
+  // The step TrainStep is running (1-based; 0 before the first), set before ZeroGrads.
+  uint32_t step = 0;
   // While > 0: the step whose gradients the backward publishes as they are formed (overlap
   // schedule, last micro-batch only).
   uint32_t publish_step = 0;

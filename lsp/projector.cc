@@ -459,6 +459,35 @@ absl::StatusOr<SparseProjector> SparseProjector::Identity(int64_t rows) {
   return p;
 }
 
+absl::StatusOr<SparseProjector> SparseProjector::FromDense(const at::Tensor& M) {
+  if (!M.defined() || M.dim() != 2 || M.size(0) < 1 || M.size(1) < 1 ||
+      !at::isFloatingType(M.scalar_type())) {
+    return absl::InvalidArgumentError(
+        "SparseProjector::FromDense: expected a floating (rows, d) matrix with rows, d >= 1");
+  }
+  try {
+    torch::NoGradGuard no_grad;
+    SparseProjector p;
+    p.rows = M.size(0);
+    p.d = M.size(1);
+    p.r = p.d;
+    p.value = M.to(at::kFloat).contiguous();
+    if (!at::isfinite(p.value).all().item<bool>()) {
+      return absl::InvalidArgumentError("SparseProjector::FromDense: the matrix is not finite");
+    }
+    // (rows, d) int64, 0..d-1 on every row: a stride-0 view of one (d) row, so a dense
+    // projector costs no index memory on the device (the dense kernels never read it).
+    p.index = at::arange(p.d, at::TensorOptions().dtype(at::kLong).device(M.device()))
+                  .unsqueeze(0)
+                  .expand({p.rows, p.d});
+    p.dense = true;
+    p.identity = false;
+    return p;
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("SparseProjector::FromDense: ", e.what()));
+  }
+}
+
 absl::StatusOr<SparseProjector> SparseProjector::ForSide(int64_t rows, int64_t d, int64_t r,
                                                          bool identity, uint64_t seed) {
   if (identity) return Identity(rows);
@@ -499,6 +528,15 @@ absl::StatusOr<SparseProjector> SparseProjector::FromTensors(const at::Tensor& i
       const at::Tensor ar = at::arange(p.rows, p.index.options());  // (rows) int64
       p.identity = at::equal(p.index.reshape({-1}), ar) &&
                    at::equal(p.value.reshape({-1}), at::ones({p.rows}, p.value.options()));
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("SparseProjector::FromTensors: ", e.what()));
+    }
+  }
+  if (!p.identity && p.r == p.d) {
+    try {
+      torch::NoGradGuard no_grad;
+      const at::Tensor ar = at::arange(p.d, p.index.options()).unsqueeze(0);  // (1, d) int64
+      p.dense = at::equal(p.index, ar.expand({p.rows, p.d}));
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("SparseProjector::FromTensors: ", e.what()));
     }
@@ -650,6 +688,22 @@ at::Tensor CompressDense(const at::Tensor& G, const SparseProjector& P, const Sp
   return st.t().contiguous();                                            // (dP, dQ)
 }
 
+namespace {
+// P D Q^T (m, n) in dtype ct by dense matrix products when a side is dense and the other is
+// dense or the identity (GaLore-Offload's projectors); undefined otherwise. The identity
+// side costs nothing; a dense side one GEMM (BLAS on the CPU, cuBLAS on CUDA).
+at::Tensor DenseExpand(const SparseProjector& P, const at::Tensor& D, const SparseProjector& Q,
+                       at::ScalarType ct) {
+  if (!(P.dense || Q.dense) || !(P.dense || P.identity) || !(Q.dense || Q.identity)) {
+    return at::Tensor();
+  }
+  at::Tensor e = D.to(ct);                                     // (dP, dQ)
+  if (Q.dense) e = at::mm(e, Q.value.to(ct).t());              // (dP, n) = D Q^T
+  if (P.dense) return at::mm(P.value.to(ct), e).contiguous();  // (m, n) = P D Q^T
+  return e.contiguous();
+}
+}  // namespace
+
 at::Tensor ExpandStep(const SparseProjector& P, const at::Tensor& D, const SparseProjector& Q) {
   CheckOperand(D, "ExpandStep", "D");
   CheckProjector(P, "ExpandStep", "P", D);
@@ -657,6 +711,7 @@ at::Tensor ExpandStep(const SparseProjector& P, const at::Tensor& D, const Spars
   CHECK(D.size(0) == P.d && D.size(1) == Q.d)
       << "ExpandStep: D " << D.sizes() << " vs (P.d, Q.d) = (" << P.d << ", " << Q.d << ")";
   const at::ScalarType ct = AccumType(D.scalar_type());
+  if (at::Tensor dense = DenseExpand(P, D, Q, ct); dense.defined()) return dense;
   const at::Tensor dt = D.to(ct).t().contiguous();                          // (dQ, dP)
   const at::Tensor et = internal::GatherRows(dt, Q.index, Q.value);         // (n, dP) = Q D^T
   return internal::GatherRows(et.t().contiguous(), P.index, P.value);       // (m, n)
@@ -679,6 +734,16 @@ void ApplyStep(at::Tensor& W, const SparseProjector& P, const at::Tensor& D,
   CHECK(W.device() == D.device()) << "ApplyStep: W on " << W.device() << ", D on " << D.device();
   torch::NoGradGuard no_grad;
   const at::ScalarType ct = AccumType(W.scalar_type());
+  if (P.dense || Q.dense) {
+    // GaLore-Offload's dense projectors: one GEMM (ExpandStep's dense path), one rounding.
+    const at::Tensor delta = ExpandStep(P, D.to(ct), Q);  // (m, n) in ct
+    if (W.scalar_type() == ct) {
+      W.add_(delta);
+    } else {
+      W.copy_(W.to(ct).add_(delta));
+    }
+    return;
+  }
 #if LSPO_HAS_CUDA_KERNELS
   if (W.is_cuda() && W.is_contiguous() && UseCudaKernels() &&
       (W.scalar_type() == at::kFloat || W.scalar_type() == at::kBFloat16)) {

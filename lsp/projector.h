@@ -46,6 +46,15 @@ struct SparseProjector {
   // The identity (rows == d, r == 1, index[i] = i, value 1): an exact, never-fitted side of a
   // one-sided or full subspace (lsp/subspace.h). FitProjectors leaves its values alone.
   bool identity = false;
+  // A dense projector (r == d, row i's columns 0..d-1 in order: value IS the (rows, d)
+  // matrix), e.g. GaLore's SVD projectors in GaLore-Offload (baselines/galore.h). The kernels
+  // below then use dense matrix products (BLAS) instead of the row loops.
+  bool dense = false;
+
+  // A dense projector from the (rows, d) matrix M (any floating dtype, any device; stored as
+  // fp32 on M's device): index row i = 0..d-1 (a stride-0 view: no (rows, d) index memory),
+  // value = M. kInvalidArgument if M is not 2-D, has a zero size or a non-finite entry.
+  static absl::StatusOr<SparseProjector> FromDense(const at::Tensor& M);
 
   // The identity projector (rows, rows) on the CPU: index (rows, 1) = 0..rows-1, value 1.
   // kInvalidArgument if rows <= 0.
@@ -68,8 +77,8 @@ struct SparseProjector {
   // Wraps existing tensors (e.g. read from a checkpoint; docs/known-failures.md #11) after
   // Validate(). index (rows, r) integer, value (rows, r) floating (converted to int64 / fp32 on
   // the same device). `identity` is set when the tensors are exactly the identity projector
-  // (d == rows, r == 1, index i at row i, value 1). kInvalidArgument on any violation of the
-  // invariants.
+  // (d == rows, r == 1, index i at row i, value 1), and `dense` when r == d and every row's
+  // index is 0..d-1 in order. kInvalidArgument on any violation of the invariants.
   static absl::StatusOr<SparseProjector> FromTensors(const at::Tensor& index,
                                                      const at::Tensor& value, int64_t d);
 

@@ -67,12 +67,11 @@ absl::Status CheckPerLayer(const std::vector<LinearShape>& linears, int32_t per_
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(
+// BuildArenaLayout for `mode` MODE_LSP or MODE_GALORE (which adds the grad_sq slots).
+absl::StatusOr<lspo::v1::ArenaLayout> BuildSubspaceLayout(
     const std::vector<LinearShape>& linears, int32_t linears_per_layer,
     const std::vector<lsp::MatrixSubspace>& subspaces, int32_t d, int32_t r,
-    const std::string& name) {
+    const std::string& name, lspo::v1::TrainingMode mode) {
   RETURN_IF_ERROR(CheckPerLayer(linears, linears_per_layer));
   if (subspaces.size() != linears.size()) {
     return absl::InvalidArgumentError(absl::StrCat("arena layout: ", subspaces.size(),
@@ -111,12 +110,56 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(
     *slot->mutable_p_value() = MakeRef(&cursor, lspo::v1::F32, {l.m, s.p.r});
     *slot->mutable_q_index() = MakeRef(&cursor, lspo::v1::I32, {l.n, s.q.r});
     *slot->mutable_q_value() = MakeRef(&cursor, lspo::v1::F32, {l.n, s.q.r});
+    if (mode == lspo::v1::MODE_GALORE) {
+      *slot->mutable_grad_sq() = MakeRef(&cursor, lspo::v1::F32, {1});
+    }
   }
   AddFlags(linears, &layout, &cursor);
   AddStaging(linears, static_cast<size_t>(linears_per_layer), &layout, &cursor);
-  layout.set_mode(lspo::v1::MODE_LSP);
+  layout.set_mode(mode);
   layout.set_bytes(std::max<uint64_t>(cursor, 64));
   return layout;
+}
+
+}  // namespace
+
+absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(
+    const std::vector<LinearShape>& linears, int32_t linears_per_layer,
+    const std::vector<lsp::MatrixSubspace>& subspaces, int32_t d, int32_t r,
+    const std::string& name) {
+  return BuildSubspaceLayout(linears, linears_per_layer, subspaces, d, r, name, lspo::v1::MODE_LSP);
+}
+
+absl::StatusOr<lspo::v1::ArenaLayout> BuildGaloreArenaLayout(
+    const std::vector<LinearShape>& linears, int32_t linears_per_layer, int32_t rank,
+    const std::string& name) {
+  const LinearShape* narrowest = nullptr;
+  for (const LinearShape& l : linears) {
+    if (narrowest == nullptr || std::min(l.m, l.n) < std::min(narrowest->m, narrowest->n)) {
+      narrowest = &l;
+    }
+  }
+  if (rank < 1 || (narrowest != nullptr && rank >= std::min(narrowest->m, narrowest->n))) {
+    const int64_t side = narrowest == nullptr ? 0 : std::min(narrowest->m, narrowest->n);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "galore.rank = ", rank, " with galore.offload: the rank must be >= 1 and below the ",
+        "smaller side of every trained matrix",
+        narrowest == nullptr
+            ? std::string()
+            : absl::StrCat(" (the narrowest is ", narrowest->name, ", ", narrowest->m, " x ",
+                           narrowest->n, "): use a rank <= ", side - 1)));
+  }
+  std::vector<lsp::MatrixSubspace> subspaces;
+  subspaces.reserve(linears.size());
+  for (const LinearShape& l : linears) {
+    const lsp::SideSubspace identity_p{l.m, l.m, 1, true}, identity_q{l.n, l.n, 1, true};
+    const lsp::SideSubspace dense_p{l.m, rank, rank, false}, dense_q{l.n, rank, rank, false};
+    // GaLore's side rule (baselines/galore.h GaloreSideOf): right (project n) when m >= n.
+    subspaces.push_back(l.m >= l.n ? lsp::MatrixSubspace{identity_p, dense_q}
+                                   : lsp::MatrixSubspace{dense_p, identity_q});
+  }
+  return BuildSubspaceLayout(linears, linears_per_layer, subspaces, rank, rank, name,
+                             lspo::v1::MODE_GALORE);
 }
 
 absl::StatusOr<lspo::v1::ArenaLayout> BuildZeroArenaLayout(

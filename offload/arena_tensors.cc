@@ -79,6 +79,14 @@ absl::StatusOr<lsp::SparseProjector> ReadProjector(const runtime::ShmArena& aren
     return absl::DataLossError(absl::StrCat("projector positions in the arena span [", lo, ", ",
                                             hi, "], expected [0, ", d, ")"));
   }
+  // The structure the kernels take shortcuts for (lsp/projector.h): the identity side of a
+  // one-sided subspace, and GaLore-Offload's dense projectors.
+  if (r == 1 && d == rows) {
+    p.identity = at::equal(p.index.view({-1}), at::arange(rows, at::kLong)) &&
+                 at::equal(p.value.view({-1}), at::ones({rows}, at::kFloat));
+  } else if (r == d) {
+    p.dense = at::equal(p.index, at::arange(d, at::kLong).unsqueeze(0).expand({rows, d}));
+  }
   return p;
 }
 

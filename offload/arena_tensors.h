@@ -34,8 +34,9 @@ absl::StatusOr<at::Tensor> ArenaF32(const runtime::ShmArena& arena, const lspo::
 absl::Status WriteProjector(const runtime::ShmArena& arena, const lspo::v1::TensorRef& index,
                             const lspo::v1::TensorRef& value, const lsp::SparseProjector& p);
 
-// Reads a projector with `d` columns back (index widened to int64). kDataLoss if a position
-// is outside [0, d).
+// Reads a projector with `d` columns back (index widened to int64), with its `identity` /
+// `dense` structure flags set as SparseProjector::FromTensors sets them. kDataLoss if a
+// position is outside [0, d).
 absl::StatusOr<lsp::SparseProjector> ReadProjector(const runtime::ShmArena& arena,
                                                    const lspo::v1::TensorRef& index,
                                                    const lspo::v1::TensorRef& value, int64_t d);

@@ -48,7 +48,8 @@ JobRunner::JobRunner(std::string job_id, v1::JobSpec spec, WorkerClient* worker,
       options_(options),
       lsp_(spec_.mode() == v1::MODE_LSP),
       zero_(spec_.mode() == v1::MODE_ZERO),
-      offload_(lsp_ || zero_),
+      // GaLore-Offload runs its Adam on the optimizer service as lsp does.
+      offload_(lsp_ || zero_ || (spec_.mode() == v1::MODE_GALORE && spec_.galore().offload())),
       dl_(options.rpc_deadline_seconds) {
   if (!offload_) optimizer_ = nullptr;
 }
@@ -221,6 +222,7 @@ void JobRunner::InitSummary() {
     summary_["galore_rank"] = spec_.galore().rank();
     summary_["galore_update_proj_gap"] = spec_.galore().update_proj_gap();
     summary_["galore_scale"] = spec_.galore().scale();
+    summary_["galore_offload"] = spec_.galore().offload();
   }
   summary_["steps"] = spec_.steps();
   summary_["micro_batch_size"] = spec_.micro_batch_size();

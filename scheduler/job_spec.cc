@@ -424,7 +424,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                               "modes); GaLore uses a scale of 0.25 to 4"));
     }
   } else if (spec.galore().rank() != 0 || spec.galore().update_proj_gap() != 0 ||
-             spec.galore().scale() != 0) {
+             spec.galore().scale() != 0 || spec.galore().offload()) {
     return bad("galore", "{...}",
                absl::StrCat("the galore settings apply to mode galore only, and mode is ",
                             runtime::EnumShortName(spec.mode()),

@@ -135,6 +135,31 @@ inline void ExpectRefusedAtSubmit(v1::Scheduler::Stub* stub, const v1::JobSpec& 
       << what << ": " << st.error_message();
 }
 
+// A job resumed from a checkpoint of step `from` (watched as `resumed`, output `b_dir`) went on
+// bitwise as the uninterrupted one (`full`, `a_dir`): it says it resumed at `from`, its losses
+// of steps from + 1 .. `to` are equal, and so are the two model.safetensors.
+inline void ExpectResumedBitwise(const WatchResult& full, const std::string& a_dir,
+                                 const WatchResult& resumed, const std::string& b_dir, int from,
+                                 int to) {
+  ASSERT_EQ(resumed.last.state(), v1::SUCCEEDED) << resumed.last.error();
+  EXPECT_EQ(resumed.last.resumed_from_step(), from);
+  std::map<int, double> la = StepLosses(full), lb = StepLosses(resumed);
+  ASSERT_EQ(lb.size(), static_cast<size_t>(to - from));
+  for (int step = from + 1; step <= to; ++step) EXPECT_EQ(lb[step], la[step]) << "step " << step;
+  const std::string wa = FileBytes(a_dir + "/model.safetensors");
+  EXPECT_GT(wa.size(), 1000u);
+  EXPECT_TRUE(wa == FileBytes(b_dir + "/model.safetensors")) << "final models differ";
+}
+
+// Submits `spec` (resuming a checkpoint written by another training) and expects the job to
+// fail as "different training spec".
+inline void ExpectRefusedAsOtherTraining(v1::Scheduler::Stub* stub, const v1::JobSpec& spec) {
+  WatchResult other = SubmitAndWatch(stub, spec);
+  EXPECT_EQ(other.last.state(), v1::FAILED);
+  EXPECT_NE(other.last.error().find("different training spec"), std::string::npos)
+      << other.last.error();
+}
+
 }  // namespace lspo::testing_jobs
 
 #endif  // LSPO_TESTS_INTEGRATION_TEST_JOBS_H_

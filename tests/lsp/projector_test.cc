@@ -209,6 +209,67 @@ TEST(SparseProjectorIdentity, OneSidedKernelsMatchDenseFloat64) {
   EXPECT_LT(RelativeBias(G, P, *SparseProjector::Identity(n)), 1e-12);
 }
 
+// GaLore-Offload's projectors (gpu_worker/galore_offload_path.cc): one side the identity, the
+// other a dense (rows, k) matrix. FromDense keeps the matrix as the values (no index memory:
+// a stride-0 view), FromTensors recognises a dense projector read back, and ExpandStep,
+// ApplyStep and ApplyStepCompensated (BLAS path) equal the float64 products on both sides.
+TEST(SparseProjectorDense, GaloreSidesMatchDenseFloat64) {
+  const int64_t m = 40, n = 24, k = 6;
+  torch::manual_seed(12);
+  const at::Tensor B = torch::randn({n, k});  // Q = B (n, k): right side, S = G B (m, k)
+  const at::Tensor A = torch::randn({m, k});  // P = A (m, k): left side, S = A^T G (k, n)
+  absl::StatusOr<SparseProjector> q = SparseProjector::FromDense(B);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_TRUE(q->dense);
+  EXPECT_FALSE(q->identity);
+  EXPECT_EQ(q->r, k);
+  EXPECT_EQ(q->index.stride(0), 0) << "the index of a dense projector is a view of one row";
+  EXPECT_TRUE(at::equal(q->Dense(), B));
+  EXPECT_TRUE(q->Validate().ok());
+  // Read back from tensors (the arena, a checkpoint): still dense; a permuted row is not.
+  absl::StatusOr<SparseProjector> back =
+      SparseProjector::FromTensors(q->index.contiguous(), q->value, k);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->dense);
+  at::Tensor perm = q->index.contiguous().clone();
+  perm[0] = perm[0].flip(0);
+  back = SparseProjector::FromTensors(perm, q->value, k);
+  ASSERT_TRUE(back.ok());
+  EXPECT_FALSE(back->dense);
+  EXPECT_FALSE(SparseProjector::FromDense(torch::randn({3})).ok());
+  EXPECT_FALSE(SparseProjector::FromDense(torch::full({2, 2}, NAN)).ok());
+
+  const SparseProjector Im = *SparseProjector::Identity(m), In = *SparseProjector::Identity(n);
+  const SparseProjector P = *SparseProjector::FromDense(A);
+  const at::Tensor b = B.to(at::kDouble), a = A.to(at::kDouble);
+  const at::Tensor Dr = torch::randn({m, k}), Dl = torch::randn({k, n});
+  const at::Tensor right_ref = Dr.to(at::kDouble).mm(b.t());  // (m, n) = I D B^T
+  const at::Tensor left_ref = a.mm(Dl.to(at::kDouble));       // (m, n) = A D I
+  EXPECT_LT(RelErr(ExpandStep(Im, Dr, *q), right_ref), 1e-6);
+  EXPECT_LT(RelErr(ExpandStep(P, Dl, In), left_ref), 1e-6);
+  // Both sides dense: A D B^T.
+  const at::Tensor D2 = torch::randn({k, k});
+  EXPECT_LT(RelErr(ExpandStep(P, D2, *q), a.mm(D2.to(at::kDouble)).mm(b.t())), 1e-6);
+  at::Tensor W = torch::randn({m, n});
+  const at::Tensor W_ref = W.to(at::kDouble) + right_ref;
+  ApplyStep(W, Im, Dr, *q);
+  EXPECT_LT(RelErr(W, W_ref), 1e-6);
+  // 16-bit weights: one rounding of W + P D Q^T (at most one ulp from the float64 sum: the fp32
+  // sum rounds first), and the compensated form keeps what the rounding dropped.
+  at::Tensor Wb = torch::randn({m, n}).to(at::kBFloat16);
+  const at::Tensor Wb_exact = Wb.to(at::kDouble) + left_ref;
+  at::Tensor Wb2 = Wb.clone();
+  ApplyStep(Wb, P, Dl, In);
+  EXPECT_LE(MaxDriftUlps(Wb, Wb_exact), 1.0);
+  at::Tensor C = at::zeros_like(Wb2);
+  const at::Tensor exact = Wb2.to(at::kDouble) * 0.5 + left_ref;
+  ApplyStepCompensated(Wb2, C, P, Dl, In, 0.5);
+  // W + C holds the sum to the rounding of C into bf16 (2^-9 of C, itself within half a bf16
+  // ulp of W: ~2^-18 relative); W alone is off by up to half a bf16 ulp (2^-9).
+  EXPECT_LT(RelErr(Wb2.to(at::kDouble) + C.to(at::kDouble), exact), 1e-5);
+  EXPECT_GT(RelErr(Wb2.to(at::kDouble), exact), 1e-4);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Compensated apply into bf16 weights
 
