@@ -30,39 +30,44 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "runtime/process_env.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "client/embedded.h"
 #include "client/model_tools.h"
 #include "client/prometheus.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
-#include "runtime/rpc_status.h"
 #include "proto/job_spec.pb.h"
 #include "proto/metrics.pb.h"
-#include "proto/scheduler.pb.h"
 #include "proto/scheduler.grpc.pb.h"
+#include "proto/scheduler.pb.h"
 #include "runtime/grpc_flags.h"
+#include "runtime/process_env.h"
 #include "runtime/proto_json.h"
+#include "runtime/rpc_status.h"
 #include "runtime/status_macros.h"
 #include "scheduler/job_spec.h"
 
 ABSL_FLAG(std::string, spec, "", "job spec file (.yaml, .yml or .json) for run/submit");
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:50060", "scheduler address for remote commands");
 ABSL_FLAG(int32_t, steps, 0, "override the spec's steps (0 = keep)");
-ABSL_FLAG(std::string, mode, "", "override the spec's mode: lsp, zero, native, lora or galore");
+ABSL_FLAG(std::string, mode, "",
+          "override the spec's mode: lsp, zero, native, lora, galore or galore-offload "
+          "(galore with galore.offload); another mode's lora / galore settings are dropped");
 ABSL_FLAG(std::string, schedule, "", "override the spec's offload schedule: overlap or serial");
 ABSL_FLAG(std::string, output_dir, "",
           "run/submit: override the spec's output directory; convert: the folder to write");
@@ -320,15 +325,37 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
         absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps), " must be >= 1 (0 keeps the spec)"));
   }
   if (absl::GetFlag(FLAGS_steps) > 0) spec->set_steps(absl::GetFlag(FLAGS_steps));
-  const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode == "lsp") spec->set_mode(lspo::v1::MODE_LSP);
-  else if (mode == "native") spec->set_mode(lspo::v1::MODE_NATIVE);
-  else if (mode == "zero") spec->set_mode(lspo::v1::MODE_ZERO);
-  else if (mode == "lora") spec->set_mode(lspo::v1::MODE_LORA);
-  else if (mode == "galore") spec->set_mode(lspo::v1::MODE_GALORE);
-  else if (!mode.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--mode=", mode, " is not a mode: use lsp, zero, native, lora or galore"));
+  // Case and a MODE_ prefix do not matter (--mode=GALORE, --mode=MODE_ZERO), nor - vs _.
+  std::string mode = absl::AsciiStrToLower(absl::GetFlag(FLAGS_mode));
+  if (absl::StartsWith(mode, "mode_")) mode = mode.substr(5);
+  absl::StrReplaceAll({{"_", "-"}}, &mode);
+  if (!mode.empty()) {
+    static const auto* const kModes = new std::map<std::string, lspo::v1::TrainingMode>{
+        {"lsp", lspo::v1::MODE_LSP},       {"native", lspo::v1::MODE_NATIVE},
+        {"zero", lspo::v1::MODE_ZERO},     {"lora", lspo::v1::MODE_LORA},
+        {"galore", lspo::v1::MODE_GALORE}, {"galore-offload", lspo::v1::MODE_GALORE}};
+    auto it = kModes->find(mode);
+    if (it == kModes->end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mode=", absl::GetFlag(FLAGS_mode),
+                       " is not a mode: use lsp, zero, native, lora, galore or galore-offload"));
+    }
+    // The spec's settings of another mode would be refused with the new mode: the flag says
+    // which mode to run, so they are dropped (with a note), as the lsp section is unused.
+    if (it->second != lspo::v1::MODE_LORA && spec->has_lora()) {
+      std::fprintf(stderr, "lspctl: --mode=%s: the spec's lora settings are not used\n",
+                   mode.c_str());
+      spec->clear_lora();
+    }
+    if (it->second != lspo::v1::MODE_GALORE && spec->has_galore()) {
+      std::fprintf(stderr, "lspctl: --mode=%s: the spec's galore settings are not used\n",
+                   mode.c_str());
+      spec->clear_galore();
+    }
+    spec->set_mode(it->second);
+    if (it->second == lspo::v1::MODE_GALORE) {
+      spec->mutable_galore()->set_offload(mode == "galore-offload");
+    }
   }
   const std::string schedule = absl::GetFlag(FLAGS_schedule);
   if (schedule == "serial" || schedule == "overlap") {
@@ -347,9 +374,9 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
 void PrintChoice(const lspo::v1::JobSpec& in) {
   lspo::v1::JobSpec spec = in;
   lspo::scheduler::ResolveDefaults(&spec);
-  const bool on_worker =
-      spec.mode() == lspo::v1::MODE_NATIVE || spec.mode() == lspo::v1::MODE_LORA ||
-      spec.mode() == lspo::v1::MODE_GALORE;
+  const bool on_worker = spec.mode() == lspo::v1::MODE_NATIVE ||
+                         spec.mode() == lspo::v1::MODE_LORA ||
+                         (spec.mode() == lspo::v1::MODE_GALORE && !spec.galore().offload());
   std::string method;  // The mode's own settings.
   if (spec.mode() == lspo::v1::MODE_LSP) {
     method = absl::StrCat(spec.lsp().d_ratio() > 0 ? absl::StrCat("d_ratio=", spec.lsp().d_ratio())
@@ -359,8 +386,9 @@ void PrintChoice(const lspo::v1::JobSpec& in) {
     method = absl::StrCat("lora r=", spec.lora().r(), " alpha=", spec.lora().alpha(), " on ",
                           absl::StrJoin(spec.lora().target_modules(), ","), ", ");
   } else if (spec.mode() == lspo::v1::MODE_GALORE) {
-    method = absl::StrCat("galore rank=", spec.galore().rank(), " gap=",
-                          spec.galore().update_proj_gap(), " scale=", spec.galore().scale(), ", ");
+    method = absl::StrCat(spec.galore().offload() ? "galore-offload" : "galore",
+                          " rank=", spec.galore().rank(), " gap=", spec.galore().update_proj_gap(),
+                          " scale=", spec.galore().scale(), ", ");
   }
   std::printf(
       "LSP-Offload job '%s': mode %s (%s), %ssteps=%d, micro-batch %d x %d "

@@ -73,7 +73,9 @@ class GalorePath final : public UpdatePath {
       return absl::OkStatus();
     }
     auto* metrics = reply->mutable_metrics();
-    if (job->spec.optim().max_grad_norm() > 0) metrics->set_grad_norm(norm);
+    // The norm of the full gradients before clipping, computed for every step (the finiteness
+    // check needs it), as the offloaded modes report theirs.
+    metrics->set_grad_norm(norm);
     metrics->set_update_seconds(runtime::SecondsSince(t0));
     return absl::OkStatus();
   }
@@ -93,6 +95,15 @@ class GalorePath final : public UpdatePath {
     if (it == meta.end() || !absl::SimpleAtoi(it->second, &step) || step < 0) {
       return absl::DataLossError(
           absl::StrCat(what, " has no valid galore_step: it is not the state of a galore job"));
+    }
+    // GaLore's step counts the job steps that updated: never more than the checkpoint's step
+    // (a hand-edited value would move the projector refreshes and the bias corrections).
+    int64_t job_step = -1;
+    auto at = meta.find("step");
+    if (at != meta.end() && absl::SimpleAtoi(at->second, &job_step) && step > job_step) {
+      return absl::DataLossError(absl::StrCat(what, " has galore_step ", step,
+                                              ", past the checkpoint's step ", job_step,
+                                              ": the state is damaged"));
     }
     std::map<std::string, at::Tensor> tensors;
     if (step > 0) {

@@ -35,6 +35,11 @@ class FakeScheduler : public v1::Scheduler::Service {
     absl::MutexLock lock(&mu_);
     return cancels_;
   }
+  // The spec of the last SubmitJob (answered with job id "sub-1").
+  v1::JobSpec submitted() {
+    absl::MutexLock lock(&mu_);
+    return submitted_;
+  }
 
  private:
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
@@ -60,8 +65,17 @@ class FakeScheduler : public v1::Scheduler::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+                         v1::SubmitJobReply* out) override {
+    absl::MutexLock lock(&mu_);
+    submitted_ = req->spec();
+    out->set_job_id("sub-1");
+    return grpc::Status::OK;
+  }
+
   absl::Mutex mu_;
   int cancels_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::JobSpec submitted_ ABSL_GUARDED_BY(mu_);
 };
 
 struct Result {
@@ -193,6 +207,41 @@ TEST_F(LspctlTest, CancelOfAFinishedJobSaysSoAndFails) {
   EXPECT_EQ(fake_.cancels(), 1);
   r = Lspctl("cancel nope " + flag);
   EXPECT_EQ(r.exit_code, 1) << r.output;
+}
+
+// --mode overrides the spec's mode whatever its case or MODE_ prefix; galore-offload sets
+// galore.offload; the spec's settings of another mode are dropped with a note (they would be
+// refused with the new mode); a word that is no mode is refused, listing the modes.
+TEST_F(LspctlTest, ModeFlagOverridesTheSpec) {
+  const std::string flag = Serve();
+  const std::string spec = ::testing::TempDir() + "/lspctl-mode.yaml";
+  std::ofstream(spec) << "name: m\nmode: galore\nmodel: {format: tiny-random}\n"
+                         "data: {format: text, train_path: x.txt}\n"
+                         "galore: {rank: 4}\nlora: {r: 2}\nsteps: 1\n";
+  struct Case {
+    std::string arg;
+    v1::TrainingMode mode;
+    bool offload, galore_kept;
+  };
+  for (const Case& c :
+       {Case{"GALORE", v1::MODE_GALORE, false, true},
+        Case{"galore-offload", v1::MODE_GALORE, true, true},
+        Case{"Galore_Offload", v1::MODE_GALORE, true, true},
+        Case{"MODE_LSP", v1::MODE_LSP, false, false}, Case{"zero", v1::MODE_ZERO, false, false}}) {
+    const Result r = Lspctl(absl::StrCat("submit --spec=", spec, " --mode=", c.arg, " ", flag));
+    EXPECT_EQ(r.exit_code, 0) << c.arg << ": " << r.output;
+    const v1::JobSpec got = fake_.submitted();
+    EXPECT_EQ(got.mode(), c.mode) << c.arg;
+    EXPECT_EQ(got.galore().offload(), c.offload) << c.arg;
+    EXPECT_EQ(got.galore().rank(), c.galore_kept ? 4 : 0) << c.arg;
+    EXPECT_EQ(got.lora().r(), 0) << c.arg << ": another mode's lora settings were kept";
+    EXPECT_THAT(r.output, HasSubstr("the spec's lora settings are not used")) << c.arg;
+  }
+  const Result bad = Lspctl(absl::StrCat("submit --spec=", spec, " --mode=fast ", flag));
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_THAT(bad.output,
+              HasSubstr("--mode=fast is not a mode: use lsp, zero, native, lora, galore or "
+                        "galore-offload"));
 }
 
 // Ctrl-C during `lspctl run` (embedded): the first SIGINT cancels the job through the

@@ -7,15 +7,18 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "offload/job_assets.h"
+#include "scheduler/checkpoint.h"
 #include "scheduler/job_spec.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
@@ -101,23 +104,44 @@ TEST(GaloreJobTest, ResumedAtStep3MatchesTheUninterruptedRunBitwise) {
   v1::JobSpec b = GaloreSpec(b_dir, 6);
   b.set_resume_from(ckpt);
   testing_jobs::WatchResult resumed = testing_jobs::SubmitAndWatch(stub.get(), b);
-  ASSERT_EQ(resumed.last.state(), v1::SUCCEEDED) << resumed.last.error();
-  EXPECT_EQ(resumed.last.resumed_from_step(), 3);
-  std::map<int, double> la = testing_jobs::StepLosses(full), lb = testing_jobs::StepLosses(resumed);
-  ASSERT_EQ(lb.size(), 3u);
-  for (int step = 4; step <= 6; ++step) EXPECT_EQ(lb[step], la[step]) << "step " << step;
-  const std::string wa = testing_jobs::FileBytes(a_dir + "/model.safetensors");
-  EXPECT_GT(wa.size(), 1000u);
-  EXPECT_TRUE(wa == testing_jobs::FileBytes(b_dir + "/model.safetensors")) << "final models differ";
+  testing_jobs::ExpectResumedBitwise(full, a_dir, resumed, b_dir, 3, 6);
+
+  // A hand-edited galore_step past the checkpoint's step is refused as damaged state (the
+  // header's JSON is edited in place: same length, so the tensor offsets stay valid).
+  {
+    const std::string edited = testing_jobs::TempDir("galore-edited") + "/step-00000003";
+    fs::copy(ckpt, edited, fs::copy_options::recursive);
+    std::string bytes = testing_jobs::FileBytes(edited + "/worker_state.safetensors");
+    const size_t at = bytes.find("\"galore_step\":\"3\"");
+    ASSERT_NE(at, std::string::npos);
+    bytes[at + std::string("\"galore_step\":\"").size()] = '9';
+    std::ofstream(edited + "/worker_state.safetensors", std::ios::binary | std::ios::trunc)
+        << bytes;
+    // As a user would after editing: the file's SHA-256 renewed in checksums.sha256.
+    auto sum = scheduler::Sha256File(edited + "/worker_state.safetensors");
+    ASSERT_TRUE(sum.ok()) << sum.status();
+    std::istringstream lines(testing_jobs::FileBytes(edited + "/checksums.sha256"));
+    std::string line, renewed;
+    while (std::getline(lines, line)) {
+      if (absl::EndsWith(line, "  worker_state.safetensors"))
+        line = *sum + "  worker_state.safetensors";
+      renewed += line + "\n";
+    }
+    std::ofstream(edited + "/checksums.sha256", std::ios::trunc) << renewed;
+    v1::JobSpec e = GaloreSpec(testing_jobs::TempDir("galore-e"), 6);
+    e.set_resume_from(edited);
+    testing_jobs::WatchResult damaged = testing_jobs::SubmitAndWatch(stub.get(), e);
+    EXPECT_EQ(damaged.last.state(), v1::FAILED);
+    EXPECT_NE(damaged.last.error().find("galore_step 9, past the checkpoint's step 3"),
+              std::string::npos)
+        << damaged.last.error();
+  }
 
   // Another rank is another training: refused.
   v1::JobSpec c = GaloreSpec(testing_jobs::TempDir("galore-c"), 6);
   c.mutable_galore()->set_rank(4);
   c.set_resume_from(ckpt);
-  testing_jobs::WatchResult other = testing_jobs::SubmitAndWatch(stub.get(), c);
-  EXPECT_EQ(other.last.state(), v1::FAILED);
-  EXPECT_NE(other.last.error().find("different training spec"), std::string::npos)
-      << other.last.error();
+  testing_jobs::ExpectRefusedAsOtherTraining(stub.get(), c);
 }
 
 // Bad settings are refused naming the field: at submission, or at load for a rank above a
