@@ -10,8 +10,8 @@
 //      linear the dense gradient of the mean answer-token loss over each subset:
 //      G_cal, G_ho (m, n) fp32.
 //   3. For each d in --d, r in --r and sampled linear: the subspace of lsp/subspace.h under
-//      --narrow; draws P (m, d_p), Q (n, d_q) with SparseProjector::ForSide (seeds from --projector_seed and
-//      the linear/d/r), and measures RelativeBias on G_cal and G_ho for
+//      --narrow; draws P (m, d_p), Q (n, d_q) with SparseProjector::ForSide (seeds from
+//      --projector_seed and the linear/d/r), and measures RelativeBias on G_cal and G_ho for
 //        random   : the raw draw (values N(0, 1/r));
 //        rescaled : the draw after FitProjectors' closed-form common rescale on G_cal only
 //                   (max_iters = 0) -- the cheapest "fitted" baseline;
@@ -19,7 +19,10 @@
 //                   float64 = false, rescale = true, alpha = 0, beta = 0).
 //      With --narrow=none (default) shapes with d >= min(m, n) (e.g. k/v_proj 192 x 576 with
 //      d = 256) are recorded as "n/a" with the reason.
-//   4. Prints a markdown summary, writes every row as JSON (--json_out) and the markdown
+//   4. The learning-rate meaning of each projector pair (BiasRow::descent_*, step_*): the first
+//      subspace Adam step's first-order loss decrease and Frobenius size per unit lr on G_ho,
+//      relative to full Adam's first step.
+//   5. Prints a markdown summary, writes every row as JSON (--json_out) and the markdown
 //      (--md_out).
 //
 // Dimension legend: m out / n in features of a weight W (m, n) (HF layout, y = x W^T),
@@ -96,6 +99,9 @@ ABSL_FLAG(std::string, narrow, "none",
           "(lsp.narrow, lsp/subspace.h)");
 ABSL_FLAG(int32_t, fit_iters, 40, "Adam iterations of FitProjectors (FitOptions::max_iters)");
 ABSL_FLAG(double, fit_lr, 0.05, "Adam learning rate of FitProjectors (FitOptions::lr)");
+ABSL_FLAG(int32_t, fit_patience, 3,
+          "FitOptions::patience: halve the fit lr after this many iterates without a new best "
+          "(0: a fixed lr, as before 2026-12-03)");
 ABSL_FLAG(int32_t, threads, 1, "intra-op threads (ATen and TBB)");
 ABSL_FLAG(std::string, json_out, "", "write every row as JSON here (empty: skip)");
 ABSL_FLAG(std::string, md_out, "", "write the markdown report here (empty: skip)");
@@ -157,7 +163,16 @@ struct BiasRow {
   // svd_cal_ho = the bias on G_ho of the orthonormal top-d singular subspaces of G_cal
   // (P = U_d, Q = V_d), i.e. dense projectors fitted exactly on G_cal.
   double svd_floor_ho = NAN, svd_cal_ho = NAN;
+  // The learning-rate meaning (issue 16): the first subspace Adam step is D = -lr sign(S) with
+  // S = P^T G Q (bias-corrected m / sqrt(v) = g / |g| at t = 1), applied as P D Q^T; full Adam's
+  // first step is -lr sign(G). On G_ho, per unit lr and relative to full Adam:
+  //   descent = <P sign(S) Q^T, G> / <sign(G), G> = |S|_1 / |G|_1 (first-order loss decrease),
+  //   step    = |P sign(S) Q^T|_F / |sign(G)|_F = |P sign(S) Q^T|_F / sqrt(m n) (update size).
+  // For random, rescaled and learned projectors, and svd-cal (U_d, V_d of G_cal, orthonormal).
+  double descent_random = NAN, descent_rescaled = NAN, descent_learned = NAN, descent_svd = NAN;
+  double step_random = NAN, step_rescaled = NAN, step_learned = NAN, step_svd = NAN;
   int iterations = 0;                            // Adam steps taken by the fit
+  int lr_halvings = 0;                           // FitResult::lr_halvings of the fit
   double fit_seconds = 0;                        // wall time of the learned fit
 };
 
@@ -178,6 +193,8 @@ struct BiasSummary {
   std::string note;       // reason when count == 0
   double random_ho = NAN, rescaled_ho = NAN, learned_ho = NAN, learned_cal = NAN;
   double svd_floor_ho = NAN, svd_cal_ho = NAN;
+  double descent_random = NAN, descent_rescaled = NAN, descent_learned = NAN, descent_svd = NAN;
+  double step_random = NAN, step_rescaled = NAN, step_learned = NAN, step_svd = NAN;
   int64_t learned_not_below_random = 0;    // rows with learned_ho >= random_ho
   int64_t learned_not_below_rescaled = 0;  // rows with learned_ho >= rescaled_ho
 };
@@ -245,6 +262,7 @@ absl::StatusOr<StudyOptions> ParseStudyOptions() {
   if (o.modules.empty()) return absl::InvalidArgumentError("--modules is empty");
   o.fit.max_iters = absl::GetFlag(FLAGS_fit_iters);
   o.fit.lr = absl::GetFlag(FLAGS_fit_lr);
+  o.fit.patience = absl::GetFlag(FLAGS_fit_patience);
   o.fit.beta = 0.0;
   o.fit.alpha = 0.0;
   o.fit.float64 = false;
@@ -406,8 +424,24 @@ void MeasureSvdReference(const SvdReference& ref, const at::Tensor& g_ho, BiasRo
   const at::Tensor g = g_ho.to(at::kDouble);                   // (m, n)
   const at::Tensor u = ref.cal_u.narrow(1, 0, d);              // (m, d)
   const at::Tensor v = ref.cal_v.narrow(1, 0, d);              // (n, d)
-  const at::Tensor recon = u.mm(u.t().mm(g).mm(v)).mm(v.t());  // (m, n)
+  const at::Tensor s = u.t().mm(g).mm(v);                      // (d, d)
+  const at::Tensor recon = u.mm(s).mm(v.t());                  // (m, n)
   row->svd_cal_ho = (recon - g).norm().item<double>() / g.norm().item<double>();
+  row->descent_svd = s.abs().sum().item<double>() / g.abs().sum().item<double>();
+  row->step_svd = u.mm(s.sign()).mm(v.t()).norm().item<double>() /
+                  std::sqrt(static_cast<double>(row->m) * static_cast<double>(row->n));
+}
+
+// The first-step learning-rate meaning of projectors p, q on g (m, n) fp32, non-zero (see
+// BiasRow::descent_*): {descent, step} per unit lr relative to full Adam, in float64.
+std::pair<double, double> StepScale(const at::Tensor& g, const lsp::SparseProjector& p,
+                                    const lsp::SparseProjector& q) {
+  const at::Tensor g64 = g.to(at::kDouble);                 // (m, n)
+  const at::Tensor s = lsp::CompressDense(g64, p, q);       // (d_p, d_q) fp64
+  const at::Tensor step = lsp::ExpandStep(p, s.sign(), q);  // (m, n) fp64
+  const double mn = static_cast<double>(g.size(0)) * static_cast<double>(g.size(1));
+  return {s.abs().sum().item<double>() / g64.abs().sum().item<double>(),
+          step.norm().item<double>() / std::sqrt(mn)};
 }
 
 // A deterministic seed for the projector pair of (linear index, d, r); Q uses seed + 1.
@@ -447,6 +481,7 @@ absl::Status MeasureRow(const at::Tensor& g_cal, const at::Tensor& g_ho, uint64_
                                                seed + 1));
   row->random_cal = lsp::RelativeBias(g_cal, p, q);
   row->random_ho = lsp::RelativeBias(g_ho, p, q);
+  std::tie(row->descent_random, row->step_random) = StepScale(g_ho, p, q);
 
   lsp::SparseProjector p_s = p, q_s = q;  // same positions, own values
   p_s.value = p.value.clone();
@@ -456,13 +491,16 @@ absl::Status MeasureRow(const at::Tensor& g_cal, const at::Tensor& g_ho, uint64_
   ASSIGN_OR_RETURN(lsp::FitResult rescaled, lsp::FitProjectors(g_cal, &p_s, &q_s, rescale_only));
   row->rescaled_cal = rescaled.final_error;
   row->rescaled_ho = lsp::RelativeBias(g_ho, p_s, q_s);
+  std::tie(row->descent_rescaled, row->step_rescaled) = StepScale(g_ho, p_s, q_s);
 
   const auto t0 = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(lsp::FitResult learned, lsp::FitProjectors(g_cal, &p, &q, fit));
   row->fit_seconds = Seconds(t0);
   row->iterations = learned.iterations;
+  row->lr_halvings = learned.lr_halvings;
   row->learned_cal = learned.final_error;
   row->learned_ho = lsp::RelativeBias(g_ho, p, q);
+  std::tie(row->descent_learned, row->step_learned) = StepScale(g_ho, p, q);
   row->ok = true;
   return absl::OkStatus();
 }
@@ -482,6 +520,7 @@ std::vector<BiasSummary> Summarize(absl::Span<const BiasRow> rows, absl::Span<co
         s.r = r;
         s.module = ModuleName(kind);
         double rnd = 0, res = 0, lrn = 0, lcal = 0, floor = 0, svd_cal = 0;
+        double scale[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // descent_*, step_* in BiasRow order
         for (const BiasRow& row : rows) {
           if (row.d != d || row.r != r || row.module != s.module) continue;
           if (!row.ok) {
@@ -495,6 +534,10 @@ std::vector<BiasSummary> Summarize(absl::Span<const BiasRow> rows, absl::Span<co
           lcal += row.learned_cal;
           floor += row.svd_floor_ho;
           svd_cal += row.svd_cal_ho;
+          const double row_scale[8] = {
+              row.descent_random, row.descent_rescaled, row.descent_learned, row.descent_svd,
+              row.step_random,    row.step_rescaled,    row.step_learned,    row.step_svd};
+          for (int i = 0; i < 8; ++i) scale[i] += row_scale[i];
           if (row.learned_ho >= row.random_ho) ++s.learned_not_below_random;
           if (row.learned_ho >= row.rescaled_ho) ++s.learned_not_below_rescaled;
         }
@@ -506,6 +549,10 @@ std::vector<BiasSummary> Summarize(absl::Span<const BiasRow> rows, absl::Span<co
           s.learned_cal = lcal / c;
           s.svd_floor_ho = floor / c;
           s.svd_cal_ho = svd_cal / c;
+          double* out_scale[8] = {&s.descent_random, &s.descent_rescaled, &s.descent_learned,
+                                  &s.descent_svd,    &s.step_random,      &s.step_rescaled,
+                                  &s.step_learned,   &s.step_svd};
+          for (int i = 0; i < 8; ++i) *out_scale[i] = scale[i] / c;
         }
         out.push_back(s);
       }
@@ -530,6 +577,7 @@ std::string MarkdownReport(const StudyOptions& o, absl::Span<const BiasSummary> 
   absl::StrAppend(&md, ")\n");
   absl::StrAppend(&md, "- layers ", absl::StrJoin(o.layers, ","), "; projector seed base ",
                   o.projector_seed, "; fit: ", o.fit.max_iters, " Adam iters, lr ", o.fit.lr,
+                  " (patience ", o.fit.patience, ")",
                   ", fp32 objective, rescale, alpha 0, beta 0\n");
   absl::StrAppend(&md, absl::StrFormat("- wall time: gradients %.1f s, total %.1f s\n\n",
                                        grad_seconds, total_seconds));
@@ -621,6 +669,36 @@ std::string MarkdownReport(const StudyOptions& o, absl::Span<const BiasSummary> 
                                          summary[i].d, summary[i].r, cells, acc[0], acc[1],
                                          acc[2], acc[3], acc[4], acc[5]));
   }
+  // Per (d, r): the learning-rate meaning of a subspace step (BiasRow::descent_*, step_*).
+  absl::StrAppend(
+      &md,
+      "\nLearning-rate meaning of the first subspace Adam step, per (d, r), mean over the module "
+      "types that are not n/a. The first Adam step is -lr sign(S), S = P^T G Q, applied as "
+      "P sign(S) Q^T; full Adam's is -lr sign(G). On G_ho and per unit lr, relative to full "
+      "Adam: descent = |S|_1 / |G|_1 (first-order loss decrease), step = "
+      "norm(P sign(S) Q^T) / sqrt(m n) (Frobenius size of the update). A subspace lr equal to "
+      "full Adam's lr times 1 / descent gives the same first-order decrease.\n\n"
+      "| d | r | descent random | rescaled | learned | svd-cal | step random | rescaled | "
+      "learned | svd-cal |\n"
+      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (size_t i = 0; i < summary.size(); i += per_dr) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int cells = 0;
+    for (size_t j = 0; j < per_dr; ++j) {
+      const BiasSummary& s = summary[i + j];
+      if (s.count == 0) continue;
+      ++cells;
+      const double v[8] = {s.descent_random, s.descent_rescaled, s.descent_learned, s.descent_svd,
+                           s.step_random,    s.step_rescaled,    s.step_learned,    s.step_svd};
+      for (int k = 0; k < 8; ++k) acc[k] += v[k];
+    }
+    if (cells == 0) continue;
+    for (double& v : acc) v /= cells;
+    absl::StrAppend(&md, absl::StrFormat("| %d | %d | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f "
+                                         "| %.4f | %.4f |\n",
+                                         summary[i].d, summary[i].r, acc[0], acc[1], acc[2], acc[3],
+                                         acc[4], acc[5], acc[6], acc[7]));
+  }
   absl::StrAppend(&md,
                   "\nGradient statistics (Frobenius norms, cosine between G_cal and G_ho, "
                   "share of norm(G_ho)^2 in its top singular direction):\n\n"
@@ -655,6 +733,7 @@ nlohmann::json ToJson(const StudyOptions& o, absl::Span<const BiasRow> rows,
                  {"fit_lr", o.fit.lr},
                  {"fit_float64", o.fit.float64},
                  {"fit_rescale", o.fit.rescale},
+                 {"fit_patience", o.fit.patience},
                  {"label_counts", label_counts}};
   j["seconds"] = {{"gradients", grad_seconds}, {"total", total_seconds}};
   j["rows"] = nlohmann::json::array();
@@ -676,7 +755,16 @@ nlohmann::json ToJson(const StudyOptions& o, absl::Span<const BiasRow> rows,
                          {"learned_ho", num(r.learned_ho)},
                          {"svd_cal_ho", num(r.svd_cal_ho)},
                          {"svd_floor_ho", num(r.svd_floor_ho)},
+                         {"descent_random", num(r.descent_random)},
+                         {"descent_rescaled", num(r.descent_rescaled)},
+                         {"descent_learned", num(r.descent_learned)},
+                         {"descent_svd", num(r.descent_svd)},
+                         {"step_random", num(r.step_random)},
+                         {"step_rescaled", num(r.step_rescaled)},
+                         {"step_learned", num(r.step_learned)},
+                         {"step_svd", num(r.step_svd)},
                          {"iterations", r.iterations},
+                         {"lr_halvings", r.lr_halvings},
                          {"fit_seconds", r.fit_seconds}});
   }
   j["summary"] = nlohmann::json::array();
@@ -692,6 +780,8 @@ nlohmann::json ToJson(const StudyOptions& o, absl::Span<const BiasRow> rows,
                             {"learned_cal", num(s.learned_cal)},
                             {"svd_cal_ho", num(s.svd_cal_ho)},
                             {"svd_floor_ho", num(s.svd_floor_ho)},
+                            {"descent_learned", num(s.descent_learned)},
+                            {"step_learned", num(s.step_learned)},
                             {"learned_not_below_random", s.learned_not_below_random},
                             {"learned_not_below_rescaled", s.learned_not_below_rescaled}});
   }

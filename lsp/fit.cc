@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,8 @@ absl::Status ValidateOptions(const FitOptions& o) {
   };
   if (o.max_iters < 0) return bad("max_iters", o.max_iters, "an integer >= 0");
   if (!std::isfinite(o.lr) || o.lr <= 0) return bad("lr", o.lr, "a finite value > 0");
+  if (o.patience < 0) return bad("patience", o.patience, "an integer >= 0");
+  if (o.max_halvings < 0) return bad("max_halvings", o.max_halvings, "an integer >= 0");
   if (!std::isfinite(o.beta) || o.beta < 0) return bad("beta", o.beta, "a finite value >= 0");
   if (!std::isfinite(o.alpha) || o.alpha < 0) {
     return bad("alpha", o.alpha, "a finite value >= 0");
@@ -165,29 +168,53 @@ absl::StatusOr<FitResult> FitProjectors(const at::Tensor& G, SparseProjector* P,
     std::vector<at::Tensor> params;
     if (!P->identity) params.push_back(pv.set_requires_grad(true));
     if (!Q->identity) params.push_back(qv.set_requires_grad(true));
-    torch::optim::Adam adam(params, torch::optim::AdamOptions(options.lr));
+    double lr = options.lr;
+    auto adam = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(lr));
     at::Tensor best_p = P->value.detach().to(at::kFloat).clone();
     at::Tensor best_q = Q->value.detach().to(at::kFloat).clone();
     double best_objective = std::numeric_limits<double>::infinity();
+    int since_best = 0;  // consecutive iterates without a new best objective
+    int halvings = 0;
     for (int it = 0;; ++it) {
       internal::FitTerms terms = internal::FitObjective(gn, P->index, pv, Q->index, qv, P->d,
                                                         Q->d, options.beta, P->identity,
                                                         Q->identity);
       const double objective = terms.objective.item<double>();
       const double error = terms.error.item<double>();
-      if (!std::isfinite(objective)) break;  // diverged: keep the best seen
-      const bool accept = error <= options.alpha;
-      if (objective < best_objective || accept) {
+      const bool finite = std::isfinite(objective);
+      const bool accept = finite && error <= options.alpha;
+      if ((finite && objective < best_objective) || accept) {
         best_objective = objective;
         best_p = pv.detach().clone();
         best_q = qv.detach().clone();
+        since_best = 0;
+      } else {
+        ++since_best;
       }
       if (accept || it >= options.max_iters) break;
-      adam.zero_grad();
+      if (!finite || (options.patience > 0 && since_best >= options.patience)) {
+        // Step too large for this projector (FitOptions::patience): back to the best values,
+        // half the learning rate, fresh Adam moments. A diverged iterate with no halving left
+        // ends the fit (the best seen is kept).
+        if (halvings >= options.max_halvings) {
+          if (!finite) break;
+        } else {
+          torch::NoGradGuard no_grad;
+          pv.copy_(best_p);
+          qv.copy_(best_q);
+          lr *= 0.5;
+          ++halvings;
+          since_best = 0;
+          adam = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(lr));
+          continue;  // re-evaluate at the best values for the gradient of the next step
+        }
+      }
+      adam->zero_grad();
       terms.objective.backward();
-      adam.step();
+      adam->step();
       ++result.iterations;
     }
+    result.lr_halvings = halvings;
     P->value = best_p;
     Q->value = best_q;
     result.final_error = RelativeBias(g, *P, *Q);

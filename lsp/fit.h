@@ -46,25 +46,37 @@ struct FitOptions {
   // common factor (see fit.cc), which guarantees a relative error <= 1 at iteration 0.
   // Skipped when the initial error is already <= alpha (the projectors are kept as they are).
   bool rescale = true;
+  // Step-size control: after `patience` consecutive Adam iterates without a new best objective
+  // (or one non-finite iterate), the values go back to the best seen and the lr is halved with
+  // fresh Adam moments, at most `max_halvings` times; 0 disables it. Adam moves every value by
+  // about lr per step whatever the values' scale, so a fixed lr that suits r = 4 overshoots at
+  // r = 16, where each value is ~1/sqrt(r) smaller (docs/projector_bias.md "r = 16 and the
+  // learning rate": 40 iterations at lr 0.05 kept the rescaled draw, bias 0.98). A restart
+  // re-evaluates the best values and so uses one of the max_iters evaluations.
+  int patience = 3;
+  int max_halvings = 8;
 };
 
 struct FitResult {
   double initial_error = 0;  // RelativeBias(G, P, Q) before the fit (fp64, exact)
   double final_error = 0;    // RelativeBias(G, P, Q) of the kept values (fp64, exact)
   int iterations = 0;        // Adam steps taken
+  int lr_halvings = 0;       // step-size halvings (FitOptions::patience)
 };
 
 // Fits the non-zero values of P and Q (positions fixed) by Adam (torch::optim::Adam, autograd)
 // to minimise  |P P^T G Q Q^T - G|_F / |G|_F + beta (|P|_F + |Q|_F)  (docs/method.md). Keeps the
 // values with the lowest objective seen (or the first whose error <= alpha, where the loop
-// stops); stops early on a non-finite objective. On success P->value and Q->value hold the
+// stops); a non-finite or non-improving iterate halves the step (FitOptions::patience), a
+// non-finite one past the last halving ends the loop. On success P->value and Q->value hold the
 // kept values (fp32, same device, requires_grad false). Only the non-identity sides are
 // fitted (and regularised); with both sides the identity nothing is fitted (error 0,
 // 0 iterations). The closed-form rescale at the start scales the learned sides only.
 //   G: (m, n) floating, same device as the projectors; P: (m, d_p); Q: (n, d_q).
 // Errors (projectors untouched):
 //   kInvalidArgument    null/invalid projectors, G not 2-D floating, shape or device mismatch,
-//                       bad options (max_iters < 0, lr <= 0, beta < 0, alpha < 0, non-finite),
+//                       bad options (max_iters, patience or max_halvings < 0, lr <= 0,
+//                       beta < 0, alpha < 0, non-finite),
 //                       non-finite G (docs/known-failures.md #12; the count and first index named).
 //   kFailedPrecondition G is all zero ("gradient is all zero, nothing to fit").
 //   kInternal           a LibTorch error during the fit.

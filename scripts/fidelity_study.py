@@ -34,6 +34,7 @@ import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LSPCTL = os.path.join("build", "client", "lspctl")
+IMPORTED_RECORD = "imported-record.json"  # a finished run's record from --resume-from
 SHORT_BUDGET = 60  # the step budget of the lr sweep
 
 # Summary keys of a task's metric (scheduler/job_runner.cc): final_<key>, zero_shot_<key>.
@@ -98,7 +99,14 @@ def check_plan(plan):
     for m in plan["modes"]:
         if m.get("mode") not in ("native", "zero", "lsp", "lora", "galore"):
             sys.exit(f"fidelity_study: mode entry {m.get('name')} has mode {m.get('mode')!r}")
-        if len(m.get("lrs", [])) < 1 or SHORT_BUDGET not in m.get("steps", []):
+        if m.get("lr_of"):  # long runs only, at another mode's best lr
+            if m["lr_of"] not in {x.get("name") for x in plan["modes"]} or m["lr_of"] == m["name"]:
+                sys.exit(f"fidelity_study: mode {m['name']}: lr_of {m['lr_of']!r} is not another "
+                         f"mode of the plan")
+            if len(m.get("lrs", [])) < 1 or not any(st > SHORT_BUDGET for st in m.get("steps", [])):
+                sys.exit(f"fidelity_study: mode {m['name']} (lr_of) needs lrs (the fallback lr) and "
+                         f"a step budget above {SHORT_BUDGET}")
+        elif len(m.get("lrs", [])) < 1 or SHORT_BUDGET not in m.get("steps", []):
             sys.exit(f"fidelity_study: mode {m['name']} needs lrs and steps including {SHORT_BUDGET}")
         if not all(isinstance(lr, (int, float)) for lr in m["lrs"]):
             sys.exit(f"fidelity_study: mode {m['name']}: every lr must be a number "
@@ -122,6 +130,8 @@ def planned_runs(plan, only):
         for m in plan["modes"]:
             if not matches_only(task, m["name"], only):
                 continue
+            if m.get("lr_of") and o["phase"] != "long":
+                continue  # no 60-step runs of its own
             if o["phase"] == "middle":
                 runs.append({"task": task, "mode": m, "steps": SHORT_BUDGET, "lr": middle_lr(m["lrs"])})
             elif o["phase"] == "sweep":
@@ -239,15 +249,55 @@ def run_dir(out_dir, name):
     return os.path.join(out_dir, "runs", name)
 
 
+def source_version():
+    """The commit the runs are built from, '+changes' appended when the working tree differs
+    from it (git diff HEAD), or None outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=REPO).returncode != 0
+        return head + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def is_done(out_dir, name):
-    """Tells whether a run finished (its summary.json exists)."""
-    return os.path.exists(os.path.join(run_dir(out_dir, name), "summary.json"))
+    """Tells whether a run finished (its summary.json exists, or its record was imported with
+    --resume-from)."""
+    d = run_dir(out_dir, name)
+    return (os.path.exists(os.path.join(d, "summary.json"))
+            or os.path.exists(os.path.join(d, IMPORTED_RECORD)))
+
+
+def import_records(out_dir, path):
+    """Marks the finished runs recorded in `path` (a results.jsonl of an earlier study, e.g.
+    docs/fidelity/study-results.jsonl from another machine) as done in out_dir: each gets
+    OUT/runs/NAME/imported-record.json holding its record, unless the run exists here already.
+    Returns the number imported. Exits naming the file when it is missing or a line is not a
+    JSON object with a name."""
+    if not os.path.exists(path):
+        sys.exit(f"fidelity_study: --resume-from {path}: no such file")
+    n = 0
+    for rec in read_jsonl(path):
+        if not isinstance(rec, dict) or not rec.get("name"):
+            sys.exit(f"fidelity_study: --resume-from {path}: a line without a run name")
+        if rec.get("status") != "done" or is_done(out_dir, rec["name"]):
+            continue
+        d = run_dir(out_dir, rec["name"])
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, IMPORTED_RECORD), "w", encoding="utf-8") as f:
+            json.dump(rec, f)
+        n += 1
+    return n
 
 
 def collect_record(out_dir, run, task_metric):
     """Returns the record of a finished run from its summary.json, metrics.jsonl and the
     driver's own measurements (study.json: process wall time, peak RSS)."""
     d = run_dir(out_dir, run["name"])
+    if not os.path.exists(os.path.join(d, "summary.json")):  # imported (--resume-from)
+        with open(os.path.join(d, IMPORTED_RECORD), encoding="utf-8") as f:
+            return json.load(f)
     with open(os.path.join(d, "summary.json"), encoding="utf-8") as f:
         s = json.load(f)
     study = {}
@@ -284,6 +334,7 @@ def collect_record(out_dir, run, task_metric):
         "wall_seconds": s.get("wall_seconds"),
         "process_seconds": study.get("process_seconds"),
         "peak_rss_bytes": study.get("peak_rss_bytes"),
+        "commit": study.get("commit"),
         "worker_peak_rss_bytes": peak("worker_peak_rss_bytes"),
         "optimizer_peak_rss_bytes": peak("optimizer_peak_rss_bytes"),
         "gpu_peak_allocated_bytes": peak("gpu_peak_allocated_bytes"),
@@ -347,9 +398,10 @@ def last_error(log_path):
 
 
 def choose_long_lr(records, task, mode_entry):
-    """Returns the lr of a long run: the mode's best 60-step lr on the task by final eval loss,
-    or the grid's middle lr when no 60-step run of it has finished."""
-    best = best_record(records, task, mode_entry["name"], SHORT_BUDGET)
+    """Returns the lr of a long run: the mode's best 60-step lr on the task by final eval loss
+    (for a mode with lr_of, that other mode's), or the grid's middle lr when no such 60-step
+    run has finished."""
+    best = best_record(records, task, mode_entry.get("lr_of") or mode_entry["name"], SHORT_BUDGET)
     return best["lr"] if best else middle_lr(mode_entry["lrs"])
 
 
@@ -653,6 +705,9 @@ def parse_args(argv):
                         "repeatable or comma-separated")
     p.add_argument("--lspctl", default=LSPCTL,
                    help="the lspctl binary (default build/client/lspctl)")
+    p.add_argument("--resume-from", action="append", default=[],
+                   help="a results.jsonl of an earlier study (e.g. docs/fidelity/study-results.jsonl "
+                        "from another machine): its finished runs count as done; repeatable")
     p.add_argument("--dry-run", action="store_true",
                    help="write the specs, print the plan and the time estimate, run nothing")
     p.add_argument("--quick", action="store_true",
@@ -673,6 +728,8 @@ def main(argv):
     check_plan(plan)
     out_dir = args.out
     os.makedirs(os.path.join(out_dir, "specs"), exist_ok=True)
+    for path in args.resume_from:
+        print(f"fidelity_study: imported {import_records(out_dir, path)} finished runs from {path}")
     runs = planned_runs(plan, args.only)
     if not runs:
         sys.exit("fidelity_study: no run of the plan matches --only " + ",".join(args.only))
@@ -783,6 +840,7 @@ def main(argv):
         os.makedirs(run_dir(out_dir, r["name"]), exist_ok=True)  # a job refused at once made none
         with open(os.path.join(run_dir(out_dir, r["name"]), "study.json"), "w", encoding="utf-8") as f:
             json.dump({"process_seconds": secs, "peak_rss_bytes": rss, "exit_code": rc,
+                       "commit": source_version(),
                        "spec": spec_path, "log": log_path}, f)
         if rc == 0 and is_done(out_dir, r["name"]):
             rec = collect_record(out_dir, r, metric_of[r["task"]])

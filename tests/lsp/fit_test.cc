@@ -99,7 +99,8 @@ TEST(FitProjectors, LowersTheBiasAndReportsItExactly) {
   opt.lr = 0.05;
   absl::StatusOr<FitResult> res = FitProjectors(g, &P, &Q, opt);
   ASSERT_TRUE(res.ok()) << res.status();
-  EXPECT_EQ(res->iterations, 100);
+  // Every evaluation after the first is an Adam step or the restart of a step-size halving.
+  EXPECT_EQ(res->iterations + res->lr_halvings, 100);
   EXPECT_LT(res->final_error, res->initial_error);
   EXPECT_LT(res->final_error, 0.5 * res->initial_error) << "fit barely moved";
   // Positions fixed, values changed, plain fp32 tensors.
@@ -240,6 +241,39 @@ TEST(FitProjectors, RegulariserShrinksTheValues) {
             P0.value.norm().item<double>() + Q0.value.norm().item<double>());
 }
 
+// r = 16 with a step too large for its ~1/sqrt(r) values (docs/projector_bias.md "r = 16 and the
+// learning rate"): without step-size control every Adam iterate is worse than the rescaled
+// start and the fit keeps it; with it (FitOptions::patience) the lr halves until Adam makes
+// progress. Both runs start from the same draw; the dense float64 bias of the kept values is
+// what FitResult reports.
+TEST(FitProjectors, HalvesAStepTooLargeForTheValueScale) {
+  const int64_t m = 192, n = 160, d = 32, r = 16;
+  const at::Tensor g = LowRankPlusNoise(m, n, 13);
+  SparseProjector P0 = Make(m, d, r, 91), Q0 = Make(n, d, r, 92);
+  SparseProjector P1 = P0, Q1 = Q0;
+  P1.value = P0.value.clone();
+  Q1.value = Q0.value.clone();
+  FitOptions opt;
+  opt.max_iters = 40;
+  opt.lr = 0.5;
+  opt.patience = 0;
+  absl::StatusOr<FitResult> fixed = FitProjectors(g, &P0, &Q0, opt);
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  opt.patience = 3;
+  absl::StatusOr<FitResult> halved = FitProjectors(g, &P1, &Q1, opt);
+  ASSERT_TRUE(halved.ok()) << halved.status();
+  EXPECT_EQ(fixed->lr_halvings, 0);
+  EXPECT_GE(halved->lr_halvings, 1);
+  EXPECT_LE(halved->lr_halvings, opt.max_halvings);
+  EXPECT_LT(halved->final_error, 0.7 * fixed->final_error)
+      << "fixed lr " << fixed->final_error << ", halved " << halved->final_error;
+  const at::Tensor gd = g.to(at::kDouble);
+  const at::Tensor pd = P1.Dense().to(at::kDouble), qd = Q1.Dense().to(at::kDouble);
+  const double dense = (pd.mm(pd.t()).mm(gd).mm(qd).mm(qd.t()) - gd).norm().item<double>() /
+                       gd.norm().item<double>();
+  EXPECT_NEAR(halved->final_error, dense, 1e-9);
+}
+
 TEST(FitProjectors, RejectsBadInputAndLeavesProjectorsUntouched) {
   SparseProjector P = Make(48, 16, 4, 51), Q = Make(40, 16, 4, 52);
   const at::Tensor p0 = P.value.clone();
@@ -277,6 +311,11 @@ TEST(FitProjectors, RejectsBadInputAndLeavesProjectorsUntouched) {
   bad_opt.max_iters = -1;
   EXPECT_EQ(FitProjectors(g, &P, &Q, bad_opt).status().code(),
             absl::StatusCode::kInvalidArgument);
+  bad_opt = FitOptions{};
+  bad_opt.patience = -1;
+  st = FitProjectors(g, &P, &Q, bad_opt).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("FitOptions.patience = -1"));
   EXPECT_TRUE(at::equal(P.value, p0));
 }
 
