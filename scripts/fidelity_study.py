@@ -836,11 +836,12 @@ def main(argv):
         print(f"[{minutes(elapsed)}] {r['name']}: starting (estimate {minutes(est)}; log {log_path})",
               flush=True)
         attempted.add(r["name"])
+        version = source_version()  # what lspctl was built from, taken before the run starts
         rc, secs, rss = run_job(args.lspctl, spec_path, run_dir(out_dir, r["name"]), log_path)
         os.makedirs(run_dir(out_dir, r["name"]), exist_ok=True)  # a job refused at once made none
         with open(os.path.join(run_dir(out_dir, r["name"]), "study.json"), "w", encoding="utf-8") as f:
             json.dump({"process_seconds": secs, "peak_rss_bytes": rss, "exit_code": rc,
-                       "commit": source_version(),
+                       "commit": version,
                        "spec": spec_path, "log": log_path}, f)
         if rc == 0 and is_done(out_dir, r["name"]):
             rec = collect_record(out_dir, r, metric_of[r["task"]])
