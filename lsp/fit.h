@@ -48,7 +48,9 @@ struct FitOptions {
   bool rescale = true;
   // Step-size control: after `patience` consecutive Adam iterates without a new best objective
   // (or one non-finite iterate), the values go back to the best seen and the lr is halved with
-  // fresh Adam moments, at most `max_halvings` times; 0 disables it. Adam moves every value by
+  // fresh Adam moments, at most `max_halvings` times. patience = 0 turns off the halving on
+  // non-improving iterates only; max_halvings = 0 turns off every halving (a non-finite
+  // iterate then ends the fit, as before 2026-12-03). Adam moves every value by
   // about lr per step whatever the values' scale, so a fixed lr that suits r = 4 overshoots at
   // r = 16, where each value is ~1/sqrt(r) smaller (docs/projector_bias.md "r = 16 and the
   // learning rate": 40 iterations at lr 0.05 kept the rescaled draw, bias 0.98). A restart
