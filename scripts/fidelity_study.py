@@ -108,7 +108,10 @@ def check_plan(plan):
                          f"a step budget above {SHORT_BUDGET}")
         elif len(m.get("lrs", [])) < 1 or SHORT_BUDGET not in m.get("steps", []):
             sys.exit(f"fidelity_study: mode {m['name']} needs lrs and steps including {SHORT_BUDGET}")
-        if not all(isinstance(lr, (int, float)) for lr in m["lrs"]):
+        if m.get("long_lrs") and not any(st > SHORT_BUDGET for st in m.get("steps", [])):
+            sys.exit(f"fidelity_study: mode {m['name']} has long_lrs but no step budget above "
+                     f"{SHORT_BUDGET}")
+        if not all(isinstance(lr, (int, float)) for lr in m["lrs"] + m.get("long_lrs", [])):
             sys.exit(f"fidelity_study: mode {m['name']}: every lr must be a number "
                      "(YAML reads 3e-3 as text: write 3.0e-3)")
         if m["name"] in names:
@@ -123,7 +126,10 @@ def planned_runs(plan, only):
     """Lists the runs of the plan in start order, as dicts (task, mode entry, steps, lr).
 
     The lr of a run at a budget above 60 steps is None here: it is the mode's best lr of the
-    60-step sweep, chosen just before the run starts (choose_long_lr)."""
+    60-step sweep, chosen just before the run starts (choose_long_lr). A mode's `long_lrs` add
+    runs at those fixed lrs to every budget above 60 steps (a longer run can overfit at the best
+    60-step lr, so the long budget gets an lr choice of its own); one that equals the chosen lr
+    is the same run."""
     runs = []
     for o in plan["order"]:
         task = o["task"]
@@ -142,6 +148,8 @@ def planned_runs(plan, only):
                 for steps in m["steps"]:
                     if steps != SHORT_BUDGET:
                         runs.append({"task": task, "mode": m, "steps": steps, "lr": None})
+                        for lr in m.get("long_lrs", []):
+                            runs.append({"task": task, "mode": m, "steps": steps, "lr": lr})
     return runs
 
 
@@ -405,15 +413,17 @@ def choose_long_lr(records, task, mode_entry):
     return best["lr"] if best else middle_lr(mode_entry["lrs"])
 
 
-def find_long_run(out_dir, task, mode_name, steps):
-    """Returns the name of a finished long run of this task, mode and budget at any lr, or None
-    (a resumed study does not rerun it when the best lr has changed since)."""
+def find_long_run(out_dir, task, mode_name, steps, fixed_lrs=()):
+    """Returns the name of a finished long run of this task, mode and budget at any lr but the
+    mode's fixed long lrs (`long_lrs`, runs of their own), or None (a resumed study does not
+    rerun it when the best lr has changed since)."""
     prefix = f"{task}-{mode_name}-s{steps}-lr"
     runs_root = os.path.join(out_dir, "runs")
     if not os.path.isdir(runs_root):
         return None
     for name in sorted(os.listdir(runs_root)):
-        if name.startswith(prefix) and is_done(out_dir, name):
+        if (name.startswith(prefix) and is_done(out_dir, name)
+                and lr_from_name(name) not in fixed_lrs):
             return name
     return None
 
@@ -542,6 +552,41 @@ def results_table(records, task, steps, mode_order, label):
     return lines
 
 
+def best_evaluation(records, task, mode_name, steps):
+    """Returns (record, evaluation) of the lowest-loss evaluation after step 0 over every run of
+    a task, mode and budget (any lr): the checkpoint early stopping on the eval loss would keep
+    (HF Trainer's load_best_model_at_end with metric_for_best_model="eval_loss"), or None."""
+    best = None
+    for r in records:
+        if r["task"] != task or r["mode_name"] != mode_name or r["steps_budget"] != steps:
+            continue
+        for p in r.get("curve") or []:
+            if p.get("step") and p.get("loss") is not None and (best is None or p["loss"] < best[1]["loss"]):
+                best = (r, p)
+    return best
+
+
+def early_stopping_lines(records, task, ref_name, cand_name, steps, label, v):
+    """Returns the verdict lines comparing the candidate's and the reference's best evaluation
+    along their curves at a budget (early stopping), against the same targets as the final one."""
+    ref, cand = best_evaluation(records, task, ref_name, steps), best_evaluation(records, task, cand_name, steps)
+    head = f"- {cand_name} vs {ref_name} at {steps} steps, best evaluation along the curve (early stopping)"
+    if ref is None or cand is None:
+        return []
+    metric = next((k for k in ("accuracy", "f1") if k in cand[1]), None)
+    (rr, rp), (cr, cp) = ref, cand
+    out = []
+    if metric and cp.get(metric) is not None and rp.get(metric) is not None:
+        drop = rp[metric] - cp[metric]
+        out.append(f"{head}, {label}: {'PASS' if drop <= v['max_metric_drop'] + 1e-12 else 'MISS'}: "
+                   f"{cp[metric]:.3f} (lr {format_lr(cr['lr'])}, step {cp['step']}) vs {rp[metric]:.3f} "
+                   f"(lr {format_lr(rr['lr'])}, step {rp['step']}), {-100 * drop:+.1f} points")
+    ratio = cp["loss"] / rp["loss"]
+    out.append(f"{head}, eval loss: {'PASS' if ratio <= v['max_loss_ratio'] + 1e-12 else 'MISS'}: "
+               f"{cp['loss']:.4f} vs {rp['loss']:.4f}, {100 * (ratio - 1):+.1f}%")
+    return out
+
+
 def verdict_lines(plan, records, task, label):
     """Returns the markdown lines of a task's verdict against the issue's targets."""
     v = plan["verdict"]
@@ -570,6 +615,7 @@ def verdict_lines(plan, records, task, label):
         lines.append(f"{head}, eval loss: {'PASS' if ok else 'MISS'}: {cand['final_eval_loss']:.4f} vs "
                      f"{ref['final_eval_loss']:.4f}, {100 * (ratio - 1):+.1f}% "
                      f"(target <= {100 * (v['max_loss_ratio'] - 1):+.0f}%)")
+    lines += early_stopping_lines(records, task, ref_name, cand_name, long_budget, label, v)
     for base_name in v["baselines"]:
         for steps in sorted(set(modes[base_name]["steps"]) & set(modes[cand_name]["steps"])):
             b = best_record(records, task, base_name, steps)
@@ -744,7 +790,8 @@ def main(argv):
         for r in runs:
             name = r.get("name")
             if r["lr"] is None or r.get("long"):
-                name = find_long_run(out_dir, r["task"], r["mode"]["name"], r["steps"])
+                name = find_long_run(out_dir, r["task"], r["mode"]["name"], r["steps"],
+                                     r["mode"].get("long_lrs", []))
             elif name is None:
                 name = run_name(r["task"], r["mode"]["name"], r["steps"], r["lr"])
             if name and name not in seen and is_done(out_dir, name):
@@ -766,7 +813,8 @@ def main(argv):
         name; returns the run."""
         if r["lr"] is None or r.get("long"):
             r["long"] = True
-            done = find_long_run(out_dir, r["task"], r["mode"]["name"], r["steps"])
+            done = find_long_run(out_dir, r["task"], r["mode"]["name"], r["steps"],
+                                 r["mode"].get("long_lrs", []))
             r["lr"] = lr_from_name(done) if done else choose_long_lr(records, r["task"], r["mode"])
         r["name"] = run_name(r["task"], r["mode"]["name"], r["steps"], r["lr"])
         return r
@@ -777,11 +825,12 @@ def main(argv):
 
     def schedule():
         """Returns the runs still to do with their predicted seconds, in start order."""
-        todo, taken = [], set()
+        todo, taken, names = [], set(), set()
         for r in runs:
             resolve(r)
-            if is_done(out_dir, r["name"]):
-                continue
+            if is_done(out_dir, r["name"]) or r["name"] in names:
+                continue  # done, or a fixed long lr that is also the chosen one
+            names.add(r["name"])
             zs = zero_shot_needed(r["task"], taken)
             taken.add(r["task"])
             todo.append((r, zs, model.seconds(records, r["task"], r["mode"]["name"], r["steps"], zs)))

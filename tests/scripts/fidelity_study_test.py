@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Tests of scripts/fidelity_study.py's resume across machines (--resume-from) and the source
-version it records per run. Standard library unittest; run by CTest (tests/CMakeLists.txt)."""
+"""Tests of scripts/fidelity_study.py: resume across machines (--resume-from), lr_of and
+long_lrs runs, the early-stopping verdict and the source version it records per run. Standard library unittest; run by CTest (tests/CMakeLists.txt)."""
 
 import json
 import os
@@ -88,6 +88,73 @@ class LrOfTest(unittest.TestCase):
         recs = [dict(record("a", loss=0.09), mode_name="lsp-best", lr=3e-4, steps_budget=60),
                 dict(record("b", loss=0.07), mode_name="lsp-best", lr=1.2e-3, steps_budget=60)]
         self.assertEqual(fs.choose_long_lr(recs, "sms", mode), 1.2e-3)
+
+
+class LongLrsTest(unittest.TestCase):
+    """`long_lrs` adds long runs at fixed lrs beside the one at the best 60-step lr; a fixed lr
+    never stands in for the best-lr run, and one equal to the best lr is a single run."""
+
+    PLAN = {"modes": [{"name": "native", "mode": "native", "lrs": [1e-4, 6e-4],
+                       "steps": [60, 200], "long_lrs": [2.5e-4]}],
+            "order": [{"task": "sms", "phase": "long"}]}
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.out = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def finish(self, name):
+        os.makedirs(fs.run_dir(self.out, name))
+        with open(os.path.join(fs.run_dir(self.out, name), "summary.json"), "w") as f:
+            json.dump({}, f)
+
+    def test_a_fixed_long_lr_is_a_run_of_its_own(self):
+        runs = fs.planned_runs(self.PLAN, [])
+        self.assertEqual([(r["steps"], r["lr"]) for r in runs], [(200, None), (200, 2.5e-4)])
+        self.finish("sms-native-s200-lr2.5e-4")
+        # The fixed-lr run is not taken for the best-lr one (which is still to do)...
+        self.assertIsNone(fs.find_long_run(self.out, "sms", "native", 200, [2.5e-4]))
+        # ...while a long run at another lr is.
+        self.finish("sms-native-s200-lr6e-4")
+        self.assertEqual(fs.find_long_run(self.out, "sms", "native", 200, [2.5e-4]),
+                         "sms-native-s200-lr6e-4")
+
+    def test_bad_long_lrs_are_refused_by_name(self):
+        plan = {"tasks": {"sms": {"spec": "x.yaml", "metric": "accuracy"}},
+                "order": [{"task": "sms", "phase": "long"}],
+                "modes": [{"name": "lora", "mode": "lora", "lrs": [1e-3], "steps": [60],
+                           "long_lrs": [3e-4]}]}
+        with self.assertRaises(SystemExit) as e:
+            fs.check_plan(plan)
+        self.assertIn("mode lora has long_lrs but no step budget above 60", str(e.exception))
+        plan["modes"][0].update(steps=[60, 200], long_lrs=["3e-4"])
+        with self.assertRaises(SystemExit) as e:
+            fs.check_plan(plan)
+        self.assertIn("every lr must be a number", str(e.exception))
+
+
+class EarlyStoppingTest(unittest.TestCase):
+    """The verdict's early-stopping lines compare each mode's lowest-loss evaluation after step 0
+    over all its runs at the budget, with the step and lr it came from."""
+
+    def test_best_evaluation_over_runs_and_steps(self):
+        def rec(mode, lr, curve):
+            return {"task": "sms", "mode_name": mode, "steps_budget": 200, "lr": lr,
+                    "curve": [{"step": s, "loss": l, "accuracy": a} for s, l, a in curve]}
+        recs = [rec("native", 6e-4, [(0, 8.0, 0.0), (100, 0.028, 0.975), (200, 0.095, 0.947)]),
+                rec("lsp", 6e-4, [(0, 8.0, 0.0), (100, 0.0284, 0.977), (200, 0.27, 0.887)]),
+                rec("lsp", 3e-4, [(100, 0.05, 0.96), (200, 0.04, 0.955)])]
+        r, p = fs.best_evaluation(recs, "sms", "lsp", 200)
+        self.assertEqual((r["lr"], p["step"], p["loss"]), (6e-4, 100, 0.0284))
+        v = {"max_metric_drop": 0.01, "max_loss_ratio": 1.05}
+        lines = fs.early_stopping_lines(recs, "sms", "native", "lsp", 200, "accuracy", v)
+        self.assertEqual(len(lines), 2)
+        self.assertIn("PASS: 0.977 (lr 6e-4, step 100) vs 0.975 (lr 6e-4, step 100), +0.2 points",
+                      lines[0])
+        self.assertIn("eval loss: PASS: 0.0284 vs 0.0280, +1.4%", lines[1])
+        self.assertIsNone(fs.best_evaluation(recs, "sms", "lora", 200))
 
 
 class SourceVersionTest(unittest.TestCase):
