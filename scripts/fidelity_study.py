@@ -566,17 +566,17 @@ def best_evaluation(records, task, mode_name, steps):
     return best
 
 
-def early_stopping_lines(records, task, ref_name, cand_name, steps, label, v):
+def early_stopping_lines(records, task, ref_name, cand_name, steps, metric, label, v):
     """Returns the verdict lines comparing the candidate's and the reference's best evaluation
-    along their curves at a budget (early stopping), against the same targets as the final one."""
+    along their curves at a budget (early stopping), against the same targets as the final one.
+    metric is the task's metric key in the curve points (accuracy or f1), label its name."""
     ref, cand = best_evaluation(records, task, ref_name, steps), best_evaluation(records, task, cand_name, steps)
     head = f"- {cand_name} vs {ref_name} at {steps} steps, best evaluation along the curve (early stopping)"
     if ref is None or cand is None:
         return []
-    metric = next((k for k in ("accuracy", "f1") if k in cand[1]), None)
     (rr, rp), (cr, cp) = ref, cand
     out = []
-    if metric and cp.get(metric) is not None and rp.get(metric) is not None:
+    if cp.get(metric) is not None and rp.get(metric) is not None:
         drop = rp[metric] - cp[metric]
         out.append(f"{head}, {label}: {'PASS' if drop <= v['max_metric_drop'] + 1e-12 else 'MISS'}: "
                    f"{cp[metric]:.3f} (lr {format_lr(cr['lr'])}, step {cp['step']}) vs {rp[metric]:.3f} "
@@ -615,7 +615,8 @@ def verdict_lines(plan, records, task, label):
         lines.append(f"{head}, eval loss: {'PASS' if ok else 'MISS'}: {cand['final_eval_loss']:.4f} vs "
                      f"{ref['final_eval_loss']:.4f}, {100 * (ratio - 1):+.1f}% "
                      f"(target <= {100 * (v['max_loss_ratio'] - 1):+.0f}%)")
-    lines += early_stopping_lines(records, task, ref_name, cand_name, long_budget, label, v)
+    lines += early_stopping_lines(records, task, ref_name, cand_name, long_budget,
+                                  plan["tasks"][task]["metric"], label, v)
     for base_name in v["baselines"]:
         for steps in sorted(set(modes[base_name]["steps"]) & set(modes[cand_name]["steps"])):
             b = best_record(records, task, base_name, steps)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Tests of scripts/fidelity_study.py: resume across machines (--resume-from), lr_of and
-long_lrs runs, the early-stopping verdict and the source version it records per run. Standard library unittest; run by CTest (tests/CMakeLists.txt)."""
+long_lrs runs, the early-stopping verdict and the source version it records per run. Standard
+library unittest; run by CTest (tests/CMakeLists.txt)."""
 
 import json
 import os
@@ -149,7 +150,7 @@ class EarlyStoppingTest(unittest.TestCase):
         r, p = fs.best_evaluation(recs, "sms", "lsp", 200)
         self.assertEqual((r["lr"], p["step"], p["loss"]), (6e-4, 100, 0.0284))
         v = {"max_metric_drop": 0.01, "max_loss_ratio": 1.05}
-        lines = fs.early_stopping_lines(recs, "sms", "native", "lsp", 200, "accuracy", v)
+        lines = fs.early_stopping_lines(recs, "sms", "native", "lsp", 200, "accuracy", "accuracy", v)
         self.assertEqual(len(lines), 2)
         self.assertIn("PASS: 0.977 (lr 6e-4, step 100) vs 0.975 (lr 6e-4, step 100), +0.2 points",
                       lines[0])
