@@ -108,10 +108,20 @@ def check_plan(plan):
                          f"a step budget above {SHORT_BUDGET}")
         elif len(m.get("lrs", [])) < 1 or SHORT_BUDGET not in m.get("steps", []):
             sys.exit(f"fidelity_study: mode {m['name']} needs lrs and steps including {SHORT_BUDGET}")
-        if m.get("long_lrs") and not any(st > SHORT_BUDGET for st in m.get("steps", [])):
+        long_lrs = m.get("long_lrs", [])
+        if isinstance(long_lrs, dict):
+            unknown = sorted(set(long_lrs) - set(plan["tasks"]))
+            if unknown:
+                sys.exit(f"fidelity_study: mode {m['name']}: long_lrs names unknown task(s) "
+                         f"{', '.join(unknown)} (tasks: {', '.join(plan['tasks'])})")
+            if not all(isinstance(lrs, list) for lrs in long_lrs.values()):
+                sys.exit(f"fidelity_study: mode {m['name']}: long_lrs maps each task to a list "
+                         "of lrs (e.g. {sms: [3.0e-4]})")
+            long_lrs = [lr for lrs in long_lrs.values() for lr in lrs]
+        if long_lrs and not any(st > SHORT_BUDGET for st in m.get("steps", [])):
             sys.exit(f"fidelity_study: mode {m['name']} has long_lrs but no step budget above "
                      f"{SHORT_BUDGET}")
-        if not all(isinstance(lr, (int, float)) for lr in m["lrs"] + m.get("long_lrs", [])):
+        if not all(isinstance(lr, (int, float)) for lr in m["lrs"] + long_lrs):
             sys.exit(f"fidelity_study: mode {m['name']}: every lr must be a number "
                      "(YAML reads 3e-3 as text: write 3.0e-3)")
         if m["name"] in names:
@@ -126,9 +136,10 @@ def planned_runs(plan, only):
     """Lists the runs of the plan in start order, as dicts (task, mode entry, steps, lr).
 
     The lr of a run at a budget above 60 steps is None here: it is the mode's best lr of the
-    60-step sweep, chosen just before the run starts (choose_long_lr). A mode's `long_lrs` add
-    runs at those fixed lrs to every budget above 60 steps (a longer run can overfit at the best
-    60-step lr, so the long budget gets an lr choice of its own); one that equals the chosen lr
+    60-step sweep, chosen just before the run starts (choose_long_lr). A mode's `long_lrs` (a
+    list, or a mapping task -> list: long_lrs_of) add runs at those fixed lrs to every budget
+    above 60 steps (a longer run can overfit at the best 60-step lr, so the long budget gets an
+    lr choice of its own); one that equals the chosen lr
     is the same run."""
     runs = []
     for o in plan["order"]:
@@ -148,7 +159,7 @@ def planned_runs(plan, only):
                 for steps in m["steps"]:
                     if steps != SHORT_BUDGET:
                         runs.append({"task": task, "mode": m, "steps": steps, "lr": None})
-                        for lr in m.get("long_lrs", []):
+                        for lr in long_lrs_of(m, task):
                             runs.append({"task": task, "mode": m, "steps": steps, "lr": lr})
     return runs
 
@@ -403,6 +414,15 @@ def last_error(log_path):
         if any(w in ln.lower() for w in ("error", "fail", "invalid", "refused", "must")):
             return ln
     return lines[-1] if lines else "(empty log)"
+
+
+def long_lrs_of(mode_entry, task):
+    """Returns a mode's fixed long-budget lrs on a task: `long_lrs` is a list (every task) or a
+    mapping task -> list (a task it does not name has none), since whether a long run overfits
+    at the best 60-step lr depends on the task's epochs (SMS: 200 steps are 1.7 epochs, cooking
+    0.15)."""
+    long_lrs = mode_entry.get("long_lrs", [])
+    return list(long_lrs.get(task, [])) if isinstance(long_lrs, dict) else list(long_lrs)
 
 
 def choose_long_lr(records, task, mode_entry):
@@ -792,7 +812,7 @@ def main(argv):
             name = r.get("name")
             if r["lr"] is None or r.get("long"):
                 name = find_long_run(out_dir, r["task"], r["mode"]["name"], r["steps"],
-                                     r["mode"].get("long_lrs", []))
+                                     long_lrs_of(r["mode"], r["task"]))
             elif name is None:
                 name = run_name(r["task"], r["mode"]["name"], r["steps"], r["lr"])
             if name and name not in seen and is_done(out_dir, name):
@@ -815,7 +835,7 @@ def main(argv):
         if r["lr"] is None or r.get("long"):
             r["long"] = True
             done = find_long_run(out_dir, r["task"], r["mode"]["name"], r["steps"],
-                                 r["mode"].get("long_lrs", []))
+                                 long_lrs_of(r["mode"], r["task"]))
             r["lr"] = lr_from_name(done) if done else choose_long_lr(records, r["task"], r["mode"])
         r["name"] = run_name(r["task"], r["mode"]["name"], r["steps"], r["lr"])
         return r

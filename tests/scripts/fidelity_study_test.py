@@ -122,6 +122,33 @@ class LongLrsTest(unittest.TestCase):
         self.assertEqual(fs.find_long_run(self.out, "sms", "native", 200, [2.5e-4]),
                          "sms-native-s200-lr6e-4")
 
+    def test_long_lrs_per_task(self):
+        # A mapping gives the fixed long lrs of the tasks it names; other tasks get none.
+        plan = {"modes": [{"name": "native", "mode": "native", "lrs": [1e-4, 6e-4],
+                           "steps": [60, 200], "long_lrs": {"sms": [2.5e-4]}}],
+                "order": [{"task": "sms", "phase": "long"}, {"task": "cooking", "phase": "long"}]}
+        runs = fs.planned_runs(plan, [])
+        self.assertEqual([(r["task"], r["steps"], r["lr"]) for r in runs],
+                         [("sms", 200, None), ("sms", 200, 2.5e-4), ("cooking", 200, None)])
+        self.assertEqual(fs.long_lrs_of(plan["modes"][0], "cooking"), [])
+        self.assertEqual(fs.long_lrs_of(self.PLAN["modes"][0], "cooking"), [2.5e-4])
+        # On cooking a finished long run at 2.5e-4 is the best-lr run (no fixed lr there).
+        self.finish("cooking-native-s200-lr2.5e-4")
+        self.assertEqual(fs.find_long_run(self.out, "cooking", "native", 200,
+                                          fs.long_lrs_of(plan["modes"][0], "cooking")),
+                         "cooking-native-s200-lr2.5e-4")
+        plan["tasks"] = {"sms": {"spec": "x.yaml", "metric": "accuracy"}}
+        plan["order"] = plan["order"][:1]
+        fs.check_plan(plan)
+        plan["modes"][0]["long_lrs"] = {"smss": [2.5e-4]}
+        with self.assertRaises(SystemExit) as e:
+            fs.check_plan(plan)
+        self.assertIn("long_lrs names unknown task(s) smss (tasks: sms)", str(e.exception))
+        plan["modes"][0]["long_lrs"] = {"sms": 2.5e-4}
+        with self.assertRaises(SystemExit) as e:
+            fs.check_plan(plan)
+        self.assertIn("long_lrs maps each task to a list", str(e.exception))
+
     def test_bad_long_lrs_are_refused_by_name(self):
         plan = {"tasks": {"sms": {"spec": "x.yaml", "metric": "accuracy"}},
                 "order": [{"task": "sms", "phase": "long"}],
