@@ -542,6 +542,28 @@ def fmt_bytes(n):
     return f"{n / 1e6:.1f} MB"
 
 
+def zero_shot_measured(out_dir, task):
+    """Tells whether any finished run of a task under OUT/runs measured its zero-shot
+    evaluation, whether or not --only selects it (its summary.json or imported record has
+    zero_shot_eval_loss)."""
+    runs_root = os.path.join(out_dir, "runs")
+    if not os.path.isdir(runs_root):
+        return False
+    for name in os.listdir(runs_root):
+        if not name.startswith(task + "-"):
+            continue
+        for file in ("summary.json", IMPORTED_RECORD):
+            path = os.path.join(runs_root, name, file)
+            if os.path.exists(path):
+                with open(path, encoding="utf-8") as f:
+                    try:
+                        if json.load(f).get("zero_shot_eval_loss") is not None:
+                            return True
+                    except (ValueError, AttributeError):
+                        pass  # a summary being written, or not an object: not this run's
+    return False
+
+
 def task_zero_shot(records, task):
     """Returns the zero-shot (eval loss, metric, perplexity) of a task from the run that
     measured it, or Nones."""
@@ -841,8 +863,10 @@ def main(argv):
         return r
 
     def zero_shot_needed(task, taken):
-        """Tells whether the next run of a task must measure the zero-shot evaluation."""
-        return task_zero_shot(records, task)[0] is None and task not in taken
+        """Tells whether the next run of a task must measure the zero-shot evaluation (no
+        finished run of the task has it, planned or left out by --only)."""
+        return (task_zero_shot(records, task)[0] is None
+                and not zero_shot_measured(out_dir, task) and task not in taken)
 
     def schedule():
         """Returns the runs still to do with their predicted seconds, in start order."""

@@ -58,6 +58,21 @@ class ResumeFromTest(unittest.TestCase):
         run = {"name": name, "task": "sms", "mode": {"name": "native"}}
         self.assertEqual(fs.collect_record(self.out, run, "accuracy")["final_eval_loss"], 0.2)
 
+    def test_a_zero_shot_measured_by_a_run_outside_only_is_reused(self):
+        # --only cooking/lsp-best leaves cooking-native out of the plan's runs, but its imported
+        # record measured cooking's zero-shot: the next cooking run need not measure it again.
+        self.write_results([dict(record("cooking-native-s60-lr6e-4", loss=1.72),
+                                 zero_shot_eval_loss=4.50),
+                            record("sms-lsp-best-s60-lr6e-4", loss=0.06)])
+        fs.import_records(self.out, self.results)
+        self.assertTrue(fs.zero_shot_measured(self.out, "cooking"))
+        self.assertFalse(fs.zero_shot_measured(self.out, "sms"))
+        name = "sms-native-s60-lr1e-4"  # a run finished here: its summary.json counts
+        os.makedirs(fs.run_dir(self.out, name))
+        with open(os.path.join(fs.run_dir(self.out, name), "summary.json"), "w") as f:
+            json.dump({"zero_shot_eval_loss": 8.0}, f)
+        self.assertTrue(fs.zero_shot_measured(self.out, "sms"))
+
     def test_bad_files_are_refused_by_name(self):
         with self.assertRaises(SystemExit) as e:
             fs.import_records(self.out, os.path.join(self.tmp.name, "missing.jsonl"))
