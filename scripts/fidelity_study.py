@@ -139,8 +139,7 @@ def planned_runs(plan, only):
     60-step sweep, chosen just before the run starts (choose_long_lr). A mode's `long_lrs` (a
     list, or a mapping task -> list: long_lrs_of) add runs at those fixed lrs to every budget
     above 60 steps (a longer run can overfit at the best 60-step lr, so the long budget gets an
-    lr choice of its own); one that equals the chosen lr
-    is the same run."""
+    lr choice of its own); one that equals the chosen lr is the same run."""
     runs = []
     for o in plan["order"]:
         task = o["task"]
@@ -865,8 +864,7 @@ def main(argv):
     def zero_shot_needed(task, taken):
         """Tells whether the next run of a task must measure the zero-shot evaluation (no
         finished run of the task has it, planned or left out by --only)."""
-        return (task_zero_shot(records, task)[0] is None
-                and not zero_shot_measured(out_dir, task) and task not in taken)
+        return not zero_shot_measured(out_dir, task) and task not in taken
 
     def schedule():
         """Returns the runs still to do with their predicted seconds, in start order."""
