@@ -66,6 +66,46 @@ def middle_lr(lrs):
     return lrs[len(lrs) // 2]
 
 
+def sweep_order(lrs):
+    """Returns the sweep's lrs of a grid (all but the middle one) outward from the middle: by
+    distance from it in grid positions, the lower lr first at equal distance. [3e-4, 8e-4,
+    2e-3, 5e-3] (middle 2e-3) -> [8e-4, 5e-3, 3e-4]. Each lr's neighbour toward the middle
+    comes before it, which the bracket rule (bracket_skip) needs."""
+    grid = sorted(lrs)
+    mid = grid.index(middle_lr(lrs))
+    return sorted((lr for lr in grid if lr != grid[mid]),
+                  key=lambda lr: (abs(grid.index(lr) - mid), lr))
+
+
+def bracket_skip(records, run):
+    """Returns why a 60-step sweep run is not needed, or None when it is.
+
+    A sweep stops widening once its best lr is bracketed: when at least three lrs of the mode
+    have finished on the task (the issue's minimum sweep), an lr further out than its
+    neighbour toward the grid's middle runs only while that neighbour has the lowest final
+    eval loss so far (the best lr may lie beyond it). Runs that are not sweep runs, and sweep
+    runs whose neighbour has not finished, are always needed."""
+    if not run.get("sweep"):
+        return None
+    task, name = run["task"], run["mode"]["name"]
+    done = {r["lr"]: r["final_eval_loss"] for r in records
+            if r["task"] == task and r["mode_name"] == name and r["steps_budget"] == SHORT_BUDGET
+            and r.get("final_eval_loss") is not None}
+    if len(done) < 3 or run["lr"] in done:
+        return None
+    grid = sorted(run["mode"]["lrs"])
+    i, mid = grid.index(run["lr"]), grid.index(middle_lr(run["mode"]["lrs"]))
+    inward = grid[i + 1] if i < mid else grid[i - 1]
+    if inward not in done:
+        return None
+    best = min(done, key=done.get)
+    if best == inward:
+        return None
+    return (f"bracketed: {format_lr(best)} has the lowest eval loss of {len(done)} finished lrs "
+            f"({done[best]:.4f}), and {format_lr(inward)}, the neighbour toward the middle, "
+            f"is not it")
+
+
 def run_name(task, mode_name, steps, lr):
     """Returns the name of a run: its folder under OUT/runs and its spec's name."""
     return f"{task}-{mode_name}-s{steps}-lr{format_lr(lr)}"
@@ -151,9 +191,9 @@ def planned_runs(plan, only):
             if o["phase"] == "middle":
                 runs.append({"task": task, "mode": m, "steps": SHORT_BUDGET, "lr": middle_lr(m["lrs"])})
             elif o["phase"] == "sweep":
-                for lr in m["lrs"]:
-                    if lr != middle_lr(m["lrs"]):
-                        runs.append({"task": task, "mode": m, "steps": SHORT_BUDGET, "lr": lr})
+                for lr in sweep_order(m["lrs"]):
+                    runs.append({"task": task, "mode": m, "steps": SHORT_BUDGET, "lr": lr,
+                                 "sweep": True})
             else:
                 for steps in m["steps"]:
                     if steps != SHORT_BUDGET:
@@ -866,13 +906,21 @@ def main(argv):
         finished run of the task has it, planned or left out by --only)."""
         return not zero_shot_measured(out_dir, task) and task not in taken
 
+    bracketed = {}  # run name -> why the bracket rule leaves it out
+
     def schedule():
-        """Returns the runs still to do with their predicted seconds, in start order."""
+        """Returns the runs still to do with their predicted seconds, in start order (a sweep
+        run the bracket rule leaves out goes into `bracketed` instead)."""
         todo, taken, names = [], set(), set()
         for r in runs:
             resolve(r)
             if is_done(out_dir, r["name"]) or r["name"] in names:
                 continue  # done, or a fixed long lr that is also the chosen one
+            why = bracket_skip(records, r)
+            if why:
+                bracketed[r["name"]] = why
+                continue
+            bracketed.pop(r["name"], None)
             names.add(r["name"])
             zs = zero_shot_needed(r["task"], taken)
             taken.add(r["task"])
@@ -882,7 +930,10 @@ def main(argv):
     todo = schedule()
     total = sum(s for _, _, s in todo)
     print(f"fidelity_study: plan {os.path.relpath(args.plan, REPO)}, {len(runs)} runs, "
-          f"{len(runs) - len(todo)} already done, {len(todo)} to do; output {out_dir}/")
+          f"{len(runs) - len(todo) - len(bracketed)} already done, {len(bracketed)} not needed "
+          f"(sweep bracketed), {len(todo)} to do; output {out_dir}/")
+    for name, why in bracketed.items():
+        print(f"  not needed: {name}: {why}")
     print(f"{'#':>3} {'run':<36} {'mode':<7} {'steps':>5} {'lr':>8} {'zero-shot':>9} {'est.':>9} {'cum.':>9}")
     cum, fit = 0.0, 0
     for i, (r, zs, s) in enumerate(todo, 1):
@@ -964,11 +1015,13 @@ def main(argv):
                   f"{minutes(left_s)} left for {len(left)} runs; budget {args.budget_minutes:g} min",
                   flush=True)
         pending = [(x["name"], "not started yet") for x, _, _ in left]
+        pending += [(name, "not needed: " + why) for name, why in bracketed.items()]
         write_results(results_md, plan, args, records, pending, failures, notes, left_s)
 
     left = [t for t in schedule() if t[0]["name"] not in attempted]
     pending = [(r["name"], f"skipped: past the {args.budget_minutes:g}-minute budget "
                            f"(estimate {minutes(s)})") for r, _, s in left]
+    pending += [(name, "not needed: " + why) for name, why in bracketed.items()]
     if left:
         notes.append(f"{len(left)} runs skipped by the time budget ({args.budget_minutes:g} min); "
                      "run scripts/fidelity again to continue (finished runs are kept).")

@@ -106,6 +106,50 @@ class LrOfTest(unittest.TestCase):
         self.assertEqual(fs.choose_long_lr(recs, "sms", mode), 1.2e-3)
 
 
+class BracketTest(unittest.TestCase):
+    """The sweep runs outward from the middle lr and stops widening once three lrs have
+    finished and the best one is bracketed."""
+
+    MODE = {"name": "lora-r16", "mode": "lora", "lrs": [3e-4, 8e-4, 2e-3, 5e-3], "steps": [60]}
+
+    def sweep_run(self, lr):
+        return {"task": "sms", "mode": self.MODE, "steps": 60, "lr": lr, "sweep": True}
+
+    def finished(self, losses):
+        return [dict(record(f"r{lr}", loss=loss), mode_name="lora-r16", lr=lr, steps_budget=60)
+                for lr, loss in losses.items()]
+
+    def test_outward_order(self):
+        self.assertEqual(fs.sweep_order([3e-4, 8e-4, 2e-3, 5e-3]), [8e-4, 5e-3, 3e-4])
+        self.assertEqual(fs.sweep_order([1e-4, 2.5e-4, 6e-4]), [1e-4, 6e-4])
+        plan = {"modes": [self.MODE], "order": [{"task": "sms", "phase": "sweep"}]}
+        self.assertEqual([r["lr"] for r in fs.planned_runs(plan, [])], [8e-4, 5e-3, 3e-4])
+
+    def test_an_outer_lr_runs_only_while_its_inner_neighbour_is_best(self):
+        # Fewer than three finished: every sweep lr is needed.
+        recs = self.finished({2e-3: 0.07, 8e-4: 0.06})
+        self.assertIsNone(fs.bracket_skip(recs, self.sweep_run(5e-3)))
+        self.assertIsNone(fs.bracket_skip(recs, self.sweep_run(3e-4)))
+        # 8e-4 best of three: the bracket is open below it, so 3e-4 runs.
+        recs = self.finished({2e-3: 0.07, 8e-4: 0.06, 5e-3: 0.09})
+        self.assertIsNone(fs.bracket_skip(recs, self.sweep_run(3e-4)))
+        # 2e-3 best of three: 8e-4 and 5e-3 bracket it, 3e-4 is not needed.
+        recs = self.finished({2e-3: 0.05, 8e-4: 0.06, 5e-3: 0.09})
+        why = fs.bracket_skip(recs, self.sweep_run(3e-4))
+        self.assertIn("2e-3 has the lowest eval loss of 3 finished lrs (0.0500)", why)
+        # An outer lr above the middle, neighbour 2e-3 not best: not needed either.
+        mode = dict(self.MODE, lrs=[3e-4, 8e-4, 2e-3, 5e-3, 1e-2])
+        run = dict(self.sweep_run(1e-2), mode=mode)
+        self.assertIsNone(fs.bracket_skip(self.finished({2e-3: 0.05, 8e-4: 0.06, 5e-3: 0.04}),
+                                          run))
+        self.assertIsNotNone(fs.bracket_skip(self.finished({2e-3: 0.05, 8e-4: 0.04, 5e-3: 0.06}),
+                                             run))
+        # Not a sweep run (the middle lr, long runs) or an inner neighbour not finished: needed.
+        self.assertIsNone(fs.bracket_skip(recs, dict(self.sweep_run(3e-4), sweep=False)))
+        self.assertIsNone(fs.bracket_skip(self.finished({2e-3: 0.05, 5e-3: 0.06, 3e-5: 0.1}),
+                                          self.sweep_run(3e-4)))
+
+
 class LongLrsTest(unittest.TestCase):
     """`long_lrs` adds long runs at fixed lrs beside the one at the best 60-step lr; a fixed lr
     never stands in for the best-lr run, and one equal to the best lr is a single run."""
