@@ -80,30 +80,37 @@ def sweep_order(lrs):
 def bracket_skip(records, run):
     """Returns why a 60-step sweep run is not needed, or None when it is.
 
-    A sweep stops widening once its best lr is bracketed: when at least three lrs of the mode
-    have finished on the task (the issue's minimum sweep), an lr further out than its
-    neighbour toward the grid's middle runs only while that neighbour has the lowest final
-    eval loss so far (the best lr may lie beyond it). Runs that are not sweep runs, and sweep
-    runs whose neighbour has not finished, are always needed."""
+    The sweep widens a mode's grid outward from its middle lr only on the side where the best
+    lr so far (lowest final eval loss of the mode's finished 60-step runs on the task) sits at
+    the end of what has run, until the best lr is bracketed by worse ones. An lr is needed when
+    its neighbour toward the middle has not finished or is the best so far; otherwise it is
+    needed only to reach the issue's minimum of three lrs per mode, when no lr on the other
+    side (next to the best) can. Runs that are not sweep runs are always needed."""
     if not run.get("sweep"):
         return None
     task, name = run["task"], run["mode"]["name"]
     done = {r["lr"]: r["final_eval_loss"] for r in records
             if r["task"] == task and r["mode_name"] == name and r["steps_budget"] == SHORT_BUDGET
             and r.get("final_eval_loss") is not None}
-    if len(done) < 3 or run["lr"] in done:
+    if not done or run["lr"] in done:
         return None
     grid = sorted(run["mode"]["lrs"])
-    i, mid = grid.index(run["lr"]), grid.index(middle_lr(run["mode"]["lrs"]))
-    inward = grid[i + 1] if i < mid else grid[i - 1]
-    if inward not in done:
-        return None
+    mid = grid.index(middle_lr(run["mode"]["lrs"]))
+
+    def inward(lr):
+        i = grid.index(lr)
+        return None if i == mid else grid[i + 1] if i < mid else grid[i - 1]
+
     best = min(done, key=done.get)
-    if best == inward:
+    n = inward(run["lr"])
+    if n is None or n not in done or n == best:
+        return None
+    open_side = [lr for lr in grid if lr not in done and inward(lr) == best]
+    if len(done) < 3 and not open_side:
         return None
     return (f"bracketed: {format_lr(best)} has the lowest eval loss of {len(done)} finished lrs "
-            f"({done[best]:.4f}), and {format_lr(inward)}, the neighbour toward the middle, "
-            f"is not it")
+            f"({done[best]:.4f}), and {format_lr(n)}, the neighbour toward the middle, is not it"
+            + (f" (the sweep goes on at {format_lr(open_side[0])})" if open_side else ""))
 
 
 def run_name(task, mode_name, steps, lr):

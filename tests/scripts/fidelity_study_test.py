@@ -126,10 +126,15 @@ class BracketTest(unittest.TestCase):
         self.assertEqual([r["lr"] for r in fs.planned_runs(plan, [])], [8e-4, 5e-3, 3e-4])
 
     def test_an_outer_lr_runs_only_while_its_inner_neighbour_is_best(self):
-        # Fewer than three finished: every sweep lr is needed.
-        recs = self.finished({2e-3: 0.07, 8e-4: 0.06})
+        # Only the middle finished: both of its neighbours are needed.
+        recs = self.finished({2e-3: 0.07})
+        self.assertIsNone(fs.bracket_skip(recs, self.sweep_run(8e-4)))
         self.assertIsNone(fs.bracket_skip(recs, self.sweep_run(5e-3)))
+        # 8e-4 beats the middle: the sweep goes on below (3e-4), not above (5e-3).
+        recs = self.finished({2e-3: 0.07, 8e-4: 0.06})
         self.assertIsNone(fs.bracket_skip(recs, self.sweep_run(3e-4)))
+        self.assertIn("2e-3, the neighbour toward the middle, is not it (the sweep goes on at 3e-4)",
+                      fs.bracket_skip(recs, self.sweep_run(5e-3)))
         # 8e-4 best of three: the bracket is open below it, so 3e-4 runs.
         recs = self.finished({2e-3: 0.07, 8e-4: 0.06, 5e-3: 0.09})
         self.assertIsNone(fs.bracket_skip(recs, self.sweep_run(3e-4)))
@@ -137,17 +142,24 @@ class BracketTest(unittest.TestCase):
         recs = self.finished({2e-3: 0.05, 8e-4: 0.06, 5e-3: 0.09})
         why = fs.bracket_skip(recs, self.sweep_run(3e-4))
         self.assertIn("2e-3 has the lowest eval loss of 3 finished lrs (0.0500)", why)
-        # An outer lr above the middle, neighbour 2e-3 not best: not needed either.
+        # Not a sweep run (the middle lr, long runs) or an inner neighbour not finished: needed.
+        self.assertIsNone(fs.bracket_skip(recs, dict(self.sweep_run(3e-4), sweep=False)))
+        self.assertIsNone(fs.bracket_skip(self.finished({2e-3: 0.05, 5e-3: 0.06}),
+                                          self.sweep_run(3e-4)))
+
+    def test_three_lrs_even_when_the_best_is_at_the_grids_end(self):
+        # A three-lr grid whose lowest lr wins: nothing lies below it, so the top lr still runs
+        # (the minimum sweep is three lrs); with three finished, nothing more.
+        mode = {"name": "lora-r16", "mode": "lora", "lrs": [1e-4, 2.5e-4, 6e-4], "steps": [60]}
+        run = dict(self.sweep_run(6e-4), mode=mode)
+        self.assertIsNone(fs.bracket_skip(self.finished({2.5e-4: 0.07, 1e-4: 0.05}), run))
+        # Above the middle of a longer grid: 1e-2 is needed only while 5e-3 is the best.
         mode = dict(self.MODE, lrs=[3e-4, 8e-4, 2e-3, 5e-3, 1e-2])
         run = dict(self.sweep_run(1e-2), mode=mode)
         self.assertIsNone(fs.bracket_skip(self.finished({2e-3: 0.05, 8e-4: 0.06, 5e-3: 0.04}),
                                           run))
         self.assertIsNotNone(fs.bracket_skip(self.finished({2e-3: 0.05, 8e-4: 0.04, 5e-3: 0.06}),
                                              run))
-        # Not a sweep run (the middle lr, long runs) or an inner neighbour not finished: needed.
-        self.assertIsNone(fs.bracket_skip(recs, dict(self.sweep_run(3e-4), sweep=False)))
-        self.assertIsNone(fs.bracket_skip(self.finished({2e-3: 0.05, 5e-3: 0.06, 3e-5: 0.1}),
-                                          self.sweep_run(3e-4)))
 
 
 class LongLrsTest(unittest.TestCase):
