@@ -9,6 +9,13 @@
     For every RUNS_ROOT/<name>/ with metrics.jsonl + summary.json: eval loss and accuracy per
     step (eval_loss.png, accuracy.png) and a markdown table (table.md) of final eval loss,
     accuracy, Moby-Dick perplexity before/after and mean step time.
+--study RESULTS_JSONL OUT_DIR
+    From the accuracy study's records (scripts/fidelity_study.py's results.jsonl, e.g.
+    docs/fidelity/study-results.jsonl): per task, the lr sweep (final eval loss against lr at
+    60 steps, one line per mode: study-<task>-sweep.png) and, per step budget, the evaluation
+    curves of each mode's best run (lowest final eval loss): eval loss, the task metric and
+    Moby-Dick perplexity against the step, the zero-shot model at step 0
+    (study-<task>-s<steps>.png).
 """
 import json
 import os
@@ -98,11 +105,81 @@ def fidelity(root, out_dir):
     print("\n".join(table))
 
 
+METRICS = {"accuracy": "test accuracy", "f1": "tag F1 of greedy answers"}
+
+
+def study(results_jsonl, out_dir):
+    recs = [r for r in load_jsonl(results_jsonl) if r.get("status") == "done"]
+    if not recs:
+        sys.exit(f"{results_jsonl} has no finished runs")
+    os.makedirs(out_dir, exist_ok=True)
+    modes = list(dict.fromkeys(r["mode_name"] for r in recs))  # first-seen order
+    for task in dict.fromkeys(r["task"] for r in recs):
+        rs = [r for r in recs if r["task"] == task]
+        metric = rs[0]["metric"]
+        # The lr sweep at the short budget.
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        for m in modes:
+            pts = sorted((r["lr"], r["final_eval_loss"]) for r in rs
+                         if r["mode_name"] == m and r["steps_budget"] == 60
+                         and r.get("final_eval_loss") is not None)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("final eval loss (nats per answer token)")
+        ax.set_title(f"{task}: lr sweep, 60 steps")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"study-{task}-sweep.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        print(f"wrote {path}")
+        # The curves of each mode's best run per budget.
+        zero = next((r for r in rs if r.get("zero_shot_eval_loss") is not None), None)
+        for steps in sorted({r["steps_budget"] for r in rs}):
+            best = {}
+            for r in rs:
+                if (r["steps_budget"] == steps and r.get("final_eval_loss") is not None
+                        and (r["mode_name"] not in best
+                             or r["final_eval_loss"] < best[r["mode_name"]]["final_eval_loss"])):
+                    best[r["mode_name"]] = r
+            fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+            for m in modes:
+                if m not in best:
+                    continue
+                r = best[m]
+                curve = [(0, zero["zero_shot_eval_loss"], zero["zero_shot_metric"],
+                          zero["zero_shot_perplexity"])] if zero else []
+                curve += [(c["step"], c.get("loss"), c.get(metric), c.get("perplexity"))
+                          for c in r.get("curve", [])]
+                label = f"{m} (lr {r['lr']:g})"
+                for k, ax in enumerate(axes):
+                    pts = [(c[0], c[k + 1]) for c in curve if c[k + 1] is not None]
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+            for ax, ylabel, log in zip(axes, ["eval loss (nats per answer token)",
+                                              METRICS.get(metric, metric),
+                                              "Moby-Dick perplexity"], [True, False, True]):
+                ax.set_xlabel("optimizer step")
+                ax.set_ylabel(ylabel)
+                if log:
+                    ax.set_yscale("log")
+            axes[0].legend(fontsize=7)
+            fig.suptitle(f"{task}, {steps} steps: each mode at its best lr (lowest final eval loss)")
+            fig.tight_layout()
+            path = os.path.join(out_dir, f"study-{task}-s{steps}.png")
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            print(f"wrote {path}")
+
+
 def main(argv):
     if len(argv) >= 3 and argv[0] == "--timeline":
         timeline(argv[1], argv[2], argv[3] if len(argv) > 3 else None)
     elif len(argv) == 3 and argv[0] == "--fidelity":
         fidelity(argv[1], argv[2])
+    elif len(argv) == 3 and argv[0] == "--study":
+        study(argv[1], argv[2])
     else:
         sys.exit(__doc__)
 
