@@ -83,9 +83,10 @@ def bracket_skip(records, run):
     The sweep widens a mode's grid outward from its middle lr only on the side where the best
     lr so far (lowest final eval loss of the mode's finished 60-step runs on the task) sits at
     the end of what has run, until the best lr is bracketed by worse ones. An lr is needed when
-    its neighbour toward the middle has not finished or is the best so far; otherwise it is
+    its neighbour toward the middle is the best so far; otherwise it is
     needed only to reach the issue's minimum of three lrs per mode, when no lr on the other
-    side (next to the best) can. Runs that are not sweep runs are always needed."""
+    side (next to the best) can. An lr whose neighbour has not finished follows that
+    neighbour: not needed when it is not. Runs that are not sweep runs are always needed."""
     if not run.get("sweep"):
         return None
     task, name = run["task"], run["mode"]["name"]
@@ -103,8 +104,11 @@ def bracket_skip(records, run):
 
     best = min(done, key=done.get)
     n = inward(run["lr"])
-    if n is None or n not in done or n == best:
+    if n is None or n == best:
         return None
+    if n not in done:
+        # Decided after its neighbour (which runs first); not needed when that one is not.
+        return bracket_skip(records, dict(run, lr=n))
     open_side = [lr for lr in grid if lr not in done and inward(lr) == best]
     if len(done) < 3 and not open_side:
         return None
