@@ -124,8 +124,10 @@ def study(results_jsonl, out_dir):
                          if r["mode_name"] == m and r["steps_budget"] == 60
                          and r.get("final_eval_loss") is not None)
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m,
+                        color=f"C{modes.index(m) % 10}")
         ax.set_xscale("log")
+        ax.set_yscale("log")
         ax.set_xlabel("learning rate")
         ax.set_ylabel("final eval loss (nats per answer token)")
         ax.set_title(f"{task}: lr sweep, 60 steps")
@@ -156,7 +158,8 @@ def study(results_jsonl, out_dir):
                 label = f"{m} (lr {r['lr']:g})"
                 for k, ax in enumerate(axes):
                     pts = [(c[0], c[k + 1]) for c in curve if c[k + 1] is not None]
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label,
+                            color=f"C{modes.index(m) % 10}")
             for ax, ylabel, log in zip(axes, ["eval loss (nats per answer token)",
                                               METRICS.get(metric, metric),
                                               "Moby-Dick perplexity"], [True, False, True]):

@@ -142,10 +142,17 @@ class BracketTest(unittest.TestCase):
         recs = self.finished({2e-3: 0.05, 8e-4: 0.06, 5e-3: 0.09})
         why = fs.bracket_skip(recs, self.sweep_run(3e-4))
         self.assertIn("2e-3 has the lowest eval loss of 3 finished lrs (0.0500)", why)
-        # Not a sweep run (the middle lr, long runs) or an inner neighbour not finished: needed.
+        # Not a sweep run (the middle lr, long runs): needed.
         self.assertIsNone(fs.bracket_skip(recs, dict(self.sweep_run(3e-4), sweep=False)))
+        # An inner neighbour not finished: needed while that neighbour is, not needed once it
+        # is left out.
         self.assertIsNone(fs.bracket_skip(self.finished({2e-3: 0.05, 5e-3: 0.06}),
                                           self.sweep_run(3e-4)))
+        mode = dict(self.MODE, lrs=[3e-4, 8e-4, 2e-3, 5e-3, 1.2e-2])
+        run = dict(self.sweep_run(1.2e-2), mode=mode)
+        self.assertIsNone(fs.bracket_skip(self.finished({2e-3: 0.07, 8e-4: 0.08}), run))
+        self.assertIn("8e-4 has the lowest eval loss",
+                      fs.bracket_skip(self.finished({2e-3: 0.07, 8e-4: 0.06}), run))
 
     def test_three_lrs_even_when_the_best_is_at_the_grids_end(self):
         # A three-lr grid whose lowest lr wins: nothing lies below it, so the top lr still runs
@@ -160,6 +167,34 @@ class BracketTest(unittest.TestCase):
                                           run))
         self.assertIsNotNone(fs.bracket_skip(self.finished({2e-3: 0.05, 8e-4: 0.04, 5e-3: 0.06}),
                                              run))
+
+
+class RecheckPlanTest(unittest.TestCase):
+    """examples/fidelity/study/plan-recheck.yaml re-runs the SMS verdict's runs: each of its
+    runs is a finished run of the full study (docs/fidelity/study-results.jsonl), at the lr
+    the verdict compares (a mode's best final eval loss at 200 steps for native and lsp-best,
+    at 60 steps for the baselines), and their measured wall times add up to under 90 minutes."""
+
+    def test_recheck_runs_are_the_verdicts_and_fit_in_90_minutes(self):
+        plan = fs.load_yaml(os.path.join(REPO, "examples/fidelity/study/plan-recheck.yaml"))
+        fs.check_plan(plan)
+        records = {r["name"]: r for r in fs.read_jsonl(
+            os.path.join(REPO, "docs/fidelity/study-results.jsonl")) if r.get("status") == "done"}
+        recs = list(records.values())
+        total = 0.0
+        for run in fs.planned_runs(plan, []):
+            lr = run["lr"] if run["lr"] is not None else fs.choose_long_lr(
+                [r for r in recs if r["mode_name"] != run["mode"]["name"]], "sms", run["mode"])
+            name = fs.run_name("sms", run["mode"]["name"], run["steps"], lr)
+            self.assertTrue(name in records, f"{name} of the recheck plan is not a run of the study")
+            total += records[name]["process_seconds"] or records[name]["wall_seconds"]
+        verdict = {"native": 200, "lsp-best": 200, "lora-r16": 60, "lora-r8": 60, "galore": 60}
+        for m in plan["modes"]:
+            best = fs.best_record(recs, "sms", m["name"], verdict[m["name"]])
+            self.assertEqual(m["lrs"], [best["lr"]],
+                             f"{m['name']}: the study's best lr at {verdict[m['name']]} steps is "
+                             f"{best['lr']}")
+        self.assertLess(total / 60, 90)
 
 
 class LongLrsTest(unittest.TestCase):
