@@ -293,6 +293,36 @@ void DeviceOffload::ResetGpuPeak() {
 #endif
 }
 
+absl::Status DeviceOffload::SetGpuMemoryLimit(int64_t limit_bytes) {
+#if LSPO_TORCH_CUDA
+  auto info = runtime::cuda::GetMemoryInfo();
+  if (!info.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device_memory_limit_mb: cannot read the GPU's memory: ", info.status().message()));
+  }
+  const int64_t total = static_cast<int64_t>(info->total_bytes);
+  if (total <= 0 || limit_bytes > total) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job spec field device_memory_limit_mb = ", limit_bytes >> 20,
+        " exceeds this GPU's memory (", total >> 20, " MiB): lower it or leave it 0 (no cap)"));
+  }
+  const double fraction =
+      limit_bytes <= 0 ? 1.0 : static_cast<double>(limit_bytes) / static_cast<double>(total);
+  try {
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, 0);
+  } catch (const c10::Error& e) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device_memory_limit_mb: setting the allocator's fraction failed: ",
+                     e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+#else
+  if (limit_bytes <= 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "job spec field device_memory_limit_mb needs a CUDA LibTorch (docs/gpu.md)");
+#endif
+}
+
 int64_t DeviceOffload::GpuPeakAllocatedBytes() {
 #if LSPO_TORCH_CUDA
   try {

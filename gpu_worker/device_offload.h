@@ -115,6 +115,12 @@ class DeviceOffload {
   static int64_t GpuMemoryUsedBytes();
   static int64_t GpuPeakAllocatedBytes();
   static void ResetGpuPeak();
+  // Caps what LibTorch's CUDA caching allocator may hold on GPU 0 at `limit_bytes` (its
+  // per-process memory fraction = limit / total device memory); 0 lifts the cap (fraction 1).
+  // Process-wide: each CUDA job sets it before its model moves to the device. Errors:
+  // kInvalidArgument (limit above the device's total memory, naming both in MiB),
+  // kFailedPrecondition (no CUDA LibTorch, or the device's memory cannot be read).
+  static absl::Status SetGpuMemoryLimit(int64_t limit_bytes);
 
  private:
   struct Span {

@@ -478,6 +478,12 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   auto t0 = std::chrono::steady_clock::now();
   at::set_num_threads(spec.num_threads());
   ASSIGN_OR_RETURN(const bool use_cuda, UseCuda(spec));
+  if (!use_cuda && spec.device_memory_limit_mb() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job spec field device_memory_limit_mb = ", spec.device_memory_limit_mb(),
+        " caps a CUDA worker's device memory, but this job runs on the CPU: remove the field, "
+        "or run with device: cuda on a GPU host"));
+  }
   auto job = std::make_unique<WorkerJob>();
   job->tbb_threads = std::make_unique<tbb::global_control>(
       tbb::global_control::max_allowed_parallelism, std::max(1, spec.num_threads()));
@@ -528,6 +534,9 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     if (spec.lsp().kernels() != lspo::v1::CUDA_KERNELS_UNSPECIFIED) {
       lsp::internal::SetCudaKernels(spec.lsp().kernels() == lspo::v1::CUDA_KERNELS_CUSTOM);
     }
+    // Before the first device allocation of this job; 0 lifts a previous job's cap.
+    RETURN_IF_ERROR(DeviceOffload::SetGpuMemoryLimit(
+        static_cast<int64_t>(spec.device_memory_limit_mb()) << 20));
     RETURN_IF_ERROR(model.To(job->device));
   }
   model.SetActivationCheckpointing(spec.activation_checkpointing());

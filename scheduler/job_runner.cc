@@ -197,6 +197,7 @@ void JobRunner::InitSummary() {
   summary_["schedule"] = offload_ ? runtime::EnumShortName(spec_.schedule()) : "none";
   summary_["weight_dtype"] = runtime::EnumShortName(spec_.weight_dtype());
   summary_["activation_checkpointing"] = spec_.activation_checkpointing();
+  summary_["device_memory_limit_mb"] = spec_.device_memory_limit_mb();
   summary_["d"] = lsp_ ? spec_.lsp().d() : 0;
   summary_["r"] = lsp_ ? spec_.lsp().r() : 0;
   summary_["d_ratio"] = lsp_ ? spec_.lsp().d_ratio() : 0.0;

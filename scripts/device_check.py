@@ -107,7 +107,17 @@ VOCAB = 49152  # SmolLM2 tokenizer
 # Execution order (the table keeps MODES order): the ~1.1B model first, since the targets are
 # stated for it at d = 256, and within a model the runs the targets compare first.
 RUN_ORDER = {"llama-1.1b": 0, "smollm2-135m": 1, "tiny": 2}
-MODES_ORDER = ["native", "lsp", "zero-overlap", "zero", "lsp-custom"]
+MODES_ORDER = ["native", "lsp", "zero-overlap", "zero", "lsp-custom", "lsp-cap", "native-cap",
+               "zero-cap"]
+# The capacity check (issue 18): the ~1.1B model under a device memory cap (job spec field
+# device_memory_limit_mb, LSPO_DC_CAP_MB, default 4096 = the paper's 4 GB laptop GPU), micro-batch
+# 1 with activation checkpointing. lsp is expected to fit; native and zero, which keep full
+# gradients (and native the AdamW moments) on the device, to fail as CUDA out of memory.
+CAP_MODES = [  # name, TrainingMode, schedule
+    ("lsp-cap", "MODE_LSP", "overlap"),
+    ("native-cap", "MODE_NATIVE", ""),
+    ("zero-cap", "MODE_ZERO", "overlap"),
+]
 MODES = [  # name, TrainingMode, schedule, lsp.kernels
     ("native", "MODE_NATIVE", "", ""),
     ("zero", "MODE_ZERO", "serial", ""),
@@ -216,6 +226,7 @@ def make_specs(args):
     manifest = {"smoke": smoke, "device": device, "steps": steps, "seq_len": seq_len, "r": r,
                 "runs": []}
     lines = []
+    cap_mb = _env_int("LSPO_DC_CAP_MB", 4096)
     for m in models:
         if want_models and m["key"] not in want_models:
             continue
@@ -223,9 +234,13 @@ def make_specs(args):
         min_mn = min(min(mn) for mn in matrices(shape))
         if m["d"] >= min_mn:
             raise ValueError(f"{m['key']}: d = {m['d']} must be < min(m, n) = {min_mn}")
-        for mode, enum, schedule, kernels in MODES:
+        runs = [(mode, enum, schedule, kernels, 0) for mode, enum, schedule, kernels in MODES]
+        if device == "cuda" and m["key"] == "llama-1.1b" and cap_mb > 0:
+            runs += [(mode, enum, schedule, "", cap_mb) for mode, enum, schedule in CAP_MODES]
+        for mode, enum, schedule, kernels, cap in runs:
             if want_modes and mode not in want_modes:
                 continue
+            mb = 1 if cap else m["mb"]
             name = f"{m['key']}-{mode}"
             run_dir = os.path.join(out, "runs", name)
             spec = {
@@ -233,13 +248,13 @@ def make_specs(args):
                 "mode": enum,
                 "model": m["model"],
                 "data": {"format": "text", "train_path": args["data"],
-                         "max_blocks": steps * m["mb"] + calib + 8},
+                         "max_blocks": steps * mb + calib + 8},
                 "lsp": {"d": m["d"], "r": r, "fit_iters": fit_iters,
                         "calibration_examples": calib, "calibration_memory_mb": calib_mb,
                         "check_freq": 0},
                 "optim": {"lr": 1.0e-4},
                 "steps": steps,
-                "micro_batch_size": m["mb"],
+                "micro_batch_size": mb,
                 "seq_len": seq_len,
                 "seed": 7,
                 "device": device,
@@ -253,6 +268,9 @@ def make_specs(args):
                 spec["lsp"]["kernels"] = kernels
             if device == "cuda":
                 spec["weight_dtype"] = "bf16"
+            if cap:
+                spec["device_memory_limit_mb"] = cap
+                spec["activation_checkpointing"] = True
             path = os.path.join(spec_dir, name + ".yaml")
             with open(path, "w") as f:
                 f.write(f"# scripts/device-check: {m['label']}, mode {mode}\n")
@@ -263,8 +281,9 @@ def make_specs(args):
                                                          "num_hidden_layers",
                                                          "num_attention_heads",
                                                          "num_key_value_heads"], shape)),
-                                         d=m["d"], r=r, micro_batch_size=m["mb"],
-                                         seq_len=seq_len, steps=steps, weight=m["weight"]))
+                                         d=m["d"], r=r, micro_batch_size=mb,
+                                         seq_len=seq_len, steps=steps, weight=m["weight"],
+                                         device_memory_limit_mb=cap))
             lines.append((RUN_ORDER.get(m["key"], 9), MODES_ORDER.index(mode),
                           f"{name}\t{m['weight']}\t{path}\t{run_dir}\t"
                           f"{arena_bytes(shape, enum, m['d'], r)}"))
@@ -465,8 +484,12 @@ def aggregate(detail, results_path):
                     except ValueError:
                         pass
         res.update(summarise_run(rows))
+        cap = run.get("device_memory_limit_mb", 0)
+        res["device_memory_limit_mb"] = cap
         if st["status"] != "ok":
             res["log_tail"] = _tail(os.path.join(run["output_dir"], "lspctl.log"))
+            if cap and "out of memory" in res["log_tail"]:
+                res["status"] = "oom at cap"
         if run["mode"].startswith("lsp"):
             mm = memory_model(run)
             peak = res.get("peak_gpu_allocated_bytes")
@@ -542,6 +565,13 @@ def aggregate(detail, results_path):
                      f" zero/lsp {_num(c['zero_over_lsp_step'], '.2f')}x,"
                      f" zero+overlap/lsp {_num(c['zero_overlap_over_lsp_step'], '.2f')}x"
                      f" (target >= 2)")
+    capped = [r for r in runs if r["device_memory_limit_mb"]]
+    if capped:
+        lines.append(f"under a {capped[0]['device_memory_limit_mb']} MiB device cap (micro-batch 1,"
+                     " activation checkpointing): " + ", ".join(
+                         f"{r['model']} {r['mode']} {r['status']}"
+                         + (f" (peak {_gib(r['peak_gpu_allocated_bytes'])} GiB)"
+                            if r["status"] == "ok" else "") for r in capped))
     lines.append(f"build: {results['build']}; CUDA tests: {results['cuda_tests']['status']}"
                  f" {results['cuda_tests']['summary']}".rstrip())
     lines.append(f"results: {results_path}")

@@ -53,6 +53,60 @@ TEST(CudaWorkerTest, DeviceCudaWithoutADeviceFailsTheJobWithAClearError) {
   EXPECT_NE(w.last.error().find("device: cpu"), std::string::npos) << w.last.error();
 }
 
+// device_memory_limit_mb caps a CUDA worker only: on the CPU the job fails naming the field and
+// the fix, and the runtime takes the next job.
+TEST(CudaWorkerTest, DeviceMemoryLimitOnACpuJobIsRefusedNamingTheField) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  v1::JobSpec spec = TinySpec("cap-cpu", v1::MODE_LSP, v1::DEVICE_CPU, v1::STEP_SCHEDULE_SERIAL);
+  spec.set_device_memory_limit_mb(4096);
+  WatchResult w = SubmitAndWatch(stub.get(), spec);
+  ASSERT_EQ(w.last.state(), v1::FAILED);
+  EXPECT_NE(w.last.error().find("device_memory_limit_mb = 4096"), std::string::npos)
+      << w.last.error();
+  EXPECT_NE(w.last.error().find("device: cuda"), std::string::npos) << w.last.error();
+  spec.set_device_memory_limit_mb(0);
+  spec.set_output_dir(testing_jobs::TempDir("cap-cpu-ok"));
+  WatchResult ok = SubmitAndWatch(stub.get(), spec);
+  EXPECT_EQ(ok.last.state(), v1::SUCCEEDED) << ok.last.error();
+}
+
+// On a GPU: a cap above the card is refused; a 1 MiB cap fails the tiny job as CUDA out of
+// memory (a job error, not a crash); a 256 MiB cap runs it with the peak allocation under the
+// cap; and the next job without a cap is not held to the previous one's.
+TEST(CudaWorkerTest, DeviceMemoryLimitCapsTheCachingAllocator) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  v1::JobSpec spec = TinySpec("cap-big", v1::MODE_LSP, v1::DEVICE_CUDA, v1::STEP_SCHEDULE_OVERLAP);
+  spec.set_device_memory_limit_mb(64u << 20);  // 64 TiB
+  WatchResult big = SubmitAndWatch(stub.get(), spec);
+  ASSERT_EQ(big.last.state(), v1::FAILED);
+  EXPECT_NE(big.last.error().find("exceeds this GPU's memory"), std::string::npos)
+      << big.last.error();
+  spec.set_device_memory_limit_mb(1);
+  spec.set_output_dir(testing_jobs::TempDir("cap-1mib"));
+  WatchResult tiny = SubmitAndWatch(stub.get(), spec);
+  ASSERT_EQ(tiny.last.state(), v1::FAILED);
+  EXPECT_NE(tiny.last.error().find("out of memory"), std::string::npos) << tiny.last.error();
+  spec.set_device_memory_limit_mb(256);
+  spec.set_output_dir(testing_jobs::TempDir("cap-256mib"));
+  WatchResult capped = SubmitAndWatch(stub.get(), spec);
+  ASSERT_EQ(capped.last.state(), v1::SUCCEEDED) << capped.last.error();
+  auto steps = Steps(capped);
+  ASSERT_FALSE(steps.empty());
+  for (const auto& [step, m] : steps) {
+    EXPECT_GT(m.gpu_peak_allocated_bytes(), 0) << step;
+    EXPECT_LE(m.gpu_peak_allocated_bytes(), int64_t{256} << 20) << step;
+  }
+  spec.set_device_memory_limit_mb(0);
+  spec.set_output_dir(testing_jobs::TempDir("cap-none"));
+  WatchResult free_run = SubmitAndWatch(stub.get(), spec);
+  EXPECT_EQ(free_run.last.state(), v1::SUCCEEDED) << free_run.last.error();
+}
+
 // Runs `mode` on the CPU and on CUDA and compares them step by step.
 void ExpectCudaMatchesCpu(v1::TrainingMode mode, v1::StepSchedule schedule) {
   auto runtime = testing_jobs::StartEmbedded();
