@@ -3,9 +3,7 @@
 // job fails with a clear "optimizer ... unavailable" error instead of hanging.
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,6 +17,7 @@
 #include "proto/job_spec.pb.h"
 #include "proto/scheduler.pb.h"
 #include "proto/scheduler.grpc.pb.h"
+#include "tests/free_port.h"
 #include "tests/integration/test_jobs.h"
 
 extern char** environ;
@@ -26,18 +25,7 @@ extern char** environ;
 namespace lspo {
 namespace {
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+using tests::FreePort;
 
 class Process {
  public:

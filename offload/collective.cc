@@ -1,0 +1,328 @@
+#include "offload/collective.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "glog/logging.h"
+
+#if LSPO_HAS_GLOO
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#endif
+
+namespace lspo::offload {
+namespace {
+
+std::string DefaultLabel() {
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  return absl::StrCat(host[0] ? host : "localhost", ":", getpid());
+}
+
+// A fingerprint as shown in errors: the first 16 characters.
+std::string Short(const std::string& fingerprint) {
+  return fingerprint.size() <= 16 ? fingerprint : fingerprint.substr(0, 16) + "...";
+}
+
+std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToDoubleSeconds(d), " s"); }
+
+int64_t MicrosSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now() - t0)
+      .count();
+}
+
+}  // namespace
+
+#if LSPO_HAS_GLOO
+struct Collective::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+};
+
+struct PendingCollective::Impl {
+  Collective* owner = nullptr;
+  c10::intrusive_ptr<c10d::Work> work;  // null: nothing to wait for (world size 1)
+  at::Tensor tensor;
+  std::string what;
+};
+#else
+struct Collective::Impl {};
+struct PendingCollective::Impl {
+  Collective* owner = nullptr;
+  at::Tensor tensor;
+  std::string what;
+};
+#endif
+
+bool CollectivesAvailable() { return LSPO_HAS_GLOO != 0; }
+
+PendingCollective::PendingCollective(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+PendingCollective::~PendingCollective() {
+#if LSPO_HAS_GLOO
+  // Never leave Gloo writing into a tensor that is about to be freed.
+  if (impl_ != nullptr && impl_->work) {
+    try {
+      impl_->work->wait();
+    } catch (const std::exception&) {
+    }
+  }
+#endif
+}
+
+absl::Status PendingCollective::Wait() {
+#if LSPO_HAS_GLOO
+  if (impl_ == nullptr || !impl_->work) return absl::OkStatus();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto work = std::move(impl_->work);
+  impl_->work.reset();
+  try {
+    work->wait(std::chrono::milliseconds(absl::ToInt64Milliseconds(impl_->owner->options_.timeout)));
+  } catch (const std::exception& e) {
+    impl_->owner->all_reduce_micros_ += MicrosSince(t0);
+    return impl_->owner->Failure(impl_->what, &impl_->tensor, e.what());
+  }
+  impl_->owner->all_reduce_micros_ += MicrosSince(t0);
+#endif
+  return absl::OkStatus();
+}
+
+Collective::Collective(const CollectiveOptions& options) : options_(options) {}
+
+Collective::~Collective() = default;
+
+absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOptions& options) {
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("distributed: rank ", options.rank, " with world_size ",
+                     options.world_size, ": the rank must be in [0, world_size)"));
+  }
+  if (options.world_size > 1 && options.host.empty()) {
+    return absl::InvalidArgumentError(
+        "distributed: the rendezvous host is empty: give rank 0's address (host:port)");
+  }
+  std::unique_ptr<Collective> c(new Collective(options));
+  if (c->options_.label.empty()) c->options_.label = DefaultLabel();
+  c->labels_ = {c->options_.label};
+  if (options.world_size == 1) return c;
+#if !LSPO_HAS_GLOO
+  return absl::FailedPreconditionError(absl::StrCat(
+      "distributed: world_size ", options.world_size,
+      " needs c10d with Gloo, and this build has none: install libgloo-dev (scripts/setup) "
+      "and rebuild"));
+#else
+  const std::string where = absl::StrCat(options.host, ":", options.port);
+  const auto timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(options.timeout));
+  auto impl = std::make_unique<Impl>();
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<std::uint16_t>(options.port);
+    so.isServer = options.rank == 0;
+    so.numWorkers = options.world_size;
+    so.waitWorkers = false;  // joins are checked below, with names
+    so.timeout = timeout;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(options.host, so);
+    c->port_ = tcp->getPort();
+    impl->store = tcp;
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "distributed: rank ", options.rank,
+        options.rank == 0 ? " cannot start the rendezvous store on port "
+                          : " cannot reach the rendezvous store at ",
+        options.rank == 0 ? absl::StrCat(options.port) : where, " within ",
+        Seconds(options.timeout), ": ", e.what(),
+        options.rank == 0 ? " (is the port in use?)" : " (is rank 0 running, is the address right?)"));
+  }
+  const std::string at = absl::StrCat(options.host, ":", c->port_);
+  auto key = [](const char* kind, int r) { return absl::StrCat("lspo/", kind, "/", r); };
+  std::vector<std::string> fingerprints(options.world_size), labels(options.world_size);
+  try {
+    const std::string mine = c->options_.fingerprint + '\n' + c->options_.label;
+    impl->store->set(key("join", options.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    std::vector<std::string> keys;
+    for (int r = 0; r < options.world_size; ++r) keys.push_back(key("join", r));
+    try {
+      impl->store->wait(keys, timeout);
+    } catch (const std::exception&) {
+      std::vector<int> missing;
+      for (int r = 0; r < options.world_size; ++r) {
+        if (!impl->store->check({keys[r]})) missing.push_back(r);
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "distributed: rank", missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", "),
+          " of ", options.world_size, " did not join the rendezvous at ", at, " within ",
+          Seconds(options.timeout),
+          ": start every rank with the same rendezvous address, or raise the timeout"));
+    }
+    for (int r = 0; r < options.world_size; ++r) {
+      const std::vector<uint8_t> v = impl->store->get(keys[r]);
+      const std::string s(v.begin(), v.end());
+      const size_t nl = s.rfind('\n');
+      fingerprints[r] = s.substr(0, nl);
+      labels[r] = nl == std::string::npos ? "" : s.substr(nl + 1);
+    }
+    // Rank 0 hosts the store: it stays until every rank has read the table.
+    impl->store->set(key("seen", options.rank), std::vector<uint8_t>{1});
+    if (options.rank == 0) {
+      std::vector<std::string> seen;
+      for (int r = 0; r < options.world_size; ++r) seen.push_back(key("seen", r));
+      impl->store->wait(seen, timeout);
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("distributed: rank ", options.rank,
+                                               " lost the rendezvous store at ", at, ": ",
+                                               e.what()));
+  }
+  c->labels_ = labels;
+  for (int r = 1; r < options.world_size; ++r) {
+    if (fingerprints[r] != fingerprints[0]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "distributed: rank ", r, " (", labels[r], ") runs a different job than rank 0 (",
+          labels[0], "): fingerprint ", Short(fingerprints[r]), " vs ", Short(fingerprints[0]),
+          "; start every rank with the same job spec and model files"));
+    }
+  }
+  try {
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
+    gloo_options->devices.push_back(
+        c10d::ProcessGroupGloo::createDeviceForHostname(options.bind_address));
+    gloo_options->threads = 2;
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lspo/gloo", impl->store);
+    impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, options.rank,
+                                                             options.world_size, gloo_options);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "distributed: rank ", options.rank, " (", c->options_.label,
+        ") cannot connect to the other ranks from ", options.bind_address, " within ",
+        Seconds(options.timeout), ": ", e.what(),
+        " (the bind address must be this host's address that the other ranks reach)"));
+  }
+  c->impl_ = std::move(impl);
+  LOG(INFO) << "distributed: rank " << options.rank << " of " << options.world_size
+            << " joined at " << at << " (" << absl::StrJoin(labels, ", ") << ")";
+  return c;
+#endif
+}
+
+absl::Status Collective::Check(const at::Tensor& tensor, const char* what) const {
+  if (broken_.load()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "distributed: ", what, " on rank ", options_.rank,
+        " after an earlier collective failed: the group is broken; restart the job"));
+  }
+  if (!tensor.defined() || !tensor.device().is_cpu() || !tensor.is_contiguous() ||
+      (tensor.scalar_type() != at::kFloat && tensor.scalar_type() != at::kDouble &&
+       tensor.scalar_type() != at::kLong)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "distributed: ", what, " takes a contiguous CPU tensor of fp32, fp64 or int64, got ",
+        tensor.defined() ? tensor.toString() : "an undefined tensor",
+        tensor.defined() && !tensor.is_contiguous() ? " (not contiguous)" : ""));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Collective::Failure(const std::string& what, const at::Tensor* tensor,
+                                 const std::string& reason) {
+  broken_ = true;
+  std::vector<std::string> ranks;
+  for (size_t r = 0; r < labels_.size(); ++r) ranks.push_back(absl::StrCat(r, " = ", labels_[r]));
+  return absl::UnavailableError(absl::StrCat(
+      "distributed: ", what,
+      tensor != nullptr ? absl::StrCat(" of ", tensor->nbytes(), " bytes") : "", " on rank ",
+      options_.rank, " of ", options_.world_size, " failed: ", reason,
+      ". Ranks: ", absl::StrJoin(ranks, ", "),
+      ". A rank died, closed its connections or did not answer within ", Seconds(options_.timeout),
+      "; the job cannot go on with this group"));
+}
+
+absl::StatusOr<std::unique_ptr<PendingCollective>> Collective::StartAllReduceSum(
+    at::Tensor& tensor) {
+  if (absl::Status st = Check(tensor, "all-reduce"); !st.ok()) return st;
+  auto p = std::make_unique<PendingCollective::Impl>();
+  p->owner = this;
+  p->tensor = tensor;
+  p->what = "all-reduce";
+  all_reduce_bytes_ += static_cast<int64_t>(tensor.nbytes());
+#if LSPO_HAS_GLOO
+  if (impl_ != nullptr) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      std::vector<at::Tensor> v = {tensor};
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp::SUM;
+      p->work = impl_->group->allreduce(v, o);
+    } catch (const std::exception& e) {
+      all_reduce_micros_ += MicrosSince(t0);
+      return Failure("all-reduce", &tensor, e.what());
+    }
+    all_reduce_micros_ += MicrosSince(t0);
+  }
+#endif
+  return std::unique_ptr<PendingCollective>(new PendingCollective(std::move(p)));
+}
+
+absl::Status Collective::AllReduceSum(at::Tensor& tensor) {
+  auto pending = StartAllReduceSum(tensor);
+  if (!pending.ok()) return pending.status();
+  return (*pending)->Wait();
+}
+
+absl::Status Collective::AllReduceMean(at::Tensor& tensor) {
+  if (tensor.defined() && !at::isFloatingType(tensor.scalar_type())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "distributed: all-reduce mean takes a floating tensor, got ", tensor.toString()));
+  }
+  if (absl::Status st = AllReduceSum(tensor); !st.ok()) return st;
+  if (options_.world_size > 1) tensor.div_(static_cast<double>(options_.world_size));
+  return absl::OkStatus();
+}
+
+absl::Status Collective::Broadcast(at::Tensor& tensor, int root) {
+  if (root < 0 || root >= options_.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("distributed: broadcast from rank ", root,
+                                                   " of ", options_.world_size));
+  }
+  if (absl::Status st = Check(tensor, "broadcast"); !st.ok()) return st;
+#if LSPO_HAS_GLOO
+  if (impl_ == nullptr) return absl::OkStatus();
+  try {
+    std::vector<at::Tensor> v = {tensor};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    impl_->group->broadcast(v, o)->wait(
+        std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.timeout)));
+  } catch (const std::exception& e) {
+    return Failure("broadcast", &tensor, e.what());
+  }
+#endif
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> Collective::AllGather(int64_t value) {
+  at::Tensor mine = at::full({1}, value, at::kLong);
+  if (absl::Status st = Check(mine, "all-gather"); !st.ok()) return st;
+  std::vector<int64_t> out(options_.world_size, value);
+#if LSPO_HAS_GLOO
+  if (impl_ == nullptr) return out;
+  try {
+    std::vector<at::Tensor> in = {mine};
+    std::vector<std::vector<at::Tensor>> gathered(1);
+    for (int r = 0; r < options_.world_size; ++r) gathered[0].push_back(at::zeros({1}, at::kLong));
+    impl_->group->allgather(gathered, in)->wait(
+        std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.timeout)));
+    for (int r = 0; r < options_.world_size; ++r) out[r] = gathered[0][r].item<int64_t>();
+  } catch (const std::exception& e) {
+    return Failure("all-gather", &mine, e.what());
+  }
+#endif
+  return out;
+}
+
+}  // namespace lspo::offload

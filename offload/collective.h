@@ -1,0 +1,134 @@
+// Collectives of a data-parallel job (issue 17, docs/distributed.md): the ranks of one job meet
+// at a rendezvous (a c10d TCPStore that rank 0 hosts), check that they run the same job (a
+// fingerprint each rank publishes), and then all-reduce, broadcast and all-gather CPU tensors
+// through c10d's ProcessGroupGloo. LibTorch ships c10d; this file only adds the job's rules:
+// bounded waits everywhere, errors that name the rank and host at fault, byte counters.
+//
+// Security: the TCPStore and Gloo speak unauthenticated TCP. Rank 0's store listens on every
+// interface of its host at the rendezvous port, and Gloo binds `bind_address`; keep both on
+// loopback (the default) or a private network (docs/distributed.md).
+// Thread-safety: one Collective is used by one thread at a time (the collectives of a rank are
+// issued in the same order on every rank); counters may be read from any thread.
+#ifndef LSPO_OFFLOAD_COLLECTIVE_H_
+#define LSPO_OFFLOAD_COLLECTIVE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace lspo::offload {
+
+// How one rank joins its job's group.
+struct CollectiveOptions {
+  int rank = 0;        // 0 .. world_size - 1
+  int world_size = 1;  // ranks in the job; 1 = no group (every collective is the identity)
+  // Rendezvous: rank 0 hosts the TCPStore on `port` (0 = a free port, read back with
+  // Collective::port(); only for tests, since the other ranks must be told it); the other ranks
+  // connect to host:port.
+  std::string host = "127.0.0.1";
+  int port = 0;
+  // This rank's address for Gloo's connections (an address of this host the other ranks can
+  // reach; loopback keeps a one-host job off the network).
+  std::string bind_address = "127.0.0.1";
+  // Bound on joining (every rank present) and on each collective: a rank that never joins, dies
+  // or stops answering fails the others within this time instead of hanging them.
+  absl::Duration timeout = absl::Seconds(60);
+  // What must be equal on every rank (the job spec without per-rank fields, the model's hash):
+  // compared at the rendezvous. Shown shortened in errors.
+  std::string fingerprint;
+  // This rank's name in errors (default: host name and process id).
+  std::string label;
+};
+
+// A collective that was started and not yet waited for (overlap of all-reduce with backward).
+class PendingCollective {
+ public:
+  PendingCollective(const PendingCollective&) = delete;
+  PendingCollective& operator=(const PendingCollective&) = delete;
+  ~PendingCollective();
+  // Blocks until the collective is done (at most the group's timeout). Errors: as
+  // Collective::AllReduceSum.
+  absl::Status Wait();
+
+ private:
+  friend class Collective;
+  struct Impl;
+  explicit PendingCollective(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The group of one rank. Collectives take contiguous CPU tensors of fp32, fp64 or int64 and
+// work in place; every rank must issue the same collectives with tensors of the same shape and
+// dtype in the same order. After any failure the group is broken: later calls fail at once.
+class Collective {
+ public:
+  // Joins the job's group: connects to (rank 0: starts) the rendezvous store, publishes this
+  // rank's fingerprint and label, waits for every rank's, compares them with rank 0's, then
+  // builds the Gloo process group. Errors: kInvalidArgument (rank not in [0, world_size),
+  // world_size < 1, empty host), kUnavailable (the store at host:port cannot be reached or
+  // started, naming it), kDeadlineExceeded (ranks missing after `timeout`, naming them),
+  // kFailedPrecondition (a rank's fingerprint differs from rank 0's, naming both ranks, their
+  // labels and fingerprints; or this build has no c10d Gloo and world_size > 1).
+  static absl::StatusOr<std::unique_ptr<Collective>> Join(const CollectiveOptions& options);
+
+  ~Collective();
+  Collective(const Collective&) = delete;
+  Collective& operator=(const Collective&) = delete;
+
+  int rank() const { return options_.rank; }
+  int world_size() const { return options_.world_size; }
+  // The rendezvous port (the one rank 0 picked when options.port was 0).
+  int port() const { return port_; }
+  // Labels of every rank, by rank (from the rendezvous).
+  const std::vector<std::string>& labels() const { return labels_; }
+
+  // tensor <- the element-wise sum of every rank's tensor (in place). Errors: kInvalidArgument
+  // (not a contiguous CPU tensor of fp32/fp64/int64), kUnavailable (a rank failed, closed its
+  // connections or did not answer within the timeout; the message names the operation, the
+  // bytes, every rank's label and Gloo's reason), kFailedPrecondition (the group broke earlier).
+  absl::Status AllReduceSum(at::Tensor& tensor);
+  // tensor <- the mean over ranks (sum, then divided by world_size; floating tensors only).
+  absl::Status AllReduceMean(at::Tensor& tensor);
+  // Starts AllReduceSum and returns at once; `tensor` must stay alive and untouched until Wait.
+  absl::StatusOr<std::unique_ptr<PendingCollective>> StartAllReduceSum(at::Tensor& tensor);
+  // tensor <- rank `root`'s tensor. Errors: as AllReduceSum, kInvalidArgument (bad root).
+  absl::Status Broadcast(at::Tensor& tensor, int root);
+  // Every rank's `value`, by rank (e.g. checksums of the projectors at a refit).
+  absl::StatusOr<std::vector<int64_t>> AllGather(int64_t value);
+
+  // Bytes this rank contributed to all-reduces (tensor bytes per call, summed), and the wall
+  // seconds spent in the calls and waits.
+  int64_t all_reduce_bytes() const { return all_reduce_bytes_.load(); }
+  double all_reduce_seconds() const { return all_reduce_micros_.load() * 1e-6; }
+
+ private:
+  friend class PendingCollective;
+  struct Impl;
+  explicit Collective(const CollectiveOptions& options);
+  absl::Status Check(const at::Tensor& tensor, const char* what) const;
+  absl::Status Failure(const std::string& what, const at::Tensor* tensor,
+                       const std::string& reason);
+
+  CollectiveOptions options_;
+  int port_ = 0;
+  std::vector<std::string> labels_;
+  std::unique_ptr<Impl> impl_;
+  std::atomic<bool> broken_{false};
+  std::atomic<int64_t> all_reduce_bytes_{0};
+  std::atomic<int64_t> all_reduce_micros_{0};
+};
+
+// Whether this build can form groups of more than one rank (c10d with Gloo was found).
+bool CollectivesAvailable();
+
+}  // namespace lspo::offload
+
+#endif  // LSPO_OFFLOAD_COLLECTIVE_H_

@@ -1,0 +1,217 @@
+// offload::Collective over loopback (issue 17): two or three ranks as threads of this process,
+// each with its own rendezvous client and Gloo connections. Sums are checked against float64
+// sums of the same inputs; faults (a rank that never joins, a different job, a rank that
+// leaves or stops answering) must fail within the stated timeout with the rank named.
+#include "offload/collective.h"
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "gtest/gtest.h"
+#include "tests/free_port.h"
+
+namespace lspo::offload {
+namespace {
+
+using tests::FreePort;
+
+CollectiveOptions Options(int rank, int world, int port, absl::Duration timeout) {
+  CollectiveOptions o;
+  o.rank = rank;
+  o.world_size = world;
+  o.port = port;
+  o.timeout = timeout;
+  o.fingerprint = "job-a";
+  o.label = "rank" + std::to_string(rank) + "-host";
+  return o;
+}
+
+// Runs body(rank) on `world` threads and joins them.
+void OnRanks(int world, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
+  for (auto& t : threads) t.join();
+}
+
+double Seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TEST(CollectiveTest, WorldSizeOneIsTheIdentityAndNeedsNoNetwork) {
+  CollectiveOptions o;
+  auto c = Collective::Join(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  at::Tensor t = at::arange(6, at::kFloat);
+  ASSERT_TRUE((*c)->AllReduceSum(t).ok());
+  EXPECT_TRUE(at::equal(t, at::arange(6, at::kFloat)));
+  ASSERT_TRUE((*c)->AllReduceMean(t).ok());
+  EXPECT_TRUE(at::equal(t, at::arange(6, at::kFloat)));
+  auto g = (*c)->AllGather(42);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(*g, std::vector<int64_t>{42});
+  EXPECT_EQ((*c)->all_reduce_bytes(), 2 * 6 * 4);
+}
+
+TEST(CollectiveTest, BadRankOrWorldSizeIsRefused) {
+  CollectiveOptions o;
+  o.world_size = 2;
+  o.rank = 2;
+  auto c = Collective::Join(o);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("rank 2 with world_size 2"), std::string::npos)
+      << c.status();
+  o.world_size = 0;
+  o.rank = 0;
+  EXPECT_EQ(Collective::Join(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CollectiveTest, ThreeRanksSumMeanBroadcastAndGatherMatchFloat64References) {
+  if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
+  const int world = 3;
+  const int port = FreePort();
+  // Every rank's inputs, and their float64 sums.
+  std::vector<at::Tensor> inputs;
+  for (int r = 0; r < world; ++r) {
+    at::manual_seed(100 + r);
+    inputs.push_back(at::randn({64, 48}, at::kFloat));
+  }
+  at::Tensor ref = at::zeros({64, 48}, at::kDouble);
+  for (const auto& x : inputs) ref += x.to(at::kDouble);
+  std::vector<at::Tensor> sums(world), means(world), async(world), bcast(world);
+  std::vector<std::vector<int64_t>> gathered(world);
+  std::vector<int64_t> bytes(world);
+  std::vector<absl::Status> errors(world);
+  std::vector<std::vector<std::string>> labels(world);
+  OnRanks(world, [&](int r) {
+    auto c = Collective::Join(Options(r, world, port, absl::Seconds(30)));
+    if (!c.ok()) {
+      errors[r] = c.status();
+      return;
+    }
+    labels[r] = (*c)->labels();
+    sums[r] = inputs[r].clone();
+    errors[r].Update((*c)->AllReduceSum(sums[r]));
+    means[r] = inputs[r].to(at::kDouble);
+    errors[r].Update((*c)->AllReduceMean(means[r]));
+    async[r] = inputs[r].clone();
+    auto pending = (*c)->StartAllReduceSum(async[r]);
+    errors[r].Update(pending.status());
+    if (pending.ok()) errors[r].Update((*pending)->Wait());
+    bcast[r] = inputs[r].clone();
+    errors[r].Update((*c)->Broadcast(bcast[r], 2));
+    auto g = (*c)->AllGather(1000 + 7 * r);
+    errors[r].Update(g.status());
+    if (g.ok()) gathered[r] = *g;
+    bytes[r] = (*c)->all_reduce_bytes();
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(errors[r].ok()) << "rank " << r << ": " << errors[r];
+    // fp32 sums of three terms: within a few fp32 ulps of the float64 sum.
+    EXPECT_LT((sums[r].to(at::kDouble) - ref).abs().max().item<double>(), 1e-5) << r;
+    EXPECT_LT((async[r].to(at::kDouble) - ref).abs().max().item<double>(), 1e-5) << r;
+    EXPECT_LT((means[r] - ref / world).abs().max().item<double>(), 1e-12) << r;
+    EXPECT_TRUE(at::equal(sums[r], sums[0])) << "ranks disagree: " << r;
+    EXPECT_TRUE(at::equal(bcast[r], inputs[2])) << r;
+    EXPECT_EQ(gathered[r], (std::vector<int64_t>{1000, 1007, 1014})) << r;
+    // fp32 sum + fp64 mean + fp32 async sum of 64 x 48 elements.
+    EXPECT_EQ(bytes[r], 64 * 48 * (4 + 8 + 4)) << r;
+    EXPECT_EQ(labels[r], (std::vector<std::string>{"rank0-host", "rank1-host", "rank2-host"}));
+  }
+}
+
+TEST(CollectiveTest, ARankOfAnotherJobIsRefusedAtTheRendezvousNamingIt) {
+  if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
+  const int port = FreePort();
+  std::vector<absl::Status> st(2);
+  OnRanks(2, [&](int r) {
+    CollectiveOptions o = Options(r, 2, port, absl::Seconds(30));
+    if (r == 1) o.fingerprint = "job-b";
+    st[r] = Collective::Join(o).status();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(st[r].code(), absl::StatusCode::kFailedPrecondition) << st[r];
+    EXPECT_NE(st[r].message().find("rank 1 (rank1-host) runs a different job than rank 0 "
+                                   "(rank0-host): fingerprint job-b vs job-a"),
+              std::string::npos)
+        << st[r];
+  }
+}
+
+TEST(CollectiveTest, ARankThatNeverJoinsFailsTheOthersWithinTheTimeout) {
+  if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto c = Collective::Join(Options(0, 3, FreePort(), absl::Seconds(2)));
+  const double took = Seconds(t0);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDeadlineExceeded) << c.status();
+  EXPECT_NE(c.status().message().find("ranks 1, 2 of 3 did not join"), std::string::npos)
+      << c.status();
+  EXPECT_GE(took, 1.5);
+  EXPECT_LT(took, 30.0);  // bounded: the 2 s timeout, not a hang
+}
+
+TEST(CollectiveTest, NoStoreAtTheRendezvousIsNamed) {
+  if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
+  const int port = FreePort();
+  auto c = Collective::Join(Options(1, 2, port, absl::Seconds(2)));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable) << c.status();
+  EXPECT_NE(c.status().message().find("cannot reach the rendezvous store at 127.0.0.1:" +
+                                      std::to_string(port)),
+            std::string::npos)
+      << c.status();
+}
+
+// A rank that leaves (its connections close) and a rank that stays but stops answering: the
+// other rank's all-reduce fails, names every rank, and later calls fail at once.
+TEST(CollectiveTest, ALeftOrSilentRankFailsTheCollectiveWithinTheTimeout) {
+  if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
+  for (const bool silent : {false, true}) {
+    const int port = FreePort();
+    absl::Status st0, later;
+    double took = 0;
+    OnRanks(2, [&](int r) {
+      auto c = Collective::Join(Options(r, 2, port, absl::Seconds(2)));
+      ASSERT_TRUE(c.ok()) << c.status();
+      if (r == 1) {
+        // Silent: alive past rank 0's timeout, never calling; else gone at once.
+        if (silent) std::this_thread::sleep_for(std::chrono::seconds(4));
+        return;
+      }
+      at::Tensor t = at::ones({1024}, at::kFloat);
+      const auto t0 = std::chrono::steady_clock::now();
+      st0 = (*c)->AllReduceSum(t);
+      took = Seconds(t0);
+      later = (*c)->AllReduceSum(t);
+    });
+    std::printf("%s rank, after %.2f s: %s\n", silent ? "silent" : "left", took,
+                st0.ToString().c_str());
+    EXPECT_EQ(st0.code(), absl::StatusCode::kUnavailable) << st0;
+    EXPECT_NE(st0.message().find("all-reduce of 4096 bytes on rank 0 of 2 failed"),
+              std::string::npos)
+        << st0;
+    EXPECT_NE(st0.message().find("Ranks: 0 = rank0-host, 1 = rank1-host"), std::string::npos)
+        << st0;
+    EXPECT_LT(took, 30.0) << (silent ? "silent" : "left");
+    EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
+    EXPECT_NE(later.message().find("the group is broken"), std::string::npos) << later;
+  }
+}
+
+TEST(CollectiveTest, OnlyContiguousCpuTensorsOfSupportedDtypes) {
+  CollectiveOptions o;
+  auto c = Collective::Join(o);
+  ASSERT_TRUE(c.ok());
+  at::Tensor half = at::ones({4}, at::kHalf);
+  EXPECT_EQ((*c)->AllReduceSum(half).code(), absl::StatusCode::kInvalidArgument);
+  at::Tensor strided = at::ones({4, 4}, at::kFloat).t();
+  EXPECT_EQ((*c)->AllReduceSum(strided).code(), absl::StatusCode::kInvalidArgument);
+  at::Tensor ints = at::ones({4}, at::kLong);
+  EXPECT_EQ((*c)->AllReduceMean(ints).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace lspo::offload
