@@ -30,8 +30,6 @@ import subprocess
 import sys
 import time
 
-import yaml
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LSPCTL = os.path.join("build", "client", "lspctl")
 IMPORTED_RECORD = "imported-record.json"  # a finished run's record from --resume-from
@@ -50,6 +48,7 @@ CURRENT_CHILD = None
 
 def load_yaml(path):
     """Reads a YAML file and returns its content (a dict for plans and specs)."""
+    import yaml  # here, so that scripts/plots.py imports this module without PyYAML
     with open(path, encoding="utf-8") as f:
         return yaml.safe_load(f)
 
@@ -83,10 +82,10 @@ def bracket_skip(records, run):
     The sweep widens a mode's grid outward from its middle lr only on the side where the best
     lr so far (lowest final eval loss of the mode's finished 60-step runs on the task) sits at
     the end of what has run, until the best lr is bracketed by worse ones. An lr is needed when
-    its neighbour toward the middle is the best so far; otherwise it is
-    needed only to reach the issue's minimum of three lrs per mode, when no lr on the other
-    side (next to the best) can. An lr whose neighbour has not finished follows that
-    neighbour: not needed when it is not. Runs that are not sweep runs are always needed."""
+    its neighbour toward the middle is the best so far; otherwise it is needed only to reach
+    the issue's minimum of three lrs per mode, when no lr on the other side (next to the best)
+    can. An lr whose neighbour has not finished follows that neighbour: not needed when it is
+    not. Runs that are not sweep runs are always needed."""
     if not run.get("sweep"):
         return None
     task, name = run["task"], run["mode"]["name"]
@@ -287,6 +286,7 @@ def build_spec(plan, run, out_dir, quick, zero_shot):
 
 def write_spec(spec, path):
     """Writes a job spec as YAML (keys in the order they were set)."""
+    import yaml
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         f.write(f"# Written by scripts/fidelity_study.py for run {spec['name']}.\n")

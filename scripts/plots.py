@@ -26,6 +26,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fidelity_study  # noqa: E402  (its best_record: one rule for "a mode's best run")
+
 COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "offload": "#55a868",
           "update": "#c44e52", "wait": "#bbbbbb", "apply": "#8172b3"}
 
@@ -140,12 +143,8 @@ def study(results_jsonl, out_dir):
         # The curves of each mode's best run per budget.
         zero = next((r for r in rs if r.get("zero_shot_eval_loss") is not None), None)
         for steps in sorted({r["steps_budget"] for r in rs}):
-            best = {}
-            for r in rs:
-                if (r["steps_budget"] == steps and r.get("final_eval_loss") is not None
-                        and (r["mode_name"] not in best
-                             or r["final_eval_loss"] < best[r["mode_name"]]["final_eval_loss"])):
-                    best[r["mode_name"]] = r
+            best = {m: fidelity_study.best_record(rs, task, m, steps) for m in modes}
+            best = {m: r for m, r in best.items() if r is not None}
             fig, axes = plt.subplots(1, 3, figsize=(14, 4))
             for m in modes:
                 if m not in best:
