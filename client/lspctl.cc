@@ -71,6 +71,8 @@ ABSL_FLAG(std::string, mode, "",
 ABSL_FLAG(std::string, schedule, "", "override the spec's offload schedule: overlap or serial");
 ABSL_FLAG(std::string, output_dir, "",
           "run/submit: override the spec's output directory; convert: the folder to write");
+ABSL_FLAG(int32_t, rank, -1,
+          "run/submit: this process's rank of a data-parallel job (distributed.rank; -1 = keep)");
 ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends");
 ABSL_FLAG(bool, json, false, "status/list: print JSON instead of a table");
 ABSL_FLAG(bool, verbose, false, "run: also print the services' INFO logs to stderr");
@@ -126,7 +128,8 @@ constexpr char kUsage[] =
     "                                      (config.json, fp32 model.safetensors, tokenizer\n"
     "                                      files); DIR must be new or empty\n"
     "Flags: --scheduler=HOST:PORT (127.0.0.1:50060), --json, --watch, --verbose,\n"
-    "  spec overrides --steps --mode --schedule --output_dir, --timeout_seconds (health),\n"
+    "  spec overrides --steps --mode --schedule --output_dir --rank (a data-parallel job's\n"
+    "  rank: one lspctl run per rank, same spec), --timeout_seconds (health),\n"
     "  --auth_token_file=FILE (bearer token, mode 0600), --tls_ca=CA.pem (TLS).\n"
     "  lspctl --helpfull lists every flag.\n"
     "Exit codes: 0 success, 1 job failed/cancelled, not SERVING or RPC error, 2 usage error.";
@@ -368,6 +371,7 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
   if (!absl::GetFlag(FLAGS_output_dir).empty()) {
     spec->set_output_dir(absl::GetFlag(FLAGS_output_dir));
   }
+  if (absl::GetFlag(FLAGS_rank) >= 0) spec->mutable_distributed()->set_rank(absl::GetFlag(FLAGS_rank));
   return spec;
 }
 

@@ -61,8 +61,7 @@ class LoraPath final : public UpdatePath {
 
   absl::Status FinishStep(WorkerJob* job, const StepContext& ctx,
                           lspo::v1::TrainStepReply* reply) override {
-    adamw_->Step(ctx.lr, reply);
-    return absl::OkStatus();
+    return adamw_->Step(ctx.lr, ctx.collective, reply);
   }
 
   offload::NamedTensors ExportedTensors(WorkerJob* job) override {

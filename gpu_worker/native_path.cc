@@ -38,8 +38,7 @@ class NativePath final : public UpdatePath {
 
   absl::Status FinishStep(WorkerJob* job, const StepContext& ctx,
                           lspo::v1::TrainStepReply* reply) override {
-    adamw_->Step(ctx.lr, reply);
-    return absl::OkStatus();
+    return adamw_->Step(ctx.lr, ctx.collective, reply);
   }
 
   absl::Status SaveState(WorkerJob* job, const std::string& dir, offload::NamedTensors* tensors,

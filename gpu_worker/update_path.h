@@ -32,6 +32,10 @@
 #include "proto/peer.pb.h"
 #include "proto/worker.pb.h"
 
+namespace lspo::offload {
+class Collective;
+}  // namespace lspo::offload
+
 namespace lspo::worker {
 
 struct WorkerJob;
@@ -42,6 +46,9 @@ struct StepContext {
   double lr = 0;            // This step's learning rate (after warm-up / decay).
   bool overlap = false;     // StepPlan.overlap: the update overlaps the next forward.
   int64_t split_layer = 0;  // Overlap: layers >= split are applied before TrainStep returns.
+  // Data parallel (distributed.world_size > 1): the group whose ranks' gradients the update
+  // sums first (modes native and lora); null for one rank.
+  offload::Collective* collective = nullptr;
 };
 
 // One training mode's update of the trainable matrices (interface; see the file comment).

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/clock.h"
+#include "runtime/status_macros.h"
 
 namespace lspo::worker {
 
@@ -26,8 +27,31 @@ int64_t WorkerAdamW::StateBytes() const {
   return bytes;
 }
 
-void WorkerAdamW::Step(double lr, lspo::v1::TrainStepReply* reply) {
+absl::Status WorkerAdamW::Step(double lr, offload::Collective* collective,
+                               lspo::v1::TrainStepReply* reply) {
   auto t0 = std::chrono::steady_clock::now();
+  if (collective != nullptr && collective->world_size() > 1) {
+    // One flat fp32 host buffer of every gradient (zeros where a parameter got none).
+    std::vector<at::Tensor> parts;
+    for (const at::Tensor& p : params_) {
+      parts.push_back(p.grad().defined()
+                          ? p.grad().reshape({-1}).to(at::kCPU, at::kFloat)
+                          : at::zeros({p.numel()}, at::kFloat));
+    }
+    at::Tensor flat = at::cat(parts);
+    RETURN_IF_ERROR(collective->AllReduceSum(flat));
+    int64_t offset = 0;
+    at::NoGradGuard no_grad;
+    for (at::Tensor& p : params_) {
+      at::Tensor sum = flat.narrow(0, offset, p.numel()).view(p.sizes());
+      offset += p.numel();
+      if (p.grad().defined()) {
+        p.mutable_grad().copy_(sum);
+      } else {
+        p.mutable_grad() = sum.to(p.device(), p.scalar_type());
+      }
+    }
+  }
   // One host synchronisation: the squared norms summed on the device, read once.
   at::Tensor sq;
   for (const at::Tensor& p : params_) {
@@ -38,7 +62,7 @@ void WorkerAdamW::Step(double lr, lspo::v1::TrainStepReply* reply) {
   const double norm = sq.defined() ? std::sqrt(sq.item<double>()) : 0.0;
   if (!std::isfinite(norm)) {  // A NaN or Inf anywhere makes the sum non-finite.
     reply->set_nonfinite(true);
-    return;
+    return absl::OkStatus();
   }
   for (auto& group : adamw_->param_groups()) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
@@ -49,6 +73,7 @@ void WorkerAdamW::Step(double lr, lspo::v1::TrainStepReply* reply) {
   }
   adamw_->step();
   metrics->set_update_seconds(runtime::SecondsSince(t0));
+  return absl::OkStatus();
 }
 
 absl::Status WorkerAdamW::Save(const std::string& dir, lspo::v1::StateReply* reply) {

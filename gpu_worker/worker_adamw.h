@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/job_spec.pb.h"
+#include "offload/collective.h"
 #include "proto/worker.pb.h"
 
 namespace lspo::worker {
@@ -36,10 +37,15 @@ class WorkerAdamW {
   void ZeroGrad() { adamw_->zero_grad(); }
 
   // The step's update with learning rate `lr`, after its last backward (UpdatePath::FinishStep).
-  // A non-finite gradient sets reply->nonfinite and changes nothing. Otherwise, with
-  // optim.max_grad_norm > 0 the gradients are first clipped to that global L2 norm (the norm
-  // before clipping goes to metrics.grad_norm); metrics.update_seconds gets the time taken.
-  void Step(double lr, lspo::v1::TrainStepReply* reply);
+  // With a `collective` of several ranks the gradients are first summed across the ranks (one
+  // fp32 all-reduce of all of them, a parameter without a gradient counting as zeros; each
+  // rank's loss was already scaled by its share of the global loss tokens, so the sum is the
+  // gradient of the global token-mean loss). A non-finite
+  // gradient (after the sum, so every rank agrees) sets reply->nonfinite and changes nothing.
+  // Otherwise, with optim.max_grad_norm > 0 the gradients are clipped to that global L2 norm
+  // (the norm before clipping goes to metrics.grad_norm); metrics.update_seconds gets the time
+  // taken. Errors: the all-reduce's (kUnavailable naming the ranks).
+  absl::Status Step(double lr, offload::Collective* collective, lspo::v1::TrainStepReply* reply);
 
   // The AdamW state file of a checkpoint directory.
   static std::string StatePath(const std::string& dir) { return dir + "/worker_adamw.pt"; }

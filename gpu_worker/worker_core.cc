@@ -16,11 +16,14 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "data/datasets.h"
 #include "data/sft.h"
 #include "glog/logging.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gpu_worker/calibration.h"
 #include "gpu_worker/device_offload.h"
 #include "gpu_worker/evaluator.h"
@@ -30,12 +33,14 @@
 #include "gpu_worker/worker_state.h"
 #include "lsp/projector.h"
 #include "offload/arena_tensors.h"
+#include "offload/collective.h"
 #include "offload/hf_export.h"
 #include "offload/job_assets.h"
 #include "offload/torch_call.h"
 #include "runtime/clock.h"
 #include "runtime/file_io.h"
 #include "runtime/status_macros.h"
+#include "runtime/tfrecord.h"
 #include "runtime/util.h"
 #include "tbb/global_control.h"
 
@@ -219,6 +224,41 @@ absl::StatusOr<bool> UseCuda(const JobSpec& spec) {
          (spec.device() == lspo::v1::DEVICE_UNSPECIFIED && torch::cuda::is_available());
 }
 
+// What every rank of a data-parallel job must share: CRC-32C (hex) of the spec's
+// deterministic serialisation without its per-rank fields (rank, bind address, output_dir).
+std::string JobFingerprint(const JobSpec& spec) {
+  JobSpec shared = spec;
+  shared.mutable_distributed()->clear_rank();
+  shared.mutable_distributed()->clear_bind_address();
+  shared.clear_output_dir();
+  std::string bytes;
+  google::protobuf::io::StringOutputStream out(&bytes);
+  google::protobuf::io::CodedOutputStream coded(&out);
+  coded.SetSerializationDeterministic(true);
+  shared.SerializeToCodedStream(&coded);
+  coded.Trim();
+  return absl::StrFormat("%08x", runtime::Crc32c(bytes));
+}
+
+// Joins the job's group of ranks (docs/distributed.md). Errors: offload::Collective::Join's,
+// and kInvalidArgument for a malformed distributed.rendezvous.
+absl::StatusOr<std::unique_ptr<offload::Collective>> JoinGroup(const JobSpec& spec) {
+  const lspo::v1::DistributedSpec& d = spec.distributed();
+  offload::CollectiveOptions o;
+  o.rank = d.rank();
+  o.world_size = d.world_size();
+  ASSIGN_OR_RETURN(runtime::HostPort at,
+                   runtime::ParseHostPort(d.rendezvous().empty() ? "127.0.0.1:29500"
+                                                                 : d.rendezvous(),
+                                          "job spec field distributed.rendezvous"));
+  o.host = at.host;
+  o.port = at.port;
+  if (!d.bind_address().empty()) o.bind_address = d.bind_address();
+  o.timeout = absl::Seconds(d.timeout_seconds() > 0 ? d.timeout_seconds() : 300);
+  o.fingerprint = JobFingerprint(spec);
+  return offload::Collective::Join(o);
+}
+
 // The tokenizer, the model and the data of `job->spec`. Errors: those of the readers, naming
 // the file.
 absl::Status LoadAssets(WorkerJob* job) {
@@ -315,11 +355,15 @@ std::vector<data::Batch> StepBatches(WorkerJob* job, int step, int64_t* total,
                                    data::BalancedOrder(job->train_class, spec.seed(), 0).size())
                              : static_cast<int64_t>(job->train.size());
   const int64_t mb = spec.micro_batch_size(), accum = spec.grad_accum();
+  const int64_t world = job->collective ? job->collective->world_size() : 1;
+  const int64_t rank = job->collective ? job->collective->rank() : 0;
   std::vector<data::Batch> batches;
   for (int64_t a = 0; a < accum; ++a) {
     std::vector<const data::TokenizedExample*> rows;
     for (int64_t b = 0; b < mb; ++b) {
-      const int64_t g = ((step - 1) * accum + a) * mb + b;
+      // Data parallel: rank r takes examples r*mb .. r*mb+mb-1 of each world*mb block, so W
+      // ranks at micro-batch mb see what one rank sees at W*mb (docs/distributed.md).
+      const int64_t g = ((step - 1) * accum + a) * mb * world + rank * mb + b;
       const int64_t epoch = g / n;
       if (epoch != job->order_epoch) {
         job->order = balanced ? data::BalancedOrder(job->train_class, spec.seed(), epoch)
@@ -485,6 +529,14 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
         "or run with device: cuda on a GPU host"));
   }
   auto job = std::make_unique<WorkerJob>();
+  if (spec.distributed().world_size() > 1) {
+    if (use_cuda) {
+      return absl::FailedPreconditionError(
+          "distributed.world_size > 1 runs on CPU workers so far (collectives over Gloo; NCCL "
+          "for CUDA workers follows, issue 17): set device: cpu");
+    }
+    ASSIGN_OR_RETURN(job->collective, JoinGroup(spec));
+  }
   job->tbb_threads = std::make_unique<tbb::global_control>(
       tbb::global_control::max_allowed_parallelism, std::max(1, spec.num_threads()));
   job->id = job_id;
@@ -631,16 +683,41 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
     int64_t total = 0, input_tokens = 0, padding_tokens = 0;
     const std::vector<data::Batch> batches =
         StepBatches(job, step, &total, &input_tokens, &padding_tokens);
+    offload::Collective* group = job->collective.get();
+    const int64_t group_bytes0 = group != nullptr ? group->all_reduce_bytes() : 0;
+    const double group_secs0 = group != nullptr ? group->all_reduce_seconds() : 0;
+    if (group != nullptr) {
+      // Every rank scales its loss by its tokens over the global count (token-mean loss).
+      at::Tensor t = at::full({1}, total, at::kLong);
+      RETURN_IF_ERROR(group->AllReduceSum(t));
+      total = t.item<int64_t>();
+    }
     job->step = static_cast<uint32_t>(step);
     job->path->ZeroGrads(job);
     RETURN_IF_ERROR(RunMicroBatches(job, batches, total, step, plan, &reply));
+    if (group != nullptr) {
+      // The ranks agree on skipping a non-finite step (a rank that skips alone would leave the
+      // others waiting in the gradient all-reduce), and on the step's loss: each rank's is its
+      // share of the global token mean.
+      at::Tensor agree = at::zeros({2}, at::kDouble);
+      agree[0] = reply.nonfinite() ? 1.0 : 0.0;
+      agree[1] = reply.nonfinite() ? 0.0 : reply.metrics().loss();
+      RETURN_IF_ERROR(group->AllReduceSum(agree));
+      reply.set_nonfinite(agree[0].item<double>() > 0);
+      metrics->set_loss(agree[1].item<double>());
+    }
     if (reply.nonfinite()) return absl::OkStatus();
     StepContext ctx;
+    ctx.collective = group;
     ctx.step = static_cast<uint32_t>(step);
     ctx.lr = lr;
     ctx.overlap = plan.overlap();
     ctx.split_layer = split;
     RETURN_IF_ERROR(job->path->FinishStep(job, ctx, &reply));
+    if (group != nullptr) {
+      metrics->set_all_reduce_bytes(group->all_reduce_bytes() - group_bytes0);
+      metrics->set_all_reduce_seconds(group->all_reduce_seconds() - group_secs0);
+    }
     if (reply.nonfinite()) return absl::OkStatus();
     RETURN_IF_ERROR(RecordStepEnd(job, metrics));
     const double secs = runtime::SecondsSince(t_step);

@@ -21,6 +21,7 @@
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "offload/arena_layout.h"
+#include "offload/collective.h"
 #include "proto/arena.pb.h"
 #include "proto/job_spec.pb.h"
 #include "proto/metrics.pb.h"
@@ -92,6 +93,8 @@ struct WorkerJob {
   // Data order cache.
   int64_t order_epoch = -1;
   std::vector<int64_t> order;
+  // The job's group of ranks (distributed.world_size > 1; docs/distributed.md), else null.
+  std::unique_ptr<offload::Collective> collective;
 };
 
 // Applies every pending update of decoder layer `layer` (all layers when layer < 0): the

@@ -138,7 +138,8 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
                           : " cannot reach the rendezvous store at ",
         options.rank == 0 ? absl::StrCat(options.port) : where, " within ",
         Seconds(options.timeout), ": ", e.what(),
-        options.rank == 0 ? " (is the port in use?)" : " (is rank 0 running, is the address right?)"));
+        options.rank == 0 ? " (is the port in use, e.g. by another rank started without its rank?)"
+                          : " (is rank 0 running, is the address right?)"));
   }
   const std::string at = absl::StrCat(options.host, ":", c->port_);
   auto key = [](const char* kind, int r) { return absl::StrCat("lspo/", kind, "/", r); };

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace lspo::runtime {
 
@@ -18,6 +19,15 @@ absl::Status MakeDirs(const std::string& dir);
 // Peak resident set size of this process in bytes (VmHWM of /proc/self/status); 0 where it
 // cannot be read (not Linux).
 int64_t PeakRssBytes();
+
+// A TCP endpoint.
+struct HostPort {
+  std::string host;  // name or address; an IPv6 address without its brackets
+  int port = 0;      // 1..65535
+};
+// Parses "host:port" or "[ipv6]:port". `field` names the input in errors. Errors:
+// kInvalidArgument naming the field and the value, with the expected form.
+absl::StatusOr<HostPort> ParseHostPort(const std::string& value, const std::string& field);
 
 }  // namespace lspo::runtime
 

@@ -198,6 +198,8 @@ void JobRunner::InitSummary() {
   summary_["weight_dtype"] = runtime::EnumShortName(spec_.weight_dtype());
   summary_["activation_checkpointing"] = spec_.activation_checkpointing();
   summary_["device_memory_limit_mb"] = spec_.device_memory_limit_mb();
+  summary_["world_size"] = std::max(1, spec_.distributed().world_size());
+  summary_["rank"] = spec_.distributed().rank();
   summary_["d"] = lsp_ ? spec_.lsp().d() : 0;
   summary_["r"] = lsp_ ? spec_.lsp().r() : 0;
   summary_["d_ratio"] = lsp_ ? spec_.lsp().d_ratio() : 0.0;

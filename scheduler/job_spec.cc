@@ -21,6 +21,7 @@
 #include "runtime/file_io.h"
 #include "runtime/proto_json.h"
 #include "runtime/record_keys.h"
+#include "runtime/util.h"
 #include "runtime/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
@@ -250,6 +251,40 @@ void ResolveDefaults(JobSpec* spec) {
   }
 }
 
+// The distributed block (docs/distributed.md). Errors: kInvalidArgument naming the field.
+static absl::Status ValidateDistributed(const JobSpec& spec) {
+  const v1::DistributedSpec& d = spec.distributed();
+  auto bad = [](absl::string_view field, auto value, absl::string_view fix) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec field distributed.", field, " = ", value, " is invalid: ", fix));
+  };
+  if (d.world_size() < 0) return bad("world_size", d.world_size(), "use 1 or more ranks");
+  if (d.world_size() <= 1) {
+    if (d.rank() != 0) {
+      return bad("rank", d.rank(), "a job of one rank has rank 0; set distributed.world_size");
+    }
+    return absl::OkStatus();
+  }
+  if (d.rank() < 0 || d.rank() >= d.world_size()) {
+    return bad("rank", d.rank(),
+               absl::StrCat("use 0 .. ", d.world_size() - 1, " (lspctl run --rank=R)"));
+  }
+  if (!d.rendezvous().empty()) {
+    RETURN_IF_ERROR(runtime::ParseHostPort(d.rendezvous(), "job spec field distributed.rendezvous")
+                        .status());
+  }
+  if (d.timeout_seconds() < 0) {
+    return bad("timeout_seconds", d.timeout_seconds(), "use 0 (= 300) or a positive bound");
+  }
+  if (spec.mode() != v1::MODE_NATIVE && spec.mode() != v1::MODE_LORA) {
+    return bad("world_size", d.world_size(),
+               absl::StrCat("data parallelism runs modes native and lora so far (lsp, zero and "
+                            "galore follow, issue 17); mode ",
+                            runtime::EnumShortName(spec.mode()), " needs world_size 1"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobSpec(const JobSpec& spec) {
   auto bad = [](absl::string_view field, auto value, absl::string_view fix) {
     return absl::InvalidArgumentError(
@@ -259,6 +294,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return bad("checkpoint_every", spec.checkpoint_every(),
                "use 0 (no training checkpoints) or a positive number of steps");
   }
+  RETURN_IF_ERROR(ValidateDistributed(spec));
   if (spec.max_nonfinite_steps() < 0) {
     return bad("max_nonfinite_steps", spec.max_nonfinite_steps(),
                "use 0 (the scheduler's default) or a positive count");

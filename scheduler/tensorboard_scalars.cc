@@ -23,6 +23,7 @@ const std::map<std::string, std::string>& NamedTags() {
       {"step.tokens", "train/loss_tokens"},
       {"step.d2h_bytes", "offload/bytes_to_cpu"},
       {"step.h2d_bytes", "offload/bytes_to_gpu"},
+      {"step.all_reduce_bytes", "distributed/all_reduce_bytes"},
       {"step.split_layer", "schedule/split_layer"},
       {"eval.seconds", "eval/time_s"},
       {"projector_fit.mean_initial_relative_bias", "projector/bias_before_fit"},

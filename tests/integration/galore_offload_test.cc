@@ -19,6 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "offload/job_assets.h"
 #include "scheduler/job_spec.h"
+#include "tests/integration/exported_linears.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
 
@@ -50,22 +51,6 @@ std::map<int, std::pair<double, double>> StepMetrics(const std::string& dir) {
     if (j.is_object() && j.value("kind", "") == "step") {
       out[j["step"].get<int>()] = {j["loss"].get<double>(), j.value("grad_norm", 0.0)};
     }
-  }
-  return out;
-}
-
-// Every linear of `dir`/model.safetensors, fp32, by HF name.
-std::map<std::string, at::Tensor> Linears(const std::string& dir, const model::LlamaModel& base) {
-  std::map<std::string, at::Tensor> out;
-  auto file = model::SafetensorsFile::Open(dir + "/model.safetensors");
-  EXPECT_TRUE(file.ok()) << file.status();
-  if (!file.ok()) return out;
-  for (int64_t i = 0; i < base.num_linears(); ++i) {
-    const std::string name = base.LinearName(i);
-    auto values = file->ReadF32(name);
-    EXPECT_TRUE(values.ok()) << name;
-    if (!values.ok()) continue;
-    out[name] = torch::from_blob(values->data(), base.LinearWeight(i).sizes(), at::kFloat).clone();
   }
   return out;
 }
@@ -106,7 +91,7 @@ TEST(GaloreOffloadTest, MatchesTheWorkerSideModeUnderBothSchedules) {
     auto base = offload::LoadJobModel(resolved);
     ASSERT_TRUE(base.ok()) << base.status();
     const auto ref_metrics = StepMetrics(worker);
-    const auto ref_weights = Linears(worker, *base);
+    const auto ref_weights = testing_jobs::ExportedLinears(worker, *base);
     ASSERT_EQ(ref_metrics.size(), 6u);
     if (gap < 6) {
       int clipped = 0;
@@ -126,7 +111,7 @@ TEST(GaloreOffloadTest, MatchesTheWorkerSideModeUnderBothSchedules) {
         EXPECT_NEAR(metrics.at(step).second, m.second, 1e-4 * m.second)
             << tag << " gradient norm at step " << step;
       }
-      const auto weights = Linears(dir, *base);
+      const auto weights = testing_jobs::ExportedLinears(dir, *base);
       ASSERT_EQ(weights.size(), ref_weights.size());
       double worst = 0;
       for (int64_t i = 0; i < base->num_linears(); ++i) {

@@ -1,0 +1,230 @@
+// Data parallelism (issue 17, docs/distributed.md): ranks are embedded runtimes (a worker, an
+// optimizer and a scheduler each) in threads of this process, meeting over loopback through
+// c10d. Two ranks at micro-batch b must train as one rank at micro-batch 2b; a rank of another
+// job or one that never joins must fail the job with the rank named, within the timeout.
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "client/embedded.h"
+#include "gtest/gtest.h"
+#include "model/safetensors.h"
+#include "offload/collective.h"
+#include "offload/job_assets.h"
+#include "tests/free_port.h"
+#include "tests/integration/exported_linears.h"
+#include "tests/integration/start_embedded.h"
+#include "tests/integration/test_jobs.h"
+
+namespace lspo {
+namespace {
+
+using testing_jobs::SubmitAndWatch;
+using testing_jobs::WatchResult;
+
+// The tiny job of `mode` at micro-batch `mb` with gradient accumulation 2, clipping and weight
+// decay (so the global norm and the decay act on the summed gradients), no evaluation.
+v1::JobSpec Spec(const std::string& tag, v1::TrainingMode mode, int mb, int steps = 4,
+               int accum = 2) {
+  v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir(tag), mode, steps);
+  spec.set_micro_batch_size(mb);
+  spec.set_grad_accum(accum);
+  spec.mutable_optim()->set_max_grad_norm(0.5);
+  spec.mutable_optim()->set_weight_decay(0.1);
+  spec.set_skip_initial_eval(true);
+  spec.mutable_data()->clear_eval_path();
+  spec.set_num_threads(1);
+  return spec;
+}
+
+// Runs `specs` (one per rank) at once, each in its own embedded runtime.
+std::vector<WatchResult> RunRanks(const std::vector<v1::JobSpec>& specs) {
+  std::vector<WatchResult> out(specs.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < specs.size(); ++r) {
+    threads.emplace_back([&, r] {
+      auto runtime = testing_jobs::StartEmbedded();
+      auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+      out[r] = SubmitAndWatch(stub.get(), specs[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+std::vector<v1::JobSpec> RankSpecs(const v1::JobSpec& base, int world, int timeout_seconds) {
+  const std::string at = "127.0.0.1:" + std::to_string(tests::FreePort());
+  std::vector<v1::JobSpec> specs;
+  for (int r = 0; r < world; ++r) {
+    v1::JobSpec s = base;
+    s.set_output_dir(testing_jobs::TempDir("dp-rank" + std::to_string(r)));
+    s.mutable_distributed()->set_world_size(world);
+    s.mutable_distributed()->set_rank(r);
+    s.mutable_distributed()->set_rendezvous(at);
+    s.mutable_distributed()->set_timeout_seconds(timeout_seconds);
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+WatchResult RunOne(const v1::JobSpec& spec) {
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  return SubmitAndWatch(stub.get(), spec);
+}
+
+// Relative L2 differences between the weights written to `dir_a` and `dir_b`, relative to the
+// change `dir_b` made from `base`: the largest over the trained matrices, and over all of them
+// together.
+struct Difference {
+  double worst_matrix = 0;
+  double global = 0;
+};
+Difference RelativeDifference(const model::LlamaModel& base, const std::string& dir_a,
+                              const std::string& dir_b) {
+  const auto a = testing_jobs::ExportedLinears(dir_a, base);
+  const auto b = testing_jobs::ExportedLinears(dir_b, base);
+  EXPECT_EQ(a.size(), static_cast<size_t>(base.num_linears()));
+  EXPECT_EQ(b.size(), static_cast<size_t>(base.num_linears()));
+  Difference d;
+  double diff2 = 0, change2 = 0;
+  for (int64_t i = 0; i < base.num_linears() && a.size() == b.size() && !a.empty(); ++i) {
+    const std::string name = base.LinearName(i);
+    const double change = (b.at(name) - base.LinearWeight(i)).norm().item<double>();
+    const double diff = (a.at(name) - b.at(name)).norm().item<double>();
+    EXPECT_GT(change, 0) << name << " did not change";
+    if (change > 0) d.worst_matrix = std::max(d.worst_matrix, diff / change);
+    diff2 += diff * diff;
+    change2 += change * change;
+  }
+  d.global = change2 > 0 ? std::sqrt(diff2 / change2) : 0;
+  return d;
+}
+
+// Two ranks at micro-batch 2 against one rank: the same examples per step, the loss scaled by
+// the global token count, the gradients summed, so only the order of fp32 sums differs.
+//  - Against one rank at micro-batch 2 with twice the accumulation steps (the same
+//    micro-batches): every matrix's change within 1e-5 (relative L2; the issue's bound).
+//  - Against one rank at micro-batch 4: no further than that same one-rank re-batching moves
+//    the result (x1.5 + 1e-5). A micro-batch of 4 sums in another order inside the matmuls;
+//    measured on native, 1 step: 5.6e-5 for the worst matrix whether the micro-batches of 2
+//    run on one rank or two, 4.0e-6 between those two.
+//  - One and four steps, with clipping and weight decay acting on the summed gradients; the
+//    losses within 1e-6 relative; the two ranks' weights bitwise equal.
+//  - Bytes all-reduced per step: the gradients in fp32, the token count (8 bytes), the
+//    non-finite flag and the loss (16).
+void ExpectTwoRanksMatchOne(v1::TrainingMode mode) {
+  auto base = offload::LoadJobModel(Spec("dp-base", mode, 4));
+  ASSERT_TRUE(base.ok()) << base.status();
+  for (const int steps : {1, 4}) {
+    const v1::JobSpec one = Spec("dp-one", mode, 4, steps);
+    const WatchResult single = RunOne(one);
+    ASSERT_EQ(single.last.state(), v1::SUCCEEDED) << single.last.error();
+    const std::vector<v1::JobSpec> specs = RankSpecs(Spec("dp-two", mode, 2, steps), 2, 120);
+    std::vector<WatchResult> ranks = RunRanks(specs);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(ranks[r].last.state(), v1::SUCCEEDED)
+          << "rank " << r << ": " << ranks[r].last.error();
+    }
+    const auto l1 = testing_jobs::StepLosses(single);
+    for (int r = 0; r < 2; ++r) {
+      const auto lr = testing_jobs::StepLosses(ranks[r]);
+      ASSERT_EQ(lr.size(), l1.size()) << r;
+      for (const auto& [step, loss] : l1) {
+        EXPECT_NEAR(lr.at(step), loss, 1e-6 * std::abs(loss)) << "rank " << r << " step " << step;
+      }
+    }
+    EXPECT_EQ(RelativeDifference(*base, specs[1].output_dir(), specs[0].output_dir()).global, 0.0)
+        << "the ranks' weights differ";
+    const v1::JobSpec rebatched = Spec("dp-rebatch", mode, 2, steps, 4);
+    const WatchResult rb = RunOne(rebatched);
+    ASSERT_EQ(rb.last.state(), v1::SUCCEEDED) << rb.last.error();
+    const Difference dp = RelativeDifference(*base, specs[0].output_dir(), one.output_dir());
+    const Difference noise = RelativeDifference(*base, rebatched.output_dir(), one.output_dir());
+    const Difference vs_rb =
+        RelativeDifference(*base, specs[0].output_dir(), rebatched.output_dir());
+    std::printf("%s, %d step(s), relative L2 of the change (worst matrix / all): 2 ranks vs 1 "
+                "rank %.3g / %.3g; 1 rank re-batched (mb 2 x 4) vs 1 rank %.3g / %.3g; 2 ranks "
+                "vs re-batched %.3g / %.3g\n",
+                v1::TrainingMode_Name(mode).c_str(), steps, dp.worst_matrix, dp.global,
+                noise.worst_matrix, noise.global, vs_rb.worst_matrix, vs_rb.global);
+    EXPECT_LT(vs_rb.worst_matrix, 1e-5);
+    EXPECT_LE(dp.worst_matrix, 1.5 * noise.worst_matrix + 1e-5);
+    int64_t grad_values = 0;
+    for (int64_t i = 0; i < base->num_linears(); ++i) {
+      const at::Tensor& w = base->LinearWeight(i);
+      grad_values += mode == v1::MODE_NATIVE ? w.numel() : 8 * (w.size(0) + w.size(1));
+    }
+    for (const auto& s : ranks[0].updates) {
+      if (s.has_last_step() && s.last_step().step() > 0) {
+        EXPECT_EQ(s.last_step().all_reduce_bytes(), 4 * grad_values + 8 + 16)
+            << "step " << s.last_step().step();
+      }
+    }
+  }
+}
+
+TEST(DataParallelTest, NativeTwoRanksAtMicroBatch2MatchOneRankAt4) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!offload::CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo";
+  ExpectTwoRanksMatchOne(v1::MODE_NATIVE);
+}
+
+TEST(DataParallelTest, LoraTwoRanksAtMicroBatch2MatchOneRankAt4) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!offload::CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo";
+  ExpectTwoRanksMatchOne(v1::MODE_LORA);
+}
+
+// A rank started with another spec (another learning rate) is refused at the rendezvous on
+// both ranks, naming the rank; a rank that never comes fails rank 0 within the timeout.
+TEST(DataParallelTest, ARankOfAnotherJobOrAMissingRankFailsTheJobNamingTheRank) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!offload::CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo";
+  std::vector<v1::JobSpec> specs = RankSpecs(Spec("dp-fp", v1::MODE_NATIVE, 2), 2, 60);
+  specs[1].mutable_optim()->set_lr(specs[0].optim().lr() * 2);
+  std::vector<WatchResult> ranks = RunRanks(specs);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks[r].last.state(), v1::FAILED) << r;
+    EXPECT_NE(ranks[r].last.error().find("rank 1 ("), std::string::npos) << ranks[r].last.error();
+    EXPECT_NE(ranks[r].last.error().find("runs a different job than rank 0"), std::string::npos)
+        << ranks[r].last.error();
+  }
+  std::vector<v1::JobSpec> alone = RankSpecs(Spec("dp-alone", v1::MODE_NATIVE, 2), 2, 3);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<WatchResult> r0 = RunRanks({alone[0]});
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r0[0].last.state(), v1::FAILED);
+  EXPECT_NE(r0[0].last.error().find("rank 1 of 2 did not join the rendezvous"), std::string::npos)
+      << r0[0].last.error();
+  EXPECT_LT(took, 60.0) << "the 3 s rendezvous timeout did not bound the wait";
+}
+
+// Modes whose update is not yet data parallel are refused at submission, naming the field.
+TEST(DataParallelTest, ModesNotYetDataParallelAreRefusedAtSubmission) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  for (v1::TrainingMode mode : {v1::MODE_LSP, v1::MODE_ZERO, v1::MODE_GALORE}) {
+    v1::JobSpec spec = RankSpecs(Spec("dp-mode", mode, 2), 2, 10)[0];
+    testing_jobs::ExpectRefusedAtSubmit(stub.get(), spec, grpc::StatusCode::INVALID_ARGUMENT,
+                                        "distributed.world_size = 2 is invalid",
+                                        v1::TrainingMode_Name(mode));
+  }
+  v1::JobSpec bad_rank = RankSpecs(Spec("dp-rank", v1::MODE_NATIVE, 2), 2, 10)[0];
+  bad_rank.mutable_distributed()->set_rank(2);
+  testing_jobs::ExpectRefusedAtSubmit(stub.get(), bad_rank, grpc::StatusCode::INVALID_ARGUMENT,
+                                      "distributed.rank = 2 is invalid", "rank 2 of 2");
+  v1::JobSpec bad_at = RankSpecs(Spec("dp-at", v1::MODE_NATIVE, 2), 2, 10)[0];
+  bad_at.mutable_distributed()->set_rendezvous("node-1");
+  testing_jobs::ExpectRefusedAtSubmit(stub.get(), bad_at, grpc::StatusCode::INVALID_ARGUMENT,
+                                      "distributed.rendezvous = 'node-1' is invalid", "no port");
+}
+
+}  // namespace
+}  // namespace lspo
