@@ -403,6 +403,13 @@ void PrintChoice(const lspo::v1::JobSpec& in) {
       method.c_str(), spec.steps(), spec.micro_batch_size(), spec.grad_accum(), spec.seq_len(),
       spec.optim().lr(), lspo::runtime::EnumShortName(spec.optim().schedule()).c_str(),
       spec.optim().warmup_steps(), spec.num_threads());
+  if (spec.distributed().world_size() > 1) {
+    const auto& d = spec.distributed();
+    std::printf("  data parallel: rank %d of %d, rendezvous %s, %d examples per step\n",
+                d.rank(), d.world_size(),
+                d.rendezvous().empty() ? "127.0.0.1:29500" : d.rendezvous().c_str(),
+                spec.micro_batch_size() * spec.grad_accum() * d.world_size());
+  }
   std::fflush(stdout);
 }
 

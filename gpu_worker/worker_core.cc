@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <memory>
@@ -11,19 +12,18 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 #include <torch/torch.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "data/datasets.h"
 #include "data/sft.h"
 #include "glog/logging.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gpu_worker/calibration.h"
 #include "gpu_worker/device_offload.h"
 #include "gpu_worker/evaluator.h"
@@ -39,6 +39,7 @@
 #include "offload/torch_call.h"
 #include "runtime/clock.h"
 #include "runtime/file_io.h"
+#include "runtime/proto_json.h"
 #include "runtime/status_macros.h"
 #include "runtime/tfrecord.h"
 #include "runtime/util.h"
@@ -224,20 +225,30 @@ absl::StatusOr<bool> UseCuda(const JobSpec& spec) {
          (spec.device() == lspo::v1::DEVICE_UNSPECIFIED && torch::cuda::is_available());
 }
 
-// What every rank of a data-parallel job must share: CRC-32C (hex) of the spec's
-// deterministic serialisation without its per-rank fields (rank, bind address, output_dir).
-std::string JobFingerprint(const JobSpec& spec) {
+// What every rank of a data-parallel job must share: the spec without the fields a rank may
+// set for itself (rank, bind address, timeout, output_dir, threads, the device memory cap, the
+// job's name), as JSON, so a mismatch can be told field by field.
+JobSpec SharedSpec(const JobSpec& spec) {
   JobSpec shared = spec;
   shared.mutable_distributed()->clear_rank();
   shared.mutable_distributed()->clear_bind_address();
+  shared.mutable_distributed()->clear_timeout_seconds();
   shared.clear_output_dir();
-  std::string bytes;
-  google::protobuf::io::StringOutputStream out(&bytes);
-  google::protobuf::io::CodedOutputStream coded(&out);
-  coded.SetSerializationDeterministic(true);
-  shared.SerializeToCodedStream(&coded);
-  coded.Trim();
-  return absl::StrFormat("%08x", runtime::Crc32c(bytes));
+  shared.clear_num_threads();
+  shared.clear_device_memory_limit_mb();
+  shared.clear_name();
+  return shared;
+}
+
+// "the job spec differs: modified: lsp.d: 64 -> 128" for two SharedSpec JSONs.
+std::string ExplainSpecMismatch(const std::string& rank0, const std::string& other) {
+  JobSpec a, b;
+  if (!runtime::ProtoFromJson(rank0, &a, "rank 0's spec").ok() ||
+      !runtime::ProtoFromJson(other, &b, "the rank's spec").ok()) {
+    return "the job specs differ (one could not be read back)";
+  }
+  return absl::StrCat("the job spec differs (rank 0 -> this rank): ",
+                      runtime::ProtoDifferences(a, b, 600));
 }
 
 // Joins the job's group of ranks (docs/distributed.md). Errors: offload::Collective::Join's,
@@ -255,7 +266,15 @@ absl::StatusOr<std::unique_ptr<offload::Collective>> JoinGroup(const JobSpec& sp
   o.port = at.port;
   if (!d.bind_address().empty()) o.bind_address = d.bind_address();
   o.timeout = absl::Seconds(d.timeout_seconds() > 0 ? d.timeout_seconds() : 300);
-  o.fingerprint = JobFingerprint(spec);
+  o.fingerprint = runtime::ProtoToJson(SharedSpec(spec));
+  o.explain_mismatch = ExplainSpecMismatch;
+  if (!spec.output_dir().empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    std::error_code ec;
+    o.exclusive = absl::StrCat("the output directory ", host, ":",
+                               std::filesystem::absolute(spec.output_dir(), ec).lexically_normal().string());
+  }
   return offload::Collective::Join(o);
 }
 

@@ -1,5 +1,7 @@
 #include "offload/collective.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -28,6 +30,52 @@ std::string DefaultLabel() {
 // A fingerprint as shown in errors: the first 16 characters.
 std::string Short(const std::string& fingerprint) {
   return fingerprint.size() <= 16 ? fingerprint : fingerprint.substr(0, 16) + "...";
+}
+
+// An exception's message without LibTorch's stack trace (c10::Error::what() appends one).
+std::string Reason(const std::exception& e) {
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->what_without_backtrace();
+  return e.what();
+}
+
+// At most 16 ranks, then how many more (a group of thousands would list them all).
+std::string RankList(const std::vector<int>& ranks) {
+  if (ranks.size() <= 16) return absl::StrJoin(ranks, ", ");
+  return absl::StrCat(absl::StrJoin(ranks.begin(), ranks.begin() + 16, ", "), " and ",
+                      ranks.size() - 16, " more");
+}
+
+// OK when `address` resolves to an address of this host that a socket can bind (port 0);
+// otherwise the reason, so a bad bind_address fails before the rendezvous, not as a timeout of
+// the other ranks.
+absl::Status CheckBindAddress(const std::string& address) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "distributed: bind_address '", address, "' ", why,
+        ": give an address (no port) of this host that the other ranks can reach, e.g. "
+        "127.0.0.1 for ranks on one host"));
+  };
+  if (address.empty()) return bad("is empty");
+  if (address.find(':') != std::string::npos && address.find(':') == address.rfind(':')) {
+    return bad("has a port; Gloo picks its own ports");
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(address.c_str(), nullptr, &hints, &found); rc != 0) {
+    return bad(absl::StrCat("does not resolve (", gai_strerror(rc), ")"));
+  }
+  bool bound = false;
+  for (addrinfo* a = found; a != nullptr && !bound; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    bound = bind(fd, a->ai_addr, a->ai_addrlen) == 0;  // the port in ai_addr is 0
+    close(fd);
+  }
+  freeaddrinfo(found);
+  if (!bound) return bad("is not an address of this host (cannot bind it)");
+  return absl::OkStatus();
 }
 
 std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToDoubleSeconds(d), " s"); }
@@ -87,7 +135,7 @@ absl::Status PendingCollective::Wait() {
     work->wait(std::chrono::milliseconds(absl::ToInt64Milliseconds(impl_->owner->options_.timeout)));
   } catch (const std::exception& e) {
     impl_->owner->all_reduce_micros_ += MicrosSince(t0);
-    return impl_->owner->Failure(impl_->what, &impl_->tensor, e.what());
+    return impl_->owner->Failure(impl_->what, &impl_->tensor, Reason(e));
   }
   impl_->owner->all_reduce_micros_ += MicrosSince(t0);
 #endif
@@ -104,6 +152,11 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
         absl::StrCat("distributed: rank ", options.rank, " with world_size ",
                      options.world_size, ": the rank must be in [0, world_size)"));
   }
+  if (options.world_size > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("distributed: world_size ",
+                                                   options.world_size, " is above the ",
+                                                   kMaxWorldSize, " ranks a job may have"));
+  }
   if (options.world_size > 1 && options.host.empty()) {
     return absl::InvalidArgumentError(
         "distributed: the rendezvous host is empty: give rank 0's address (host:port)");
@@ -118,6 +171,7 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
       " needs c10d with Gloo, and this build has none: install libgloo-dev (scripts/setup) "
       "and rebuild"));
 #else
+  if (absl::Status st = CheckBindAddress(options.bind_address); !st.ok()) return st;
   const std::string where = absl::StrCat(options.host, ":", options.port);
   const auto timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(options.timeout));
   auto impl = std::make_unique<Impl>();
@@ -137,16 +191,27 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
         options.rank == 0 ? " cannot start the rendezvous store on port "
                           : " cannot reach the rendezvous store at ",
         options.rank == 0 ? absl::StrCat(options.port) : where, " within ",
-        Seconds(options.timeout), ": ", e.what(),
+        Seconds(options.timeout), ": ", Reason(e),
         options.rank == 0 ? " (is the port in use, e.g. by another rank started without its rank?)"
                           : " (is rank 0 running, is the address right?)"));
   }
   const std::string at = absl::StrCat(options.host, ":", c->port_);
   auto key = [](const char* kind, int r) { return absl::StrCat("lspo/", kind, "/", r); };
-  std::vector<std::string> fingerprints(options.world_size), labels(options.world_size);
+  auto text = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  std::vector<std::string> fingerprints(options.world_size), labels(options.world_size),
+      exclusive(options.world_size);
   try {
-    const std::string mine = c->options_.fingerprint + '\n' + c->options_.label;
-    impl->store->set(key("join", options.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    // One process per rank: the first to claim a rank keeps it.
+    if (impl->store->add(key("claim", options.rank), 1) > 1) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "distributed: rank ", options.rank, " (", c->options_.label,
+          ") is already taken in the group at ", at,
+          ": another process joined with the same rank; give every process its own rank "
+          "(lspctl run --rank=R, R in 0 .. ", options.world_size - 1, ")"));
+    }
+    impl->store->set(key("exclusive", options.rank), text(c->options_.exclusive));
+    impl->store->set(key("join", options.rank),
+                     text(c->options_.fingerprint + '\n' + c->options_.label));
     std::vector<std::string> keys;
     for (int r = 0; r < options.world_size; ++r) keys.push_back(key("join", r));
     try {
@@ -157,8 +222,8 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
         if (!impl->store->check({keys[r]})) missing.push_back(r);
       }
       return absl::DeadlineExceededError(absl::StrCat(
-          "distributed: rank", missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", "),
-          " of ", options.world_size, " did not join the rendezvous at ", at, " within ",
+          "distributed: rank", missing.size() == 1 ? " " : "s ", RankList(missing), " of ",
+          options.world_size, " did not join the rendezvous at ", at, " within ",
           Seconds(options.timeout),
           ": start every rank with the same rendezvous address, or raise the timeout"));
     }
@@ -168,6 +233,8 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
       const size_t nl = s.rfind('\n');
       fingerprints[r] = s.substr(0, nl);
       labels[r] = nl == std::string::npos ? "" : s.substr(nl + 1);
+      const std::vector<uint8_t> x = impl->store->get(key("exclusive", r));
+      exclusive[r].assign(x.begin(), x.end());
     }
     // Rank 0 hosts the store: it stays until every rank has read the table.
     impl->store->set(key("seen", options.rank), std::vector<uint8_t>{1});
@@ -177,17 +244,33 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
       impl->store->wait(seen, timeout);
     }
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("distributed: rank ", options.rank,
-                                               " lost the rendezvous store at ", at, ": ",
-                                               e.what()));
+    return absl::UnavailableError(absl::StrCat(
+        "distributed: rank ", options.rank, " lost the rendezvous store at ", at, ": ",
+        Reason(e),
+        options.rank == 0 ? ""
+                          : " (rank 0 hosts the store and exits when it gives up, e.g. when a "
+                            "rank does not join within the timeout or runs a different job: "
+                            "see rank 0's error)"));
   }
   c->labels_ = labels;
   for (int r = 1; r < options.world_size; ++r) {
     if (fingerprints[r] != fingerprints[0]) {
+      const std::string what = c->options_.explain_mismatch
+                                   ? c->options_.explain_mismatch(fingerprints[0], fingerprints[r])
+                                   : absl::StrCat("fingerprint ", Short(fingerprints[r]), " vs ",
+                                                  Short(fingerprints[0]));
       return absl::FailedPreconditionError(absl::StrCat(
           "distributed: rank ", r, " (", labels[r], ") runs a different job than rank 0 (",
-          labels[0], "): fingerprint ", Short(fingerprints[r]), " vs ", Short(fingerprints[0]),
-          "; start every rank with the same job spec and model files"));
+          labels[0], "): ", what, "; start every rank with the same job spec and model files"));
+    }
+  }
+  for (int r = 0; r < options.world_size; ++r) {
+    for (int q = r + 1; q < options.world_size && !exclusive[r].empty(); ++q) {
+      if (exclusive[q] == exclusive[r]) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "distributed: ranks ", r, " (", labels[r], ") and ", q, " (", labels[q],
+            ") share ", exclusive[r], ": give every rank its own"));
+      }
     }
   }
   try {
@@ -202,8 +285,9 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
     return absl::UnavailableError(absl::StrCat(
         "distributed: rank ", options.rank, " (", c->options_.label,
         ") cannot connect to the other ranks from ", options.bind_address, " within ",
-        Seconds(options.timeout), ": ", e.what(),
-        " (the bind address must be this host's address that the other ranks reach)"));
+        Seconds(options.timeout), ": ", Reason(e),
+        " (every rank's bind address must be an address of its host that the other ranks "
+        "reach; a rank that failed to connect says why in its own error)"));
   }
   c->impl_ = std::move(impl);
   LOG(INFO) << "distributed: rank " << options.rank << " of " << options.world_size
@@ -261,7 +345,7 @@ absl::StatusOr<std::unique_ptr<PendingCollective>> Collective::StartAllReduceSum
       p->work = impl_->group->allreduce(v, o);
     } catch (const std::exception& e) {
       all_reduce_micros_ += MicrosSince(t0);
-      return Failure("all-reduce", &tensor, e.what());
+      return Failure("all-reduce", &tensor, Reason(e));
     }
     all_reduce_micros_ += MicrosSince(t0);
   }
@@ -300,7 +384,7 @@ absl::Status Collective::Broadcast(at::Tensor& tensor, int root) {
     impl_->group->broadcast(v, o)->wait(
         std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.timeout)));
   } catch (const std::exception& e) {
-    return Failure("broadcast", &tensor, e.what());
+    return Failure("broadcast", &tensor, Reason(e));
   }
 #endif
   return absl::OkStatus();
@@ -320,7 +404,7 @@ absl::StatusOr<std::vector<int64_t>> Collective::AllGather(int64_t value) {
         std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.timeout)));
     for (int r = 0; r < options_.world_size; ++r) out[r] = gathered[0][r].item<int64_t>();
   } catch (const std::exception& e) {
-    return Failure("all-gather", &mine, e.what());
+    return Failure("all-gather", &mine, Reason(e));
   }
 #endif
   return out;

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,9 @@
 #include "absl/time/time.h"
 
 namespace lspo::offload {
+
+// The largest group Join accepts (a bound on the rendezvous table, not on c10d).
+inline constexpr int kMaxWorldSize = 4096;
 
 // How one rank joins its job's group.
 struct CollectiveOptions {
@@ -42,8 +46,14 @@ struct CollectiveOptions {
   // or stops answering fails the others within this time instead of hanging them.
   absl::Duration timeout = absl::Seconds(60);
   // What must be equal on every rank (the job spec without per-rank fields, the model's hash):
-  // compared at the rendezvous. Shown shortened in errors.
+  // compared at the rendezvous. Shown shortened in errors unless `explain_mismatch` is given.
   std::string fingerprint;
+  // Optional: what differs between two fingerprints in words (e.g. the job spec fields), called
+  // with (rank 0's, the other rank's) on a mismatch; its text goes into the error.
+  std::function<std::string(const std::string&, const std::string&)> explain_mismatch;
+  // Optional: a resource that no two ranks may share (e.g. host name + output directory);
+  // compared at the rendezvous, equal ones fail every rank naming both. Empty: none.
+  std::string exclusive;
   // This rank's name in errors (default: host name and process id).
   std::string label;
 };
@@ -73,10 +83,13 @@ class Collective {
   // Joins the job's group: connects to (rank 0: starts) the rendezvous store, publishes this
   // rank's fingerprint and label, waits for every rank's, compares them with rank 0's, then
   // builds the Gloo process group. Errors: kInvalidArgument (rank not in [0, world_size),
-  // world_size < 1, empty host), kUnavailable (the store at host:port cannot be reached or
-  // started, naming it), kDeadlineExceeded (ranks missing after `timeout`, naming them),
-  // kFailedPrecondition (a rank's fingerprint differs from rank 0's, naming both ranks, their
-  // labels and fingerprints; or this build has no c10d Gloo and world_size > 1).
+  // world_size < 1 or > kMaxWorldSize, empty host, a bind_address that is not an address of
+  // this host, checked before the rendezvous), kUnavailable (the store at host:port cannot be
+  // reached or started, naming it; rank 0's store went away), kDeadlineExceeded (ranks missing
+  // after `timeout`, naming them), kAlreadyExists (a second process joined with a rank that is
+  // taken, or two ranks share `exclusive`), kFailedPrecondition (a rank's fingerprint differs
+  // from rank 0's, naming both ranks, their labels and what differs; or this build has no c10d
+  // Gloo and world_size > 1).
   static absl::StatusOr<std::unique_ptr<Collective>> Join(const CollectiveOptions& options);
 
   ~Collective();

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "nlohmann/json.hpp"
 
 namespace lspo::runtime {
@@ -142,6 +143,18 @@ absl::Status ProtoFromJson(absl::string_view json, google::protobuf::Message* me
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", parsed.ToString()));
   }
   return absl::OkStatus();
+}
+
+std::string ProtoDifferences(const google::protobuf::Message& a, const google::protobuf::Message& b,
+                             size_t max_chars) {
+  std::string report;
+  google::protobuf::util::MessageDifferencer d;
+  d.ReportDifferencesToString(&report);
+  if (d.Compare(a, b)) return "";
+  while (!report.empty() && report.back() == '\n') report.pop_back();
+  absl::StrReplaceAll({{"\n", "; "}}, &report);
+  if (report.size() > max_chars) report = report.substr(0, max_chars) + "...";
+  return report;
 }
 
 }  // namespace lspo::runtime

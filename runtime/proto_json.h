@@ -47,6 +47,13 @@ std::string ProtoToJson(const google::protobuf::Message& message, ProtoJsonPrint
 absl::Status ProtoFromJson(absl::string_view json, google::protobuf::Message* message,
                            absl::string_view source, bool ignore_unknown_fields = false);
 
+// The fields in which two messages of one type differ, one per line of protobuf's
+// MessageDifferencer report ("modified: lsp.d: 64 -> 128", "added: seed: 7"), cut to
+// `max_chars` (then "..."); "" when they are equal. For errors that say what differs between
+// two job specs (resume, the ranks of a data-parallel job).
+std::string ProtoDifferences(const google::protobuf::Message& a, const google::protobuf::Message& b,
+                             size_t max_chars = 2000);
+
 // The short name of `value` ("lsp" for MODE_LSP; "" for value 0), or its full name when its
 // enum does not follow the PREFIX_SHORT pattern.
 std::string EnumShortName(const google::protobuf::EnumValueDescriptor& value);

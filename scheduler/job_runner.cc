@@ -125,11 +125,14 @@ absl::Status JobRunner::SelectResume() {
     break;
   }
   if (resume_dir_.empty()) return absl::OkStatus();  // "latest" with none: start afresh.
-  if (!SameTraining(resume_state_.value("training_fingerprint", std::string()), spec_)) {
+  const std::string stored = resume_state_.value("training_fingerprint", std::string());
+  if (!SameTraining(stored, spec_)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint '", resume_dir_, "' was written by a job with a different training spec "
-        "(mode, model, data, lsp, lora, galore, optim, batch or seed differ): resume with the spec in its "
-        "trainer_state.json, changing only steps, output, evaluation or threads"));
+        "checkpoint '", resume_dir_, "' was written by a job with a different training spec (",
+        TrainingDifferences(stored, spec_),
+        ", checkpoint -> this job): resume with the spec in its trainer_state.json, changing "
+        "only steps, output, evaluation, threads, the schedule or where the ranks run "
+        "(distributed.rendezvous, bind_address, rank; not distributed.world_size)"));
   }
   start_step_ = resume_state_["step"].get<int>();
   if (start_step_ > spec_.steps()) {
@@ -403,12 +406,18 @@ nlohmann::json JobRunner::TrainerState(int step) const {
                           {"total_steps", spec_.steps()},
                           {"lr_of_step", LearningRate(spec_.optim(), step, spec_.steps())},
                           {"next_step", step + 1}};
-  const int64_t per_step = static_cast<int64_t>(spec_.micro_batch_size()) * spec_.grad_accum();
+  const int world_size = std::max(1, spec_.distributed().world_size());
+  const int64_t per_step =
+      static_cast<int64_t>(spec_.micro_batch_size()) * spec_.grad_accum() * world_size;
   state["data_cursor"] = {{"next_step", step + 1},
+                          {"world_size", world_size},
                           {"examples_per_step", per_step},
                           {"examples_consumed", per_step * step},
                           {"order", "data::ShuffledOrder(train size, seed, epoch) over the "
-                                    "global example index (step - 1) * examples_per_step"}};
+                                    "global example index (step - 1) * examples_per_step; "
+                                    "rank r of world_size reads its micro-batch b of "
+                                    "accumulation a at offset (a * world_size + r) * "
+                                    "micro_batch_size + b"}};
   state["rng"] = {{"seed", spec_.seed()},
                   {"model_init_seed", spec_.model().init_seed()},
                   {"derivation", "every random draw (data order, calibration subsets, "

@@ -259,6 +259,9 @@ static absl::Status ValidateDistributed(const JobSpec& spec) {
         absl::StrCat("job spec field distributed.", field, " = ", value, " is invalid: ", fix));
   };
   if (d.world_size() < 0) return bad("world_size", d.world_size(), "use 1 or more ranks");
+  if (d.world_size() > 4096) {
+    return bad("world_size", d.world_size(), "a job has at most 4096 ranks");
+  }
   if (d.world_size() <= 1) {
     if (d.rank() != 0) {
       return bad("rank", d.rank(), "a job of one rank has rank 0; set distributed.world_size");
@@ -657,6 +660,13 @@ std::string TrainingFingerprint(lspo::v1::JobSpec spec) {
   spec.clear_num_threads();
   spec.clear_schedule();
   spec.clear_device();
+  spec.clear_device_memory_limit_mb();
+  // Where and as which rank each process of a data-parallel job runs does not change the
+  // training (every rank holds the same state); the world size does (the batch is W times the
+  // micro-batches of one rank). One rank is written as no distributed block.
+  const int world_size = spec.distributed().world_size();
+  spec.clear_distributed();
+  if (world_size > 1) spec.mutable_distributed()->set_world_size(world_size);
   spec.mutable_data()->clear_eval_path();
   spec.mutable_data()->clear_max_eval_examples();
   spec.mutable_data()->clear_perplexity_path();
@@ -675,6 +685,18 @@ bool SameTraining(const std::string& fingerprint, const lspo::v1::JobSpec& spec)
   lspo::v1::JobSpec stored;
   if (!runtime::ProtoFromJson(fingerprint, &stored, "training_fingerprint").ok()) return false;
   return TrainingFingerprint(stored) == TrainingFingerprint(spec);
+}
+
+std::string TrainingDifferences(const std::string& fingerprint, const lspo::v1::JobSpec& spec) {
+  lspo::v1::JobSpec stored, a, b;
+  if (!runtime::ProtoFromJson(fingerprint, &stored, "training_fingerprint").ok()) {
+    return "the fingerprint cannot be read";
+  }
+  if (!runtime::ProtoFromJson(TrainingFingerprint(stored), &a, "training_fingerprint").ok() ||
+      !runtime::ProtoFromJson(TrainingFingerprint(spec), &b, "training_fingerprint").ok()) {
+    return "the fingerprint cannot be read";
+  }
+  return runtime::ProtoDifferences(a, b, 1000);
 }
 
 }  // namespace lspo::scheduler

@@ -51,13 +51,19 @@ absl::Status CheckPathsUnderRoots(const lspo::v1::JobSpec& spec,
 
 // The spec fields that determine the training trajectory, as canonical JSON: two specs with
 // the same fingerprint train bitwise identically step for step (name, steps, output and
-// checkpoint settings, evaluation, threads and the offload schedule are excluded). A resumed
-// job must match its checkpoint's fingerprint.
+// checkpoint settings, evaluation, threads, the offload schedule, the device memory cap and a
+// data-parallel job's rank, rendezvous, bind address and timeout are excluded; its world size
+// is kept, since it changes the batch). A resumed job must match its checkpoint's fingerprint.
 std::string TrainingFingerprint(lspo::v1::JobSpec spec);
 
 // Whether `fingerprint` (a TrainingFingerprint, possibly written by an earlier version whose
 // closed sets were strings) names the same training as `spec`: compared as specs, not text.
 bool SameTraining(const std::string& fingerprint, const lspo::v1::JobSpec& spec);
+
+// What differs between the training of `fingerprint` and of `spec`, as
+// runtime::ProtoDifferences lists it ("modified: optim.lr: 0.0003 -> 0.0006"); "" when
+// SameTraining; "the fingerprint cannot be read" when it does not parse.
+std::string TrainingDifferences(const std::string& fingerprint, const lspo::v1::JobSpec& spec);
 
 }  // namespace lspo::scheduler
 

@@ -685,6 +685,11 @@ std::string SummaryTable(const RunData& run) {
       rows += Row("padding (share of input tokens)",
                   absl::StrFormat("%.1f%%", 100 * padding * n_padded / (input * n)));
     }
+    if (const auto [bytes, n] = Mean(run.steps, "all_reduce_bytes"); n > 0 && bytes > 0) {
+      const auto [seconds, n_timed] = Mean(run.steps, "all_reduce_seconds");
+      rows += Row("all-reduced per step (data parallel, mean)",
+                  absl::StrFormat("%.4g MB in %.3g s", bytes / 1e6, n_timed > 0 ? seconds : 0.0));
+    }
     if (const auto [mean, n] = Mean(run.steps, "step_seconds"); n > 0) {
       rows += Row("step time (mean, total)", absl::StrFormat("%.3g s, %.1f s", mean, mean * n));
     }

@@ -194,6 +194,13 @@ TEST(DataParallelTest, ARankOfAnotherJobOrAMissingRankFailsTheJobNamingTheRank) 
     EXPECT_NE(ranks[r].last.error().find("rank 1 ("), std::string::npos) << ranks[r].last.error();
     EXPECT_NE(ranks[r].last.error().find("runs a different job than rank 0"), std::string::npos)
         << ranks[r].last.error();
+    // The field that differs is named, and the service hint of a dead peer is not appended.
+    EXPECT_NE(ranks[r].last.error().find("the job spec differs (rank 0 -> this rank): "
+                                         "modified: optim.lr: "),
+              std::string::npos)
+        << ranks[r].last.error();
+    EXPECT_EQ(ranks[r].last.error().find("is the service running"), std::string::npos)
+        << ranks[r].last.error();
   }
   std::vector<v1::JobSpec> alone = RankSpecs(Spec("dp-alone", v1::MODE_NATIVE, 2), 2, 3);
   const auto t0 = std::chrono::steady_clock::now();

@@ -512,7 +512,35 @@ TEST(JobSpecTest, AFingerprintWrittenWithStringFieldsStillMatches) {
   lsp->set_apply_rounding(v1::APPLY_ROUNDING_UNSPECIFIED);
   spec.mutable_optim()->set_schedule(v1::LR_SCHEDULE_COSINE);
   EXPECT_FALSE(scheduler::SameTraining(old_fingerprint, spec));
+  EXPECT_EQ(scheduler::TrainingDifferences(old_fingerprint, spec),
+            "modified: optim.schedule: LR_SCHEDULE_CONSTANT -> LR_SCHEDULE_COSINE");
   EXPECT_FALSE(scheduler::SameTraining("not json", spec));
+  EXPECT_EQ(scheduler::TrainingDifferences("not json", spec), "the fingerprint cannot be read");
+  spec.mutable_optim()->set_schedule(v1::LR_SCHEDULE_CONSTANT);
+
+  // A data-parallel job resumed on other ports, another bind address, with ranks swapped, a
+  // device memory cap or one rank written as world size 1 is the same training; another world
+  // size is not (the batch changes).
+  spec.set_device_memory_limit_mb(4096);
+  spec.mutable_distributed()->set_world_size(1);
+  EXPECT_TRUE(scheduler::SameTraining(old_fingerprint, spec));
+  auto* dist = spec.mutable_distributed();
+  dist->set_world_size(2);
+  dist->set_rank(1);
+  dist->set_rendezvous("10.0.0.1:29500");
+  dist->set_bind_address("10.0.0.2");
+  dist->set_timeout_seconds(30);
+  const std::string two_ranks = scheduler::TrainingFingerprint(spec);
+  dist->set_rank(0);
+  dist->set_rendezvous("127.0.0.1:29511");
+  dist->clear_bind_address();
+  dist->set_timeout_seconds(600);
+  EXPECT_TRUE(scheduler::SameTraining(two_ranks, spec));
+  EXPECT_FALSE(scheduler::SameTraining(old_fingerprint, spec));
+  dist->set_world_size(4);
+  EXPECT_FALSE(scheduler::SameTraining(two_ranks, spec));
+  EXPECT_EQ(scheduler::TrainingDifferences(two_ranks, spec),
+            "modified: distributed.world_size: 2 -> 4");
 }
 
 }  // namespace

@@ -142,6 +142,93 @@ TEST(CollectiveTest, ARankOfAnotherJobIsRefusedAtTheRendezvousNamingIt) {
   }
 }
 
+TEST(CollectiveTest, AMismatchIsExplainedByTheCallerAndSharedResourcesAreRefused) {
+  if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
+  int port = FreePort();
+  std::vector<absl::Status> st(2);
+  OnRanks(2, [&](int r) {
+    CollectiveOptions o = Options(r, 2, port, absl::Seconds(30));
+    if (r == 1) o.fingerprint = "job-b";
+    o.explain_mismatch = [](const std::string& a, const std::string& b) {
+      return a + " became " + b;
+    };
+    st[r] = Collective::Join(o).status();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(st[r].code(), absl::StatusCode::kFailedPrecondition) << st[r];
+    EXPECT_NE(st[r].message().find("than rank 0 (rank0-host): job-a became job-b; start"),
+              std::string::npos)
+        << st[r];
+  }
+  // Two ranks that would write into one directory.
+  port = FreePort();
+  OnRanks(2, [&](int r) {
+    CollectiveOptions o = Options(r, 2, port, absl::Seconds(30));
+    o.exclusive = "the output directory host:/runs/a";
+    st[r] = Collective::Join(o).status();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(st[r].code(), absl::StatusCode::kAlreadyExists) << st[r];
+    EXPECT_NE(st[r].message().find("ranks 0 (rank0-host) and 1 (rank1-host) share the output "
+                                   "directory host:/runs/a"),
+              std::string::npos)
+        << st[r];
+  }
+}
+
+// Two processes started with the same rank: the second to claim it fails at once (not after
+// the timeout), and the group of the first forms.
+TEST(CollectiveTest, ARankTakenTwiceIsRefusedAtOnce) {
+  if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
+  const int port = FreePort();
+  std::vector<absl::Status> st(3);
+  std::vector<double> took(3);
+  OnRanks(3, [&](int t) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CollectiveOptions o = Options(t == 0 ? 0 : 1, 2, port, absl::Seconds(20));
+    if (t == 2) o.label = "second-rank1";
+    auto c = Collective::Join(o);
+    st[t] = c.status();
+    took[t] = Seconds(t0);
+    if (c.ok()) {  // the group works
+      at::Tensor x = at::ones({4});
+      st[t] = (*c)->AllReduceSum(x);
+      if (st[t].ok() && x[0].item<float>() != 2.0f) st[t] = absl::InternalError("wrong sum");
+    }
+  });
+  EXPECT_TRUE(st[0].ok()) << st[0];
+  const int loser = st[1].ok() ? 2 : 1;
+  EXPECT_TRUE(st[3 - loser].ok()) << st[3 - loser];
+  EXPECT_EQ(st[loser].code(), absl::StatusCode::kAlreadyExists) << st[loser];
+  EXPECT_NE(st[loser].message().find("rank 1 ("), std::string::npos) << st[loser];
+  EXPECT_NE(st[loser].message().find("is already taken in the group at 127.0.0.1:" +
+                                     std::to_string(port)),
+            std::string::npos)
+      << st[loser];
+  EXPECT_LT(took[loser], 10.0);  // at once, not the 20 s timeout
+}
+
+TEST(CollectiveTest, ABadBindAddressOrHugeWorldIsRefusedBeforeTheRendezvous) {
+  if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
+  CollectiveOptions o = Options(1, 2, FreePort(), absl::Seconds(30));
+  const auto t0 = std::chrono::steady_clock::now();
+  o.bind_address = "127.0.0.1:29501";
+  auto c = Collective::Join(o);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  EXPECT_NE(c.status().message().find("bind_address '127.0.0.1:29501' has a port"),
+            std::string::npos)
+      << c.status();
+  o.bind_address = "192.0.2.55";  // TEST-NET-1 (RFC 5737): an address of no host here
+  c = Collective::Join(o);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  EXPECT_NE(c.status().message().find("'192.0.2.55' is not an address of this host"),
+            std::string::npos)
+      << c.status();
+  EXPECT_LT(Seconds(t0), 5.0);  // no rendezvous was tried (it would wait the 30 s)
+  o = Options(0, kMaxWorldSize + 1, 0, absl::Seconds(1));
+  EXPECT_EQ(Collective::Join(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CollectiveTest, ARankThatNeverJoinsFailsTheOthersWithinTheTimeout) {
   if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
   const auto t0 = std::chrono::steady_clock::now();

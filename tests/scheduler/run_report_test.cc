@@ -247,6 +247,18 @@ TEST(RunReportTest, PaddingShareIsSummedOverTheSteps) {
   EXPECT_THAT(RunReportHtml(kMetrics, "run"), Not(HasSubstr("padding (share")));
 }
 
+// A data-parallel rank's step lines carry the bytes it all-reduced (int64: a JSON string).
+TEST(RunReportTest, AllReducedBytesOfADataParallelRunAreShown) {
+  const std::string html = RunReportHtml(
+      R"({"kind":"step","step":1,"loss":2,"all_reduce_bytes":"2000024","all_reduce_seconds":0.5}
+{"kind":"step","step":2,"loss":2,"all_reduce_bytes":"2000024","all_reduce_seconds":0.25}
+)",
+      "run");
+  EXPECT_THAT(html, HasSubstr("<th>all-reduced per step (data parallel, mean)</th><td>2 MB in "
+                              "0.375 s</td>"));
+  EXPECT_THAT(RunReportHtml(kMetrics, "run"), Not(HasSubstr("all-reduced")));
+}
+
 TEST(RunReportTest, MissingMetricsIsNotFoundNamingTheFile) {
   const std::string dir = TempDir();
   const absl::Status s = WriteRunReport(dir);
