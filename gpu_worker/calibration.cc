@@ -15,12 +15,59 @@
 #include "lsp/fit.h"
 #include "lsp/projector.h"
 #include "lsp/subspace.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "offload/arena_layout.h"
+#include "offload/collective.h"
 #include "offload/torch_call.h"
 #include "runtime/clock.h"
 #include "runtime/status_macros.h"
+#include "runtime/tfrecord.h"
 
 namespace lspo::worker {
+namespace {
+
+// CRC-32C of every matrix's P and Q (index and value bytes, in matrix order).
+uint32_t ProjectorChecksum(const LspPath& path) {
+  uint32_t crc = 0;
+  auto add = [&crc](const at::Tensor& t) {
+    if (!t.defined()) return;
+    const at::Tensor c = t.to(at::kCPU).contiguous();
+    crc = runtime::Crc32cExtend(
+        crc, absl::string_view(static_cast<const char*>(c.data_ptr()), c.nbytes()));
+  };
+  for (size_t i = 0; i < path.p().size(); ++i) {
+    add(path.p()[i].index), add(path.p()[i].value);
+    add(path.q()[i].index), add(path.q()[i].value);
+  }
+  return crc;
+}
+
+// Data parallel: every rank fits the same projectors (the calibration examples and the draws
+// are functions of the seed and the step, not of the rank); their checksums are all-gathered
+// and compared with rank 0's. Errors: kFailedPrecondition naming the ranks that differ,
+// the collective's errors.
+absl::Status CheckProjectorsAgree(const WorkerJob& job, const LspPath& path, int step) {
+  offload::Collective* group = job.collective.get();
+  if (group == nullptr || group->world_size() <= 1) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<int64_t> crcs, group->AllGather(ProjectorChecksum(path)));
+  std::vector<std::string> differ;
+  for (size_t r = 1; r < crcs.size(); ++r) {
+    if (crcs[r] != crcs[0]) {
+      differ.push_back(absl::StrFormat("rank %d (%s) %08x", r, group->labels()[r], crcs[r]));
+    }
+  }
+  if (differ.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "distributed: the projectors fitted at step ", step, " differ across the ranks (CRC-32C of "
+      "P and Q: rank 0 (", group->labels()[0], ") ", absl::StrFormat("%08x", crcs[0]), ", ",
+      absl::StrJoin(differ, ", "),
+      "): the ranks computed different calibration gradients; run every rank on hosts with the "
+      "same CPU kind, LibTorch and thread count"));
+}
+
+}  // namespace
 
 absl::StatusOr<lspo::v1::FitProjectorsReply> RunProjectorCheck(WorkerJob* job, int step) {
   ASSIGN_OR_RETURN(LspPath * lsp_path, LspPathOf(job, "FitProjectors"));
@@ -153,6 +200,7 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> RunProjectorCheck(WorkerJob* job, i
       }
     }
     model.SetLinearMode(model::LinearMode::kCustom);
+    RETURN_IF_ERROR(CheckProjectorsAgree(*job, *lsp_path, step));
     lsp_path->set_fitted();
     job->events.clear();
     LOG(INFO) << "worker: projector check at step " << step << ": " << reply.refitted_size()

@@ -8,6 +8,7 @@
 #include "gpu_worker/device_offload.h"
 #include "gpu_worker/worker_job.h"
 #include "offload/arena_tensors.h"
+#include "offload/collective.h"
 #include "runtime/clock.h"
 #include "runtime/status_macros.h"
 
@@ -139,7 +140,18 @@ absl::Status OffloadPath::FinishStep(WorkerJob* job, const StepContext& ctx,
     return absl::OkStatus();
   }
   if (!ctx.overlap) {
-    // Serial schedule: check every gradient, then publish them all.
+    // Serial schedule: (data parallel: sum every gradient across the ranks,) check every
+    // gradient, then publish them all.
+    if (ctx.collective != nullptr && ctx.collective->world_size() > 1) {
+      bool missing = false;
+      RETURN_IF_ERROR(SumAcrossRanks(job, ctx.collective, &missing));
+      if (missing) {
+        LOG(WARNING) << "worker: a rank formed no gradient for some matrix at step " << ctx.step
+                     << "; step skipped on every rank";
+        reply->set_nonfinite(true);
+        return absl::OkStatus();
+      }
+    }
     for (size_t i = 0; i < n; ++i) {
       const at::Tensor g = Gradient(job, static_cast<int64_t>(i));
       if (!g.defined() || !at::isfinite(g).all().item<bool>()) {
@@ -166,6 +178,42 @@ absl::Status OffloadPath::FinishStep(WorkerJob* job, const StepContext& ctx,
   const int64_t num_layers = job->model->config().num_layers;
   for (int64_t l = num_layers - 1; l >= ctx.split_layer; --l) {
     RETURN_IF_ERROR(ApplyPending(job, l));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OffloadPath::SumAcrossRanks(WorkerJob* job, offload::Collective* group,
+                                         bool* missing) {
+  // One fp32 all-reduce of every gradient, as its arena slot holds it. Every rank sends the
+  // same number of values: a missing gradient goes as zeros, and element 0 counts the ranks
+  // that missed one, so that every rank skips the step together.
+  const size_t n = job->linears.size();
+  std::vector<at::Tensor> grads(n);
+  std::vector<int64_t> sizes(n);
+  int64_t total = 1;
+  for (size_t i = 0; i < n; ++i) {
+    grads[i] = Gradient(job, static_cast<int64_t>(i));
+    ASSIGN_OR_RETURN(at::Tensor slot, GradientSlot(*job, static_cast<int64_t>(i)));
+    sizes[i] = slot.numel();
+    total += sizes[i];
+  }
+  at::Tensor flat = at::zeros({total}, at::kFloat);
+  int64_t offset = 1;
+  for (size_t i = 0; i < n; ++i) {
+    if (grads[i].defined()) {
+      flat.narrow(0, offset, sizes[i]).copy_(grads[i].reshape({-1}));
+    } else {
+      flat[0] = 1.0f;
+    }
+    offset += sizes[i];
+  }
+  RETURN_IF_ERROR(group->AllReduceSum(flat));
+  *missing = flat[0].item<float>() > 0;
+  if (*missing) return absl::OkStatus();
+  offset = 1;
+  for (size_t i = 0; i < n; ++i) {
+    grads[i].copy_(flat.narrow(0, offset, sizes[i]).view(grads[i].sizes()));  // to its dtype
+    offset += sizes[i];
   }
   return absl::OkStatus();
 }

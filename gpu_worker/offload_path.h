@@ -48,6 +48,13 @@ class OffloadPath : public UpdatePath {
   // CUDA: the verdict arrives on the watcher thread, which then aborts) or cannot be enqueued.
   bool PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& grad, uint32_t step);
 
+  // Data parallel, serial schedule on the CPU: replaces every linear's gradient
+  // (Gradient(job, i), in place, in its dtype) by its sum over the ranks of `group`: one fp32
+  // all-reduce of Σ (slot elements) + 1 values. Sets *missing (and changes nothing) when any
+  // rank formed no gradient for some linear, so that every rank skips the step. Errors:
+  // Collective::AllReduceSum's (kUnavailable naming the ranks), arena slot errors.
+  absl::Status SumAcrossRanks(WorkerJob* job, offload::Collective* group, bool* missing);
+
  private:
   // The mode's arena layout for job->linears (offload/arena_layout.h).
   virtual absl::StatusOr<lspo::v1::ArenaLayout> BuildLayout(const WorkerJob& job) = 0;

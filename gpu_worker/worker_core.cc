@@ -226,14 +226,16 @@ absl::StatusOr<bool> UseCuda(const JobSpec& spec) {
 }
 
 // What every rank of a data-parallel job must share: the spec without the fields a rank may
-// set for itself (rank, bind address, timeout, output_dir, threads, the device memory cap, the
-// job's name), as JSON, so a mismatch can be told field by field.
+// set for itself (rank, bind address, timeout, output_dir and resume_from, threads, the device
+// memory cap, the job's name), as JSON, so a mismatch can be told field by field. (That the
+// ranks resume from the same step is checked at every step instead.)
 JobSpec SharedSpec(const JobSpec& spec) {
   JobSpec shared = spec;
   shared.mutable_distributed()->clear_rank();
   shared.mutable_distributed()->clear_bind_address();
   shared.mutable_distributed()->clear_timeout_seconds();
   shared.clear_output_dir();
+  shared.clear_resume_from();
   shared.clear_num_threads();
   shared.clear_device_memory_limit_mb();
   shared.clear_name();
@@ -659,9 +661,18 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> WorkerCore::FitProjectors(
 }
 
 absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
-    const std::string& job_id, int step, double lr, const lspo::v1::StepPlan& plan) {
+    const std::string& job_id, int step, double lr, const lspo::v1::StepPlan& requested) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
+  const lspo::v1::StepPlan& plan = requested;
+  if (plan.overlap() && job->collective != nullptr && job->collective->world_size() > 1) {
+    // The scheduler plans the serial schedule for a data-parallel job (the gradients are
+    // summed across the ranks in one all-reduce after the backward); the per-layer all-reduce
+    // inside the overlapped backward is a later step of issue 17 (docs/distributed.md).
+    return absl::InvalidArgumentError(
+        "TrainStep: the overlap schedule is not data parallel yet; plan the serial schedule "
+        "for distributed.world_size > 1");
+  }
   // Published for UnloadJob, which may abandon this step while we wait (see the header).
   busy_step_.store(step);
   struct ClearStep {
@@ -706,6 +717,18 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
     const int64_t group_bytes0 = group != nullptr ? group->all_reduce_bytes() : 0;
     const double group_secs0 = group != nullptr ? group->all_reduce_seconds() : 0;
     if (group != nullptr) {
+      // The ranks train the same step (a rank resumed from another checkpoint than the others
+      // would silently train other weights).
+      ASSIGN_OR_RETURN(std::vector<int64_t> steps, group->AllGather(step));
+      for (size_t r = 1; r < steps.size(); ++r) {
+        if (steps[r] != steps[0]) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "distributed: rank ", r, " (", group->labels()[r], ") trains step ", steps[r],
+              " while rank 0 (", group->labels()[0], ") trains step ", steps[0],
+              ": resume every rank from a checkpoint of the same step (each rank's "
+              "output_dir/checkpoint-N)"));
+        }
+      }
       // Every rank scales its loss by its tokens over the global count (token-mean loss).
       at::Tensor t = at::full({1}, total, at::kLong);
       RETURN_IF_ERROR(group->AllReduceSum(t));

@@ -279,10 +279,11 @@ static absl::Status ValidateDistributed(const JobSpec& spec) {
   if (d.timeout_seconds() < 0) {
     return bad("timeout_seconds", d.timeout_seconds(), "use 0 (= 300) or a positive bound");
   }
-  if (spec.mode() != v1::MODE_NATIVE && spec.mode() != v1::MODE_LORA) {
+  if (spec.mode() == v1::MODE_GALORE) {
     return bad("world_size", d.world_size(),
-               absl::StrCat("data parallelism runs modes native and lora so far (lsp, zero and "
-                            "galore follow, issue 17); mode ",
+               absl::StrCat("data parallelism runs modes native, lora, lsp and zero (galore "
+                            "follows: its projector comes from the gradient, which must be "
+                            "summed across the ranks first); mode ",
                             runtime::EnumShortName(spec.mode()), " needs world_size 1"));
   }
   return absl::OkStatus();

@@ -4,6 +4,8 @@
 // job or one that never joins must fail the job with the rank named, within the timeout.
 #include <chrono>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <thread>
@@ -13,6 +15,7 @@
 
 #include "client/embedded.h"
 #include "gtest/gtest.h"
+#include "lsp/subspace.h"
 #include "model/safetensors.h"
 #include "offload/collective.h"
 #include "offload/job_assets.h"
@@ -107,18 +110,25 @@ Difference RelativeDifference(const model::LlamaModel& base, const std::string& 
 }
 
 // Two ranks at micro-batch 2 against one rank: the same examples per step, the loss scaled by
-// the global token count, the gradients summed, so only the order of fp32 sums differs.
+// the global token count, the gradients (lsp: the S = Pᵀ G Q) summed, so only the order of
+// fp32 sums differs.
 //  - Against one rank at micro-batch 2 with twice the accumulation steps (the same
-//    micro-batches): every matrix's change within 1e-5 (relative L2; the bound).
+//    micro-batches): every matrix's change within `same_batches_bound` (relative L2; the
+//    issue's 1e-5 for native, lora and lsp; zero keeps bf16 weights and bf16 gradients, whose
+//    rounding depends on where the micro-batches are summed: it is held to the re-batching
+//    noise below instead).
 //  - Against one rank at micro-batch 4: no further than that same one-rank re-batching moves
 //    the result (x1.5 + 1e-5). A micro-batch of 4 sums in another order inside the matmuls;
 //    measured on native, 1 step: 5.6e-5 for the worst matrix whether the micro-batches of 2
 //    run on one rank or two, 4.0e-6 between those two.
 //  - One and four steps, with clipping and weight decay acting on the summed gradients; the
-//    losses within 1e-6 relative; the two ranks' weights bitwise equal.
-//  - Bytes all-reduced per step: the gradients in fp32, the token count (8 bytes), the
-//    non-finite flag and the loss (16).
-void ExpectTwoRanksMatchOne(v1::TrainingMode mode) {
+//    losses within 1e-6 relative; the two ranks' weights bitwise equal. lsp and zero run the
+//    serial schedule on two ranks and the default (overlap) on one: the schedules give
+//    bitwise-equal weights on one rank.
+//  - Bytes all-reduced per step: the gradients in fp32 (native Σ m n, lora Σ r (m + n), lsp
+//    Σ d_p d_q, zero Σ m n), plus a missing-gradient count (4 bytes, offloaded modes), the
+//    token count (8 bytes), the non-finite flag and the loss (16).
+void ExpectTwoRanksMatchOne(v1::TrainingMode mode, double same_batches_bound = 1e-5) {
   auto base = offload::LoadJobModel(Spec("dp-base", mode, 4));
   ASSERT_TRUE(base.ok()) << base.status();
   for (const int steps : {1, 4}) {
@@ -153,16 +163,32 @@ void ExpectTwoRanksMatchOne(v1::TrainingMode mode) {
                 "vs re-batched %.3g / %.3g\n",
                 v1::TrainingMode_Name(mode).c_str(), steps, dp.worst_matrix, dp.global,
                 noise.worst_matrix, noise.global, vs_rb.worst_matrix, vs_rb.global);
-    EXPECT_LT(vs_rb.worst_matrix, 1e-5);
+    if (same_batches_bound > 0) {
+      EXPECT_LT(vs_rb.worst_matrix, same_batches_bound);
+    } else {
+      EXPECT_LE(vs_rb.worst_matrix, 1.5 * noise.worst_matrix + 1e-5);
+    }
     EXPECT_LE(dp.worst_matrix, 1.5 * noise.worst_matrix + 1e-5);
     int64_t grad_values = 0;
     for (int64_t i = 0; i < base->num_linears(); ++i) {
       const at::Tensor& w = base->LinearWeight(i);
-      grad_values += mode == v1::MODE_NATIVE ? w.numel() : 8 * (w.size(0) + w.size(1));
+      const int64_t m = w.size(0), n = w.size(1);
+      if (mode == v1::MODE_LORA) {
+        grad_values += 8 * (m + n);
+      } else if (mode == v1::MODE_LSP) {
+        auto sub = lsp::ResolveSubspace(m, n, one.lsp().d(), one.lsp().d_ratio(), one.lsp().r(),
+                                        lsp::NarrowRule::kOneSided);
+        ASSERT_TRUE(sub.ok()) << sub.status();
+        grad_values += sub->p.dim * sub->q.dim;
+      } else {
+        grad_values += m * n;
+      }
     }
+    const bool offloaded = mode == v1::MODE_LSP || mode == v1::MODE_ZERO;
     for (const auto& s : ranks[0].updates) {
       if (s.has_last_step() && s.last_step().step() > 0) {
-        EXPECT_EQ(s.last_step().all_reduce_bytes(), 4 * grad_values + 8 + 16)
+        EXPECT_EQ(s.last_step().all_reduce_bytes(),
+                  4 * grad_values + (offloaded ? 4 : 0) + 8 + 16)
             << "step " << s.last_step().step();
       }
     }
@@ -179,6 +205,74 @@ TEST(DataParallelTest, LoraTwoRanksAtMicroBatch2MatchOneRankAt4) {
   if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (!offload::CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo";
   ExpectTwoRanksMatchOne(v1::MODE_LORA);
+}
+
+TEST(DataParallelTest, LspTwoRanksAtMicroBatch2MatchOneRankAt4) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!offload::CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo";
+  ExpectTwoRanksMatchOne(v1::MODE_LSP);
+}
+
+TEST(DataParallelTest, ZeroTwoRanksAtMicroBatch2MatchOneRankAt4) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!offload::CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo";
+  ExpectTwoRanksMatchOne(v1::MODE_ZERO, /*same_batches_bound=*/0);
+}
+
+std::vector<uint8_t> Bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+// A two-rank job checkpointed at step 3 and resumed by two ranks (other output folders, another
+// rendezvous port) is bitwise the uninterrupted one: the same losses at steps 4..6 and the same
+// model.safetensors on each rank. Ranks resuming from different steps fail at the first step,
+// naming both steps.
+TEST(DataParallelTest, ATwoRankJobResumesBitwiseAndTheRanksMustResumeOneStep) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!offload::CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo";
+  for (v1::TrainingMode mode : {v1::MODE_NATIVE, v1::MODE_LSP}) {
+    SCOPED_TRACE(v1::TrainingMode_Name(mode));
+    v1::JobSpec base = Spec("dp-resume", mode, 2, 6);
+    base.mutable_lsp()->set_check_freq(4);  // a refit after the resume point
+    base.set_checkpoint_every(3);
+    const std::vector<v1::JobSpec> full = RankSpecs(base, 2, 120);
+    const std::vector<WatchResult> a = RunRanks(full);
+    std::vector<v1::JobSpec> again = RankSpecs(base, 2, 120);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(a[r].last.state(), v1::SUCCEEDED) << "rank " << r << ": " << a[r].last.error();
+      again[r].set_resume_from(full[r].output_dir() + "/checkpoints/step-00000003");
+    }
+    const std::vector<WatchResult> b = RunRanks(again);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(b[r].last.state(), v1::SUCCEEDED) << "rank " << r << ": " << b[r].last.error();
+      EXPECT_EQ(b[r].last.resumed_from_step(), 3);
+      const auto la = testing_jobs::StepLosses(a[r]), lb = testing_jobs::StepLosses(b[r]);
+      for (int step = 4; step <= 6; ++step) {
+        ASSERT_TRUE(lb.count(step) && la.count(step)) << step;
+        EXPECT_EQ(lb.at(step), la.at(step)) << "rank " << r << " step " << step;  // bitwise
+      }
+      const std::vector<uint8_t> wa = Bytes(full[r].output_dir() + "/model.safetensors");
+      EXPECT_GT(wa.size(), 1000u);
+      EXPECT_TRUE(wa == Bytes(again[r].output_dir() + "/model.safetensors")) << "rank " << r;
+    }
+  }
+  // Rank 0 resumes at step 3, rank 1 starts afresh ("latest" in an empty folder).
+  v1::JobSpec base = Spec("dp-resume-mixed", v1::MODE_NATIVE, 2, 6);
+  base.set_checkpoint_every(3);
+  const std::vector<v1::JobSpec> first = RankSpecs(base, 2, 120);
+  for (const WatchResult& w : RunRanks(first)) ASSERT_EQ(w.last.state(), v1::SUCCEEDED);
+  std::vector<v1::JobSpec> mixed = RankSpecs(base, 2, 120);
+  mixed[0].set_resume_from(first[0].output_dir() + "/checkpoints/step-00000003");
+  mixed[1].set_resume_from("latest");
+  const std::vector<WatchResult> m = RunRanks(mixed);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(m[r].last.state(), v1::FAILED) << r;
+    EXPECT_NE(m[r].last.error().find("rank 1 ("), std::string::npos) << m[r].last.error();
+    EXPECT_NE(m[r].last.error().find("trains step 1 while rank 0 ("), std::string::npos)
+        << m[r].last.error();
+    EXPECT_NE(m[r].last.error().find("trains step 4"), std::string::npos) << m[r].last.error();
+  }
 }
 
 // A rank started with another spec (another learning rate) is refused at the rendezvous on
@@ -217,12 +311,9 @@ TEST(DataParallelTest, ModesNotYetDataParallelAreRefusedAtSubmission) {
   if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   auto runtime = testing_jobs::StartEmbedded();
   auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
-  for (v1::TrainingMode mode : {v1::MODE_LSP, v1::MODE_ZERO, v1::MODE_GALORE}) {
-    v1::JobSpec spec = RankSpecs(Spec("dp-mode", mode, 2), 2, 10)[0];
-    testing_jobs::ExpectRefusedAtSubmit(stub.get(), spec, grpc::StatusCode::INVALID_ARGUMENT,
-                                        "distributed.world_size = 2 is invalid",
-                                        v1::TrainingMode_Name(mode));
-  }
+  v1::JobSpec galore = RankSpecs(Spec("dp-mode", v1::MODE_GALORE, 2), 2, 10)[0];
+  testing_jobs::ExpectRefusedAtSubmit(stub.get(), galore, grpc::StatusCode::INVALID_ARGUMENT,
+                                      "distributed.world_size = 2 is invalid", "mode galore");
   v1::JobSpec bad_rank = RankSpecs(Spec("dp-rank", v1::MODE_NATIVE, 2), 2, 10)[0];
   bad_rank.mutable_distributed()->set_rank(2);
   testing_jobs::ExpectRefusedAtSubmit(stub.get(), bad_rank, grpc::StatusCode::INVALID_ARGUMENT,
