@@ -73,6 +73,12 @@ ABSL_FLAG(std::string, output_dir, "",
           "run/submit: override the spec's output directory; convert: the folder to write");
 ABSL_FLAG(int32_t, rank, -1,
           "run/submit: this process's rank of a data-parallel job (distributed.rank; -1 = keep)");
+ABSL_FLAG(std::string, bind_address, "",
+          "run/submit: this rank's address for the collectives (distributed.bind_address; a "
+          "per-host setting when the ranks share one spec file; empty = keep)");
+ABSL_FLAG(std::string, rendezvous, "",
+          "run/submit: rank 0's host:port for a data-parallel job (distributed.rendezvous; "
+          "empty = keep)");
 ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends");
 ABSL_FLAG(bool, json, false, "status/list: print JSON instead of a table");
 ABSL_FLAG(bool, verbose, false, "run: also print the services' INFO logs to stderr");
@@ -129,7 +135,9 @@ constexpr char kUsage[] =
     "                                      files); DIR must be new or empty\n"
     "Flags: --scheduler=HOST:PORT (127.0.0.1:50060), --json, --watch, --verbose,\n"
     "  spec overrides --steps --mode --schedule --output_dir --rank (a data-parallel job's\n"
-    "  rank: one lspctl run per rank, same spec), --timeout_seconds (health),\n"
+    "  rank: one lspctl run per rank, same spec) --bind_address (that rank's address)\n"
+    "  --rendezvous (rank 0's host:port),\n"
+    "  --timeout_seconds (health),\n"
     "  --auth_token_file=FILE (bearer token, mode 0600), --tls_ca=CA.pem (TLS).\n"
     "  lspctl --helpfull lists every flag.\n"
     "Exit codes: 0 success, 1 job failed/cancelled, not SERVING or RPC error, 2 usage error.";
@@ -372,6 +380,12 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
     spec->set_output_dir(absl::GetFlag(FLAGS_output_dir));
   }
   if (absl::GetFlag(FLAGS_rank) >= 0) spec->mutable_distributed()->set_rank(absl::GetFlag(FLAGS_rank));
+  if (!absl::GetFlag(FLAGS_bind_address).empty()) {
+    spec->mutable_distributed()->set_bind_address(absl::GetFlag(FLAGS_bind_address));
+  }
+  if (!absl::GetFlag(FLAGS_rendezvous).empty()) {
+    spec->mutable_distributed()->set_rendezvous(absl::GetFlag(FLAGS_rendezvous));
+  }
   return spec;
 }
 

@@ -64,6 +64,12 @@ need lsp-scheduler.service "${common[@]/RemoveIPC=no/PrivateDevices=yes}" \
   "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6"
 need lsp-gpu-worker.service "${common[@]}" "LimitMEMLOCK=infinity" "PrivateDevices=no"
 need lsp-cpu-optimizer.service "${common[@]}" "LimitMEMLOCK=infinity"
+# A data-parallel rank: loopback only unless a drop-in admits the ranks' network (the
+# rendezvous store and Gloo are unauthenticated), the rank from the instance name.
+need lsp-rank@.service "${common[@]}" "LimitMEMLOCK=infinity" "IPAddressDeny=any" \
+  "IPAddressAllow=localhost"
+grep -q -- '--rank=%i ' "$units_src/lsp-rank@.service" \
+  || err "lsp-rank@.service: the rank is not the instance (--rank=%i)"
 for u in "$units_src"/*.service; do
   grep -q '^DynamicUser=yes' "$u" && err "$(basename "$u"): DynamicUser=yes implies RemoveIPC=yes (drops the arena)"
   grep -q '^Restart=' "$u" || err "$(basename "$u"): no Restart="
