@@ -6,11 +6,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -228,6 +231,64 @@ TEST(MultiProcessTest, WorkerKilledMidStepFailsTheJobAndLeavesNoSegment) {
   EXPECT_LT(r.seconds_after, 60.0)
       << "the job took " << r.seconds_after << " s to fail after the worker died";
   EXPECT_EQ(ShmLeftovers(r.last.job_id()), 0);
+}
+
+// A data-parallel job of two ranks, each rank the three services as separate processes (as
+// two hosts would run them): kill -9 of rank 1's worker, then (a new job) of rank 1's
+// optimizer, mid-training. Both ranks' jobs fail within the 20 s collective timeout plus the
+// time to notice, rank 0's error naming the ranks; no process hangs and no shared-memory
+// segment of either rank is left behind.
+TEST(MultiProcessTest, ARankKilledMidStepFailsEveryRankPromptlyNamingTheRanks) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  for (const bool kill_worker : {true, false}) {
+    SCOPED_TRACE(kill_worker ? "rank 1's worker killed" : "rank 1's optimizer killed");
+    Services rank0(300), rank1(300);
+    ASSERT_TRUE(rank0.Ready() && rank1.Ready());
+    const std::string at = "127.0.0.1:" + std::to_string(FreePort());
+    std::vector<v1::JobSpec> specs;
+    for (int r = 0; r < 2; ++r) {
+      v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(
+          testing_jobs::TempDir("mp-dp" + std::to_string(r)), v1::MODE_LSP, 100000);
+      spec.set_micro_batch_size(2);
+      spec.mutable_distributed()->set_world_size(2);
+      spec.mutable_distributed()->set_rank(r);
+      spec.mutable_distributed()->set_rendezvous(at);
+      spec.mutable_distributed()->set_timeout_seconds(20);
+      specs.push_back(spec);
+    }
+    std::chrono::steady_clock::time_point killed_at;
+    std::atomic<bool> killed{false};
+    ActResult r0, r1;
+    std::thread t0([&] {
+      r0 = SubmitAndActAt(rank0.s, specs[0], 1 << 30, [] {});
+    });
+    r1 = SubmitAndActAt(rank1.s, specs[1], 3, [&] {
+      killed_at = std::chrono::steady_clock::now();
+      killed = true;
+      if (kill_worker) {
+        rank1.worker.Kill(SIGKILL);
+      } else {
+        rank1.optimizer.Kill(SIGKILL);
+      }
+    });
+    t0.join();
+    ASSERT_TRUE(r1.acted && killed);
+    const double rank0_after =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    std::printf("%s: rank 1 failed %.2f s after the kill: %s\nrank 0 failed %.2f s after: %s\n",
+                kill_worker ? "worker killed" : "optimizer killed", r1.seconds_after,
+                r1.last.error().c_str(), rank0_after, r0.last.error().c_str());
+    EXPECT_EQ(r1.last.state(), v1::FAILED);
+    EXPECT_EQ(r0.last.state(), v1::FAILED);
+    EXPECT_NE(r0.last.error().find("distributed: "), std::string::npos) << r0.last.error();
+    EXPECT_NE(r0.last.error().find("on rank 0 of 2 failed"), std::string::npos)
+        << r0.last.error();
+    EXPECT_NE(r0.last.error().find("1 = "), std::string::npos) << r0.last.error();
+    EXPECT_LT(r1.seconds_after, 60.0) << "rank 1 took " << r1.seconds_after << " s to fail";
+    EXPECT_LT(rank0_after, 60.0) << "rank 0 took " << rank0_after << " s to fail";
+    EXPECT_EQ(ShmLeftovers(r0.last.job_id()), 0);
+    EXPECT_EQ(ShmLeftovers(r1.last.job_id()), 0);
+  }
 }
 
 // kill -9 of the scheduler mid-job: restarted with the same --state_dir it resumes the job
