@@ -174,7 +174,7 @@ bool IsClassification(const JobStatus& s) {
 }
 
 // One-line progress: [#####-----] step 12/60 loss 0.4312 tok/s 210 ETA 4m10s | eval F1 0.41
-// | phase
+// | phase; a data-parallel rank adds "rank 1/2" after the step.
 std::string ProgressLine(const JobStatus& s) {
   const int width = 24;
   const int total = std::max(1, s.total_steps());
@@ -182,6 +182,10 @@ std::string ProgressLine(const JobStatus& s) {
   std::string bar(filled, '#');
   bar.append(width - filled, '-');
   std::string line = absl::StrFormat("[%s] step %d/%d", bar, s.step(), s.total_steps());
+  if (s.spec().distributed().world_size() > 1) {  // each rank's scheduler shows its rank
+    absl::StrAppendFormat(&line, " rank %d/%d", s.spec().distributed().rank(),
+                          s.spec().distributed().world_size());
+  }
   if (s.has_last_step()) {
     absl::StrAppendFormat(&line, " loss %.4f tok/s %.0f ETA %s", s.last_step().loss(),
                           s.last_step().tokens_per_second(), Duration(s.eta_seconds()));

@@ -19,6 +19,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "data/datasets.h"
@@ -278,6 +279,72 @@ absl::StatusOr<std::unique_ptr<offload::Collective>> JoinGroup(const JobSpec& sp
                                std::filesystem::absolute(spec.output_dir(), ec).lexically_normal().string());
   }
   return offload::Collective::Join(o);
+}
+
+// CRC-32C of the model's weights as loaded: every tensor's name, dtype, shape and its first,
+// middle and last 4 KiB (a different model or checkpoint differs there; reading every byte of
+// a 7B model would take seconds per rank).
+uint32_t ModelChecksum(const model::LlamaModel& model) {
+  uint32_t crc = 0;
+  auto add = [&crc](const void* p, size_t n) {
+    crc = runtime::Crc32cExtend(crc, absl::string_view(static_cast<const char*>(p), n));
+  };
+  for (const auto& [name, tensor] : model.NamedTensors()) {
+    const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+    add(name.data(), name.size());
+    const std::string meta =
+        absl::StrCat(c10::toString(t.scalar_type()), "(", absl::StrJoin(t.sizes(), ","), ")");
+    add(meta.data(), meta.size());
+    const size_t n = t.nbytes(), k = std::min<size_t>(n, 4096);
+    const char* b = static_cast<const char*>(t.data_ptr());
+    add(b, k);
+    add(b + (n - k) / 2, k);
+    add(b + n - k, k);
+  }
+  return crc;
+}
+
+// CRC-32C of the tokenized training examples (ids and labels, in file order).
+uint32_t TrainDataChecksum(const WorkerJob& job) {
+  uint32_t crc = 0;
+  for (const data::TokenizedExample& e : job.train) {
+    crc = runtime::Crc32cExtend(
+        crc, absl::string_view(reinterpret_cast<const char*>(e.input_ids.data()),
+                               e.input_ids.size() * sizeof(int32_t)));
+    crc = runtime::Crc32cExtend(
+        crc, absl::string_view(reinterpret_cast<const char*>(e.labels.data()),
+                               e.labels.size() * sizeof(int32_t)));
+  }
+  return crc;
+}
+
+// Data parallel: every rank loaded the same model weights and training data (the spec names
+// the same paths; the files behind them may still differ between hosts). Errors:
+// kFailedPrecondition naming the rank, its host and the spec field; the collective's errors.
+absl::Status CheckRanksLoadedTheSame(const WorkerJob& job) {
+  offload::Collective* group = job.collective.get();
+  const struct {
+    uint32_t crc;
+    const char* what;
+    std::string field;
+  } checks[] = {
+      {ModelChecksum(*job.model), "model weights",
+       absl::StrCat("model.path '", job.spec.model().path(), "'")},
+      {TrainDataChecksum(job), "tokenized training data",
+       absl::StrCat("data.train_path '", job.spec.data().train_path(), "'")},
+  };
+  for (const auto& c : checks) {
+    ASSIGN_OR_RETURN(std::vector<int64_t> all, group->AllGather(c.crc));
+    for (size_t r = 1; r < all.size(); ++r) {
+      if (all[r] != all[0]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "distributed: rank ", r, " (", group->labels()[r], ") loaded other ", c.what,
+            " than rank 0 (", group->labels()[0], ") from ", c.field,
+            ": give every rank the same files (compare them with sha256sum)"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 // The tokenizer, the model and the data of `job->spec`. Errors: those of the readers, naming
@@ -572,6 +639,9 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   ASSIGN_OR_RETURN(job->path, MakeUpdatePath(spec));
   job->classification = spec.data().format() == lspo::v1::DATA_FORMAT_CLASSIFICATION;
   RETURN_IF_ERROR(LoadAssets(job.get()));
+  if (job->collective != nullptr && job->collective->world_size() > 1) {
+    RETURN_IF_ERROR(CheckRanksLoadedTheSame(*job));
+  }
   auto& model = *job->model;
   // bf16 weights by default on the GPU (issue 6), fp32 on the CPU (docs/known-failures.md).
   // lsp with compensated rounding into bf16 weights starts from the residuals of the fp32

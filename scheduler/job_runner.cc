@@ -250,6 +250,14 @@ void JobRunner::InitSummary() {
   summary_["model_format"] = runtime::EnumShortName(spec_.model().format());
   summary_["train_path"] = spec_.data().train_path();
   has_eval_ = wload_.eval_examples() > 0 || !spec_.data().perplexity_path().empty();
+  if (has_eval_ && spec_.distributed().world_size() > 1 && spec_.distributed().rank() > 0) {
+    // Every rank holds the same weights: rank 0 evaluates for the job (the evaluation has no
+    // collective, so the other ranks need not wait for it; they do at the next step).
+    has_eval_ = false;
+    summary_["evaluated_by"] = "rank 0";
+    LOG(INFO) << "scheduler: " << id_ << ": rank " << spec_.distributed().rank()
+              << " leaves the evaluations to rank 0";
+  }
   // What loading the data did: a metrics.jsonl line per file and the job's status (lspctl
   // run / watch print it).
   std::vector<const v1::DataSummary*> data;

@@ -275,6 +275,20 @@ TEST(DataParallelTest, ATwoRankJobResumesBitwiseAndTheRanksMustResumeOneStep) {
   }
 }
 
+// Rank 0 evaluates for the job (every rank holds the same weights); the other ranks skip it.
+TEST(DataParallelTest, OnlyRankZeroEvaluates) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!offload::CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo";
+  v1::JobSpec base = Spec("dp-eval", v1::MODE_NATIVE, 2, 2);
+  base.mutable_data()->set_eval_path(testing_jobs::MobyDickPath());
+  base.mutable_data()->set_max_eval_examples(2);
+  base.set_eval_every(1);
+  const std::vector<WatchResult> r = RunRanks(RankSpecs(base, 2, 120));
+  for (int k = 0; k < 2; ++k) ASSERT_EQ(r[k].last.state(), v1::SUCCEEDED) << r[k].last.error();
+  EXPECT_EQ(r[0].last.evals_size(), 2);  // after step 1, and the final one
+  EXPECT_EQ(r[1].last.evals_size(), 0);
+}
+
 // A rank started with another spec (another learning rate) is refused at the rendezvous on
 // both ranks, naming the rank; a rank that never comes fails rank 0 within the timeout.
 TEST(DataParallelTest, ARankOfAnotherJobOrAMissingRankFailsTheJobNamingTheRank) {

@@ -291,6 +291,72 @@ TEST(MultiProcessTest, ARankKilledMidStepFailsEveryRankPromptlyNamingTheRanks) {
   }
 }
 
+// Two ranks whose spec is the same text but whose files differ (a relative data.train_path
+// read from each rank's own working directory, as on two hosts with different copies): the
+// ranks compare checksums of what they loaded and both refuse, naming the rank and the field.
+TEST(MultiProcessTest, RanksThatLoadedDifferentDataAreRefusedNamingTheFile) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  char cwd[4096];
+  ASSERT_NE(getcwd(cwd, sizeof(cwd)), nullptr);
+  std::string text;
+  {
+    std::FILE* f = std::fopen(testing_jobs::MobyDickPath().c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    char buf[20000];
+    text.assign(buf, std::fread(buf, 1, sizeof(buf), f));
+    std::fclose(f);
+  }
+  const std::string spec_path = testing_jobs::TempDir("mp-data-spec") + "/job.yaml";
+  {
+    std::FILE* f = std::fopen(spec_path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f,
+                 "name: dp-data\nmode: MODE_NATIVE\nsteps: 3\nmicro_batch_size: 2\n"
+                 "seq_len: 32\nseed: 7\nnum_threads: 1\ndevice: cpu\n"
+                 "model: {format: tiny-random, tokenizer_path: %s/%s, init_seed: 1234}\n"
+                 "data: {format: text, train_path: train.txt, max_blocks: 16}\n"
+                 "optim: {lr: 0.003}\n"
+                 "distributed: {world_size: 2, rendezvous: '127.0.0.1:%d', timeout_seconds: 20}\n",
+                 cwd, testing_jobs::kModel, FreePort());
+    std::fclose(f);
+  }
+  std::vector<std::string> dirs, out(2);
+  std::vector<int> rc(2, -1);
+  for (int r = 0; r < 2; ++r) {
+    dirs.push_back(testing_jobs::TempDir("mp-data-rank" + std::to_string(r)));
+    std::FILE* f = std::fopen((dirs[r] + "/train.txt").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    const std::string mine = r == 0 ? text : "Another first line.\n" + text;
+    std::fwrite(mine.data(), 1, mine.size(), f);
+    std::fclose(f);
+  }
+  auto run = [&](int r) {
+    const std::string cmd = "cd " + dirs[r] + " && " + LSPO_LSPCTL_BIN + " run --spec=" +
+                            spec_path + " --rank=" + std::to_string(r) + " --output_dir=out 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    if (p == nullptr) return;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out[r].append(buf, n);
+    const int status = pclose(p);
+    rc[r] = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  std::thread rank1(run, 1);
+  run(0);
+  rank1.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(rc[r], 1) << "rank " << r << ": " << out[r];
+    EXPECT_NE(out[r].find("distributed: rank 1 ("), std::string::npos) << out[r];
+    EXPECT_NE(out[r].find("loaded other tokenized training data than rank 0 ("),
+              std::string::npos)
+        << out[r];
+    EXPECT_NE(out[r].find("from data.train_path 'train.txt'"), std::string::npos) << out[r];
+    // The progress line names the rank.
+    EXPECT_NE(out[r].find("] step 0/3 rank " + std::to_string(r) + "/2 | "), std::string::npos)
+        << out[r];
+  }
+}
+
 // kill -9 of the scheduler mid-job: restarted with the same --state_dir it resumes the job
 // from its newest checkpoint (the worker and optimizer kept running) and completes it; no
 // completed checkpoint is lost and no segment is left behind.
