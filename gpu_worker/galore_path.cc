@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "baselines/galore.h"
 #include "gpu_worker/update_path.h"
+#include "gpu_worker/worker_adamw.h"
 #include "gpu_worker/worker_job.h"
 #include "offload/state_file.h"
 #include "runtime/clock.h"
@@ -67,6 +68,15 @@ class GalorePath final : public UpdatePath {
   absl::Status FinishStep(WorkerJob* job, const StepContext& ctx,
                           lspo::v1::TrainStepReply* reply) override {
     const auto t0 = std::chrono::steady_clock::now();
+    if (ctx.collective != nullptr && ctx.collective->world_size() > 1) {
+      // Data parallel: GaLore's projector is the SVD of the gradient, so the ranks sum the
+      // full gradients first (as galore-torch under DDP) and every rank projects the same G.
+      std::vector<at::Tensor> params;
+      for (int64_t i = 0; i < job->model->num_linears(); ++i) {
+        params.push_back(job->model->LinearWeight(i));
+      }
+      RETURN_IF_ERROR(SumGradientsAcrossRanks(params, ctx.collective));
+    }
     double norm = 0;
     if (!opt_->Step(ctx.lr, &norm)) {
       reply->set_nonfinite(true);

@@ -47,7 +47,7 @@ struct StepContext {
   bool overlap = false;     // StepPlan.overlap: the update overlaps the next forward.
   int64_t split_layer = 0;  // Overlap: layers >= split are applied before TrainStep returns.
   // Data parallel (distributed.world_size > 1): the group whose ranks' gradients the update
-  // sums first (all modes but galore); null for one rank.
+  // sums first (every mode but GaLore-Offload); null for one rank.
   offload::Collective* collective = nullptr;
 };
 

@@ -27,30 +27,36 @@ int64_t WorkerAdamW::StateBytes() const {
   return bytes;
 }
 
+absl::Status SumGradientsAcrossRanks(const std::vector<at::Tensor>& params,
+                                     offload::Collective* group) {
+  // One flat fp32 host buffer of every gradient (zeros where a parameter got none).
+  std::vector<at::Tensor> parts;
+  for (const at::Tensor& p : params) {
+    parts.push_back(p.grad().defined() ? p.grad().reshape({-1}).to(at::kCPU, at::kFloat)
+                                       : at::zeros({p.numel()}, at::kFloat));
+  }
+  at::Tensor flat = at::cat(parts);
+  RETURN_IF_ERROR(group->AllReduceSum(flat));
+  int64_t offset = 0;
+  at::NoGradGuard no_grad;
+  for (const at::Tensor& p : params) {
+    at::Tensor sum = flat.narrow(0, offset, p.numel()).view(p.sizes());
+    offset += p.numel();
+    at::Tensor param = p;  // a handle: mutable_grad() sets the shared tensor's gradient
+    if (param.grad().defined()) {
+      param.mutable_grad().copy_(sum);
+    } else {
+      param.mutable_grad() = sum.to(param.device(), param.scalar_type());
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WorkerAdamW::Step(double lr, offload::Collective* collective,
                                lspo::v1::TrainStepReply* reply) {
   auto t0 = std::chrono::steady_clock::now();
   if (collective != nullptr && collective->world_size() > 1) {
-    // One flat fp32 host buffer of every gradient (zeros where a parameter got none).
-    std::vector<at::Tensor> parts;
-    for (const at::Tensor& p : params_) {
-      parts.push_back(p.grad().defined()
-                          ? p.grad().reshape({-1}).to(at::kCPU, at::kFloat)
-                          : at::zeros({p.numel()}, at::kFloat));
-    }
-    at::Tensor flat = at::cat(parts);
-    RETURN_IF_ERROR(collective->AllReduceSum(flat));
-    int64_t offset = 0;
-    at::NoGradGuard no_grad;
-    for (at::Tensor& p : params_) {
-      at::Tensor sum = flat.narrow(0, offset, p.numel()).view(p.sizes());
-      offset += p.numel();
-      if (p.grad().defined()) {
-        p.mutable_grad().copy_(sum);
-      } else {
-        p.mutable_grad() = sum.to(p.device(), p.scalar_type());
-      }
-    }
+    RETURN_IF_ERROR(SumGradientsAcrossRanks(params_, collective));
   }
   // One host synchronisation: the squared norms summed on the device, read once.
   at::Tensor sq;

@@ -279,12 +279,11 @@ static absl::Status ValidateDistributed(const JobSpec& spec) {
   if (d.timeout_seconds() < 0) {
     return bad("timeout_seconds", d.timeout_seconds(), "use 0 (= 300) or a positive bound");
   }
-  if (spec.mode() == v1::MODE_GALORE) {
+  if (spec.mode() == v1::MODE_GALORE && spec.galore().offload()) {
     return bad("world_size", d.world_size(),
-               absl::StrCat("data parallelism runs modes native, lora, lsp and zero (galore "
-                            "follows: its projector comes from the gradient, which must be "
-                            "summed across the ranks first); mode ",
-                            runtime::EnumShortName(spec.mode()), " needs world_size 1"));
+               "data parallelism runs modes native, lora, lsp, zero and galore on the worker; "
+               "GaLore-Offload (galore.offload) follows: it projects each rank's gradient "
+               "before anything is summed. Use galore.offload: false or world_size 1");
   }
   return absl::OkStatus();
 }
