@@ -309,7 +309,18 @@ absl::Status DeviceOffload::SetGpuMemoryLimit(int64_t limit_bytes) {
   const double fraction =
       limit_bytes <= 0 ? 1.0 : static_cast<double>(limit_bytes) / static_cast<double>(total);
   try {
-    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, 0);
+    try {
+      c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, 0);
+    } catch (const c10::Error&) {
+      // The caching allocator exists only after CUDA's lazy initialisation: a pip LibTorch
+      // 2.11 throws "Allocator not initialized for device" before the process's first CUDA
+      // allocation (PyTorch's torch.cuda.set_per_process_memory_fraction calls _lazy_init()
+      // first; seen on an H200, docs/gpu.md). One small allocation, under the default
+      // fraction 1.0, initialises it (and caches one 2 MiB block); then set the fraction. Not
+      // before the first try: a later job would allocate under the previous job's cap.
+      (void)at::empty({1}, at::TensorOptions().device(at::kCUDA, 0));
+      c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, 0);
+    }
   } catch (const c10::Error& e) {
     return absl::FailedPreconditionError(
         absl::StrCat("device_memory_limit_mb: setting the allocator's fraction failed: ",

@@ -271,6 +271,11 @@ def make_specs(args):
             if cap:
                 spec["device_memory_limit_mb"] = cap
                 spec["activation_checkpointing"] = True
+                if enum == "MODE_LSP":
+                    # The paper's setting: 16-bit weights alone on the device. The default
+                    # compensated rounding adds a bf16 residual per trained weight (2 B each),
+                    # which put the 1.1B model over 4 GB on the H200 (docs/gpu.md, Results).
+                    spec["lsp"]["apply_rounding"] = "nearest"
             path = os.path.join(spec_dir, name + ".yaml")
             with open(path, "w") as f:
                 f.write(f"# scripts/device-check: {m['label']}, mode {mode}\n")
@@ -283,7 +288,9 @@ def make_specs(args):
                                                          "num_key_value_heads"], shape)),
                                          d=m["d"], r=r, micro_batch_size=mb,
                                          seq_len=seq_len, steps=steps, weight=m["weight"],
-                                         device_memory_limit_mb=cap))
+                                         device_memory_limit_mb=cap,
+                                         apply_rounding=spec["lsp"].get("apply_rounding",
+                                                                        "compensated")))
             lines.append((RUN_ORDER.get(m["key"], 9), MODES_ORDER.index(mode),
                           f"{name}\t{m['weight']}\t{path}\t{run_dir}\t"
                           f"{arena_bytes(shape, enum, m['d'], r)}"))
@@ -400,9 +407,11 @@ def summarise_run(rows):
 def memory_model(run):
     """Static part of the lsp peak-memory formula (docs/gpu.md), bytes.
 
-    bf16 trained matrices (2 bytes each), fp32 embedding/norms (4 bytes), projectors on the
-    device as int64 positions + fp32 values ((m + n) r (8 + 4)), one fp32 S accumulator
-    (d, d) per matrix, and kStagingSlots = 4 upload staging buffers of d^2 fp32.
+    bf16 trained matrices (2 bytes each), fp32 embedding/norms (4 bytes), the bf16
+    compensation residuals (2 bytes per trained element, lsp.apply_rounding compensated, the
+    default; none for nearest), projectors on the device as int64 positions + fp32 values
+    ((m + n) r (8 + 4)), one fp32 S accumulator (d, d) per matrix, and kStagingSlots = 4
+    upload staging buffers of d^2 fp32.
     """
     shape = tuple(run["shape"][k] for k in ("hidden_size", "intermediate_size",
                                             "num_hidden_layers", "num_attention_heads",
@@ -412,10 +421,12 @@ def memory_model(run):
     mats = matrices(shape)
     linear = layers * sum(m * n for m, n in mats)
     weights = 2 * linear + 4 * (param_count(shape) - linear)
+    residuals = 0 if run.get("apply_rounding") == "nearest" else 2 * linear
     projectors = layers * sum((m + n) * r * (8 + 4) for m, n in mats)
     sd = layers * len(mats) * 4 * d * d + 4 * 4 * d * d
-    return {"weights_bytes": weights, "projector_bytes": projectors,
-            "s_d_buffer_bytes": sd, "static_bytes": weights + projectors + sd}
+    return {"weights_bytes": weights, "residual_bytes": residuals,
+            "projector_bytes": projectors, "s_d_buffer_bytes": sd,
+            "static_bytes": weights + residuals + projectors + sd}
 
 
 def _tail(path, n=25):
