@@ -184,37 +184,18 @@ absl::Status OffloadPath::FinishStep(WorkerJob* job, const StepContext& ctx,
 
 absl::Status OffloadPath::SumAcrossRanks(WorkerJob* job, offload::Collective* group,
                                          bool* missing) {
-  // One fp32 all-reduce of every gradient, as its arena slot holds it. Every rank sends the
-  // same number of values: a missing gradient goes as zeros, and element 0 counts the ranks
-  // that missed one, so that every rank skips the step together.
+  // One fp32 all-reduce of every gradient, as its arena slot holds it; a missing gradient
+  // goes as zeros and is counted, so that every rank skips the step together.
   const size_t n = job->linears.size();
   std::vector<at::Tensor> grads(n);
-  std::vector<int64_t> sizes(n);
-  int64_t total = 1;
+  std::vector<int64_t> numels(n);
   for (size_t i = 0; i < n; ++i) {
     grads[i] = Gradient(job, static_cast<int64_t>(i));
     ASSIGN_OR_RETURN(at::Tensor slot, GradientSlot(*job, static_cast<int64_t>(i)));
-    sizes[i] = slot.numel();
-    total += sizes[i];
+    numels[i] = slot.numel();
   }
-  at::Tensor flat = at::zeros({total}, at::kFloat);
-  int64_t offset = 1;
-  for (size_t i = 0; i < n; ++i) {
-    if (grads[i].defined()) {
-      flat.narrow(0, offset, sizes[i]).copy_(grads[i].reshape({-1}));
-    } else {
-      flat[0] = 1.0f;
-    }
-    offset += sizes[i];
-  }
-  RETURN_IF_ERROR(group->AllReduceSum(flat));
-  *missing = flat[0].item<float>() > 0;
-  if (*missing) return absl::OkStatus();
-  offset = 1;
-  for (size_t i = 0; i < n; ++i) {
-    grads[i].copy_(flat.narrow(0, offset, sizes[i]).view(grads[i].sizes()));  // to its dtype
-    offset += sizes[i];
-  }
+  ASSIGN_OR_RETURN(int64_t missing_count, offload::SumTensorsAcrossRanks(*group, grads, numels));
+  *missing = missing_count > 0;
   return absl::OkStatus();
 }
 

@@ -50,9 +50,10 @@ class OffloadPath : public UpdatePath {
 
   // Data parallel, serial schedule on the CPU: replaces every linear's gradient
   // (Gradient(job, i), in place, in its dtype) by its sum over the ranks of `group`: one fp32
-  // all-reduce of Σ (slot elements) + 1 values. Sets *missing (and changes nothing) when any
-  // rank formed no gradient for some linear, so that every rank skips the step. Errors:
-  // Collective::AllReduceSum's (kUnavailable naming the ranks), arena slot errors.
+  // all-reduce of Σ (slot elements) + 1 values (offload::SumTensorsAcrossRanks). Sets *missing
+  // when any rank formed no gradient for some linear (the caller then skips the step on every
+  // rank). Errors: Collective::AllReduceSum's (kUnavailable naming the ranks), arena slot
+  // errors.
   absl::Status SumAcrossRanks(WorkerJob* job, offload::Collective* group, bool* missing);
 
  private:

@@ -29,24 +29,19 @@ int64_t WorkerAdamW::StateBytes() const {
 
 absl::Status SumGradientsAcrossRanks(const std::vector<at::Tensor>& params,
                                      offload::Collective* group) {
-  // One flat fp32 host buffer of every gradient (zeros where a parameter got none).
-  std::vector<at::Tensor> parts;
+  std::vector<at::Tensor> grads;
+  std::vector<int64_t> numels;
   for (const at::Tensor& p : params) {
-    parts.push_back(p.grad().defined() ? p.grad().reshape({-1}).to(at::kCPU, at::kFloat)
-                                       : at::zeros({p.numel()}, at::kFloat));
+    grads.push_back(p.grad());  // undefined where a parameter got none: summed as zeros
+    numels.push_back(p.numel());
   }
-  at::Tensor flat = at::cat(parts);
-  RETURN_IF_ERROR(group->AllReduceSum(flat));
-  int64_t offset = 0;
+  ASSIGN_OR_RETURN(int64_t missing, offload::SumTensorsAcrossRanks(*group, grads, numels));
+  (void)missing;  // a parameter no rank touched gets a zero gradient, as under DDP
   at::NoGradGuard no_grad;
-  for (const at::Tensor& p : params) {
-    at::Tensor sum = flat.narrow(0, offset, p.numel()).view(p.sizes());
-    offset += p.numel();
-    at::Tensor param = p;  // a handle: mutable_grad() sets the shared tensor's gradient
-    if (param.grad().defined()) {
-      param.mutable_grad().copy_(sum);
-    } else {
-      param.mutable_grad() = sum.to(param.device(), param.scalar_type());
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor param = params[i];  // a handle: mutable_grad() sets the shared tensor's gradient
+    if (!param.grad().defined()) {
+      param.mutable_grad() = grads[i].view(param.sizes()).to(param.device(), param.scalar_type());
     }
   }
   return absl::OkStatus();

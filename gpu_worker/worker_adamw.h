@@ -24,8 +24,8 @@
 namespace lspo::worker {
 
 // Data parallel: replaces the gradient of every tensor in `params` by its sum over the ranks
-// of `group` (one flat fp32 all-reduce of Σ numel values; a tensor without a gradient counts
-// as zeros and gets the sum), in place, in each gradient's dtype and device. Each rank's loss
+// of `group` (offload::SumTensorsAcrossRanks: one flat fp32 all-reduce of 1 + Σ numel values;
+// a tensor without a gradient counts as zeros and gets the sum), in place, in each gradient's dtype and device. Each rank's loss
 // was scaled by its share of the global loss tokens, so the sum is the gradient of the global
 // token-mean loss. Errors: Collective::AllReduceSum's (kUnavailable naming the ranks).
 absl::Status SumGradientsAcrossRanks(const std::vector<at::Tensor>& params,

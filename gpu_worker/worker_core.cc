@@ -286,20 +286,11 @@ absl::StatusOr<std::unique_ptr<offload::Collective>> JoinGroup(const JobSpec& sp
 // a 7B model would take seconds per rank).
 uint32_t ModelChecksum(const model::LlamaModel& model) {
   uint32_t crc = 0;
-  auto add = [&crc](const void* p, size_t n) {
-    crc = runtime::Crc32cExtend(crc, absl::string_view(static_cast<const char*>(p), n));
-  };
   for (const auto& [name, tensor] : model.NamedTensors()) {
-    const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
-    add(name.data(), name.size());
-    const std::string meta =
-        absl::StrCat(c10::toString(t.scalar_type()), "(", absl::StrJoin(t.sizes(), ","), ")");
-    add(meta.data(), meta.size());
-    const size_t n = t.nbytes(), k = std::min<size_t>(n, 4096);
-    const char* b = static_cast<const char*>(t.data_ptr());
-    add(b, k);
-    add(b + (n - k) / 2, k);
-    add(b + n - k, k);
+    const std::string meta = absl::StrCat(name, ":", c10::toString(tensor.scalar_type()), "(",
+                                          absl::StrJoin(tensor.sizes(), ","), ")");
+    crc = runtime::Crc32cExtend(crc, meta);
+    crc = offload::Crc32cExtendTensor(crc, tensor, /*sample_bytes=*/4096);
   }
   return crc;
 }

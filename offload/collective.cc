@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
+#include "runtime/tfrecord.h"
 
 #if LSPO_HAS_GLOO
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -110,6 +111,113 @@ struct PendingCollective::Impl {
 #endif
 
 bool CollectivesAvailable() { return LSPO_HAS_GLOO != 0; }
+
+absl::StatusOr<int64_t> SumTensorsAcrossRanks(Collective& group, std::vector<at::Tensor>& tensors,
+                                              const std::vector<int64_t>& numels) {
+  if (tensors.size() != numels.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("SumTensorsAcrossRanks: ", tensors.size(),
+                                                   " tensors but ", numels.size(), " sizes"));
+  }
+  int64_t total = 1;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].defined() && tensors[i].numel() != numels[i]) {
+      return absl::InvalidArgumentError(absl::StrCat("SumTensorsAcrossRanks: tensor ", i, " has ",
+                                                     tensors[i].numel(), " elements, expected ",
+                                                     numels[i]));
+    }
+    total += numels[i];
+  }
+  at::Tensor flat = at::zeros({total}, at::kFloat);
+  int64_t offset = 1;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].defined()) {
+      flat.narrow(0, offset, numels[i]).copy_(tensors[i].reshape({-1}));
+    } else {
+      flat[0] += 1.0f;
+    }
+    offset += numels[i];
+  }
+  if (absl::Status status = group.AllReduceSum(flat); !status.ok()) return status;
+  offset = 1;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    at::Tensor sum = flat.narrow(0, offset, numels[i]);
+    if (tensors[i].defined()) {
+      tensors[i].copy_(sum.view(tensors[i].sizes()));  // to its dtype and device
+    } else {
+      tensors[i] = sum;
+    }
+    offset += numels[i];
+  }
+  return static_cast<int64_t>(flat[0].item<float>());
+}
+
+absl::Status BroadcastTensors(Collective& group, std::vector<at::Tensor>& tensors, int root) {
+  const at::ScalarType kinds[] = {at::kFloat, at::kDouble, at::kLong};
+  at::Tensor counts = at::zeros({3}, at::kLong);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    int k = 0;
+    while (k < 3 && (!t.defined() || t.scalar_type() != kinds[k])) ++k;
+    if (k == 3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("BroadcastTensors: tensor ", i, " is ",
+                       t.defined() ? c10::toString(t.scalar_type()) : "undefined",
+                       "; fp32, fp64 or int64 tensors only"));
+    }
+    counts[k] += t.numel();
+  }
+  if (group.world_size() <= 1) return absl::OkStatus();
+  at::Tensor root_counts = counts.clone();
+  if (absl::Status st = group.Broadcast(root_counts, root); !st.ok()) return st;
+  const bool same = at::equal(root_counts, counts);
+  auto agree = group.AllGather(same ? 1 : 0);
+  if (!agree.ok()) return agree.status();
+  std::vector<std::string> differ;
+  for (size_t r = 0; r < agree->size(); ++r) {
+    if ((*agree)[r] == 0) differ.push_back(absl::StrCat("rank ", r, " (", group.labels()[r], ")"));
+  }
+  if (!differ.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "distributed: broadcast from rank ", root, ": the tensors of ", absl::StrJoin(differ, ", "),
+        " differ in size from rank ", root, "'s (elements per fp32/fp64/int64: ",
+        absl::StrJoin(root_counts.data_ptr<int64_t>(), root_counts.data_ptr<int64_t>() + 3, "/"),
+        ")"));
+  }
+  for (int k = 0; k < 3; ++k) {
+    const int64_t n = counts[k].item<int64_t>();
+    if (n == 0) continue;
+    at::Tensor flat = at::empty({n}, kinds[k]);
+    int64_t offset = 0;
+    for (at::Tensor& t : tensors) {
+      if (t.scalar_type() != kinds[k]) continue;
+      if (group.rank() == root) flat.narrow(0, offset, t.numel()).copy_(t.reshape({-1}));
+      offset += t.numel();
+    }
+    if (absl::Status st = group.Broadcast(flat, root); !st.ok()) return st;
+    if (group.rank() == root) continue;
+    offset = 0;
+    for (at::Tensor& t : tensors) {
+      if (t.scalar_type() != kinds[k]) continue;
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint32_t Crc32cExtendTensor(uint32_t crc, const at::Tensor& tensor, size_t sample_bytes) {
+  if (!tensor.defined()) return crc;
+  const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+  const char* bytes = static_cast<const char*>(t.data_ptr());
+  const size_t n = t.nbytes();
+  if (sample_bytes == 0 || n <= 3 * sample_bytes) {
+    return runtime::Crc32cExtend(crc, absl::string_view(bytes, n));
+  }
+  for (size_t start : {size_t{0}, (n - sample_bytes) / 2, n - sample_bytes}) {
+    crc = runtime::Crc32cExtend(crc, absl::string_view(bytes + start, sample_bytes));
+  }
+  return crc;
+}
 
 PendingCollective::PendingCollective(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 

@@ -142,6 +142,38 @@ class Collective {
 // Whether this build can form groups of more than one rank (c10d with Gloo was found).
 bool CollectivesAvailable();
 
+// Sums a list of tensors over the ranks in one fp32 all-reduce, the way DDP sums a bucket of
+// gradients (PyTorch, torch/nn/parallel/distributed.py): every tensor is flattened into one
+// fp32 host buffer of 1 + sum(numels) values, element 0 counting the undefined entries, so that
+// every rank sends the same number of values even when it has no tensor for some entry.
+// tensors[i]: any dtype and device, numels[i] elements, or undefined (this rank has none: it
+// counts as zeros). On success every defined tensors[i] holds the sum (converted back to its
+// dtype, on its device, in place) and every undefined one is set to a new fp32 CPU tensor of
+// shape {numels[i]} holding the sum. Returns the number of undefined entries over all ranks
+// (0 when every rank had every tensor). Errors: kInvalidArgument (sizes differ in length, or a
+// defined tensor's numel is not numels[i]); otherwise as Collective::AllReduceSum (the
+// tensors are then unchanged).
+absl::StatusOr<int64_t> SumTensorsAcrossRanks(Collective& group, std::vector<at::Tensor>& tensors,
+                                              const std::vector<int64_t>& numels);
+
+// tensors[i] <- rank `root`'s tensors[i], in place, for every i: the tensors of each dtype
+// packed into one host buffer and sent in one broadcast (so a list of many small tensors, e.g.
+// the projectors of every matrix, costs one collective per dtype). tensors: fp32, fp64 or
+// int64, any shape and device (copied through the host), the same shapes and dtypes in the
+// same order on every rank. The ranks first compare the element count per dtype (one
+// broadcast and one all-gather), so that a mismatch fails every rank at once instead of
+// corrupting or hanging the transfer. Errors: kInvalidArgument (undefined tensor, another
+// dtype, bad root), kFailedPrecondition (the ranks' tensors differ in size, naming the ranks),
+// and Collective::Broadcast's.
+absl::Status BroadcastTensors(Collective& group, std::vector<at::Tensor>& tensors, int root);
+
+// CRC-32C (runtime::Crc32cExtend, RFC 3720's polynomial) of a tensor's bytes as stored (any
+// dtype and device: copied to the host, made contiguous), continuing `crc`: what ranks
+// all-gather to check they hold the same tensors. sample_bytes > 0 reads only the first,
+// middle and last sample_bytes bytes (a cheap fingerprint of large weights); 0 reads all. An
+// undefined tensor leaves `crc` unchanged.
+uint32_t Crc32cExtendTensor(uint32_t crc, const at::Tensor& tensor, size_t sample_bytes = 0);
+
 }  // namespace lspo::offload
 
 #endif  // LSPO_OFFLOAD_COLLECTIVE_H_

@@ -6,7 +6,7 @@ micro-batch 2, then on two ranks at micro-batch 1 (two `lspctl run --rank=R` pro
 loopback), and prints per step: the bytes each rank all-reduced (metrics.jsonl
 `all_reduce_bytes`), the seconds in the all-reduce, the step time of one and of two ranks, and
 the bytes the formula predicts (native and zero: 4 * sum of m*n; lsp: 4 * sum of d_p*d_q; plus
-the bookkeeping, 24 bytes, and 4 for the offloaded modes' missing-gradient count).
+the bookkeeping, 24 bytes, and 4 for the missing-gradient count).
 
 On this 2-core machine the two ranks share the cores with each other and with their own
 optimizer services: the step times show the overhead, not a speed-up; the bytes are exact.
@@ -18,9 +18,10 @@ Output: a Markdown table on stdout and OUT/results.json.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
+
+from bench import free_port  # scripts/bench.py, beside this file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LSPCTL = os.path.join(ROOT, "build", "client", "lspctl")
@@ -57,12 +58,6 @@ def spec(mode, micro_batch, steps, world_size, port, d):
     return s
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def steps_of(out_dir):
     rows = []
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
@@ -97,9 +92,9 @@ def run(mode, world_size, steps, out, d):
 def predicted(mode, d):
     if mode == "lsp":
         values = sum(min(d, m) * min(d, n) for m, n in MATRICES)
-        return 4 * values + 4 + 24
-    values = sum(m * n for m, n in MATRICES)
-    return 4 * values + (4 if mode == "zero" else 0) + 24
+    else:
+        values = sum(m * n for m, n in MATRICES)
+    return 4 * values + 4 + 24
 
 
 def main():

@@ -130,7 +130,7 @@ Difference RelativeDifference(const model::LlamaModel& base, const std::string& 
 //    serial schedule on two ranks and the default (overlap) on one: the schedules give
 //    bitwise-equal weights on one rank.
 //  - Bytes all-reduced per step: the gradients in fp32 (native, zero and galore Σ m n, lora
-//    Σ r (m + n), lsp Σ d_p d_q), plus a missing-gradient count (4 bytes, offloaded modes), the
+//    Σ r (m + n), lsp Σ d_p d_q), plus a missing-gradient count (4 bytes), the
 //    token count (8 bytes), the non-finite flag and the loss (16).
 void ExpectTwoRanksMatchOne(v1::TrainingMode mode, double same_batches_bound = 1e-5) {
   auto base = offload::LoadJobModel(Spec("dp-base", mode, 4));
@@ -188,11 +188,11 @@ void ExpectTwoRanksMatchOne(v1::TrainingMode mode, double same_batches_bound = 1
         grad_values += m * n;
       }
     }
-    const bool offloaded = mode == v1::MODE_LSP || mode == v1::MODE_ZERO;
+    // fp32 sums plus the missing-gradient count (offload::SumTensorsAcrossRanks), then the
+    // step's bookkeeping (8 + 16 bytes).
     for (const auto& s : ranks[0].updates) {
       if (s.has_last_step() && s.last_step().step() > 0) {
-        EXPECT_EQ(s.last_step().all_reduce_bytes(),
-                  4 * grad_values + (offloaded ? 4 : 0) + 8 + 16)
+        EXPECT_EQ(s.last_step().all_reduce_bytes(), 4 * grad_values + 4 + 8 + 16)
             << "step " << s.last_step().step();
       }
     }

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -13,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "gtest/gtest.h"
+#include "runtime/tfrecord.h"
 #include "tests/free_port.h"
 
 namespace lspo::offload {
@@ -298,6 +300,126 @@ TEST(CollectiveTest, OnlyContiguousCpuTensorsOfSupportedDtypes) {
   EXPECT_EQ((*c)->AllReduceSum(strided).code(), absl::StatusCode::kInvalidArgument);
   at::Tensor ints = at::ones({4}, at::kLong);
   EXPECT_EQ((*c)->AllReduceMean(ints).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CollectiveTest, SumTensorsAcrossRanksSumsAListCountingTheMissingOnes) {
+  if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
+  const int world = 2;
+  const int port = FreePort();
+  // Rank 0: a (bf16, 3x4) and no second tensor; rank 1: a' (bf16) and b (fp32, 5).
+  at::manual_seed(7);
+  const at::Tensor a0 = at::randn({3, 4}).to(at::kBFloat16),
+                   a1 = at::randn({3, 4}).to(at::kBFloat16);
+  const at::Tensor b1 = at::randn({5}, at::kFloat);
+  std::vector<std::vector<at::Tensor>> out(world);
+  std::vector<absl::StatusOr<int64_t>> missing(world, absl::UnknownError("not run"));
+  std::vector<int64_t> bytes(world);
+  OnRanks(world, [&](int r) {
+    auto c = Collective::Join(Options(r, world, port, absl::Seconds(30)));
+    if (!c.ok()) {
+      missing[r] = c.status();
+      return;
+    }
+    out[r] = r == 0 ? std::vector<at::Tensor>{a0.clone(), at::Tensor()}
+                    : std::vector<at::Tensor>{a1.clone(), b1.clone()};
+    missing[r] = SumTensorsAcrossRanks(**c, out[r], {12, 5});
+    bytes[r] = (*c)->all_reduce_bytes();
+  });
+  // The sum of the two bf16 inputs, rounded once to bf16 (the fp32 sum of two bf16 values is
+  // exact); rank 0's missing tensor counts as zeros and arrives as fp32 {5}.
+  const at::Tensor ref_a = (a0.to(at::kDouble) + a1.to(at::kDouble)).to(at::kBFloat16);
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(missing[r].ok()) << "rank " << r << ": " << missing[r].status();
+    EXPECT_EQ(*missing[r], 1) << r;
+    EXPECT_EQ(out[r][0].scalar_type(), at::kBFloat16) << r;
+    EXPECT_TRUE(at::equal(out[r][0], ref_a)) << r;
+    EXPECT_EQ(out[r][1].sizes(), at::IntArrayRef({5})) << r;
+    EXPECT_TRUE(at::equal(out[r][1].to(at::kFloat), b1)) << r;
+    EXPECT_EQ(bytes[r], (1 + 12 + 5) * 4) << r;  // one fp32 buffer, count element included
+  }
+}
+
+TEST(CollectiveTest, SumTensorsAcrossRanksRefusesSizesThatDoNotMatch) {
+  CollectiveOptions o;
+  auto c = Collective::Join(o);
+  ASSERT_TRUE(c.ok());
+  std::vector<at::Tensor> t{at::ones({2, 3})};
+  EXPECT_EQ(SumTensorsAcrossRanks(**c, t, {5}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SumTensorsAcrossRanks(**c, t, {6, 1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto one = SumTensorsAcrossRanks(**c, t, {6});  // world size 1: the identity
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(*one, 0);
+  EXPECT_TRUE(at::equal(t[0], at::ones({2, 3})));
+}
+
+TEST(CollectiveTest, BroadcastTensorsSendsRankZerosListAndRefusesOtherSizes) {
+  if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
+  const int world = 2;
+  const int port = FreePort();
+  // Rank r's list: fp32 (2, 3), int64 (4), fp64 (1), fp32 (5) of its own values; a second
+  // list in which rank 1's int64 tensor has 5 elements.
+  auto list = [](int r, int64_t ints) {
+    return std::vector<at::Tensor>{
+        at::full({2, 3}, 1.5f + r), at::arange(ints, at::kLong) * (r + 1),
+        at::full({1}, 0.25 * (r + 1), at::kDouble), at::arange(5, at::kFloat) - r};
+  };
+  std::vector<std::vector<at::Tensor>> got(world), bad(world);
+  std::vector<absl::Status> first(world), second(world);
+  OnRanks(world, [&](int r) {
+    auto c = Collective::Join(Options(r, world, port, absl::Seconds(30)));
+    if (!c.ok()) {
+      first[r] = second[r] = c.status();
+      return;
+    }
+    got[r] = list(r, 4);
+    first[r] = BroadcastTensors(**c, got[r], 0);
+    bad[r] = list(r, r == 1 ? 5 : 4);
+    second[r] = BroadcastTensors(**c, bad[r], 0);
+  });
+  const std::vector<at::Tensor> want = list(0, 4);
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(first[r].ok()) << "rank " << r << ": " << first[r];
+    ASSERT_EQ(got[r].size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[r][i].scalar_type(), want[i].scalar_type()) << r << " " << i;
+      EXPECT_TRUE(at::equal(got[r][i], want[i])) << "rank " << r << " tensor " << i;
+    }
+    EXPECT_EQ(second[r].code(), absl::StatusCode::kFailedPrecondition) << r << ": " << second[r];
+    EXPECT_NE(second[r].message().find("rank 1 (rank1-host) differ in size"), std::string::npos)
+        << second[r];
+  }
+  // Rank 1's mismatched list is left as it was.
+  EXPECT_TRUE(at::equal(bad[1][1], at::arange(5, at::kLong) * 2));
+}
+
+TEST(CollectiveTest, BroadcastTensorsRefusesOtherDtypes) {
+  CollectiveOptions o;
+  auto c = Collective::Join(o);
+  ASSERT_TRUE(c.ok());
+  std::vector<at::Tensor> t{at::ones({2}), at::ones({2}, at::kHalf)};
+  absl::Status st = BroadcastTensors(**c, t, 0);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("tensor 1 is Half"), std::string::npos) << st;
+}
+
+TEST(CollectiveTest, TensorChecksumIsCrc32cOfTheBytesOrOfThreeSamples) {
+  // RFC 3720 (iSCSI), B.4: CRC-32C("123456789") = 0xE3069283.
+  const std::string digits = "123456789";
+  at::Tensor t = at::empty({9}, at::kByte);
+  std::memcpy(t.data_ptr(), digits.data(), 9);
+  EXPECT_EQ(Crc32cExtendTensor(0, t), 0xE3069283u);
+  EXPECT_EQ(Crc32cExtendTensor(0, t, /*sample_bytes=*/3), 0xE3069283u);  // 9 <= 3 samples: all
+  EXPECT_EQ(Crc32cExtendTensor(0xE3069283u, at::Tensor()), 0xE3069283u);
+  // 10 bytes, samples of 3: bytes [0, 3) + [3, 6) + [7, 10) = "012" "345" "789".
+  at::Tensor ten = at::empty({10}, at::kByte);
+  std::memcpy(ten.data_ptr(), "0123456789", 10);
+  EXPECT_EQ(Crc32cExtendTensor(0, ten, 3), runtime::Crc32c("012345789"));
+  EXPECT_EQ(Crc32cExtendTensor(0, ten), runtime::Crc32c("0123456789"));
+  // Non-contiguous tensors are read in logical order.
+  at::Tensor m = at::arange(6, at::kInt).view({2, 3});
+  EXPECT_EQ(Crc32cExtendTensor(0, m.t()), Crc32cExtendTensor(0, m.t().contiguous()));
+  EXPECT_NE(Crc32cExtendTensor(0, m.t()), Crc32cExtendTensor(0, m));
 }
 
 }  // namespace
