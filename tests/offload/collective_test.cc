@@ -4,6 +4,7 @@
 // leaves or stops answering) must fail within the stated timeout with the rank named.
 #include "offload/collective.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -185,6 +186,7 @@ TEST(CollectiveTest, ARankTakenTwiceIsRefusedAtOnce) {
   const int port = FreePort();
   std::vector<absl::Status> st(3);
   std::vector<double> took(3);
+  std::atomic<int> returned{0};
   OnRanks(3, [&](int t) {
     const auto t0 = std::chrono::steady_clock::now();
     CollectiveOptions o = Options(t == 0 ? 0 : 1, 2, port, absl::Seconds(20));
@@ -192,10 +194,16 @@ TEST(CollectiveTest, ARankTakenTwiceIsRefusedAtOnce) {
     auto c = Collective::Join(o);
     st[t] = c.status();
     took[t] = Seconds(t0);
+    ++returned;
     if (c.ok()) {  // the group works
       at::Tensor x = at::ones({4});
       st[t] = (*c)->AllReduceSum(x);
       if (st[t].ok() && x[0].item<float>() != 2.0f) st[t] = absl::InternalError("wrong sum");
+      // Rank 0's store must outlive the late claimant's Join (a loaded machine can start that
+      // thread after the group formed): otherwise it finds no store instead of a taken rank.
+      while (returned.load() < 3 && Seconds(t0) < 30) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
     }
   });
   EXPECT_TRUE(st[0].ok()) << st[0];
