@@ -62,6 +62,23 @@ absl::Status CheckProjectorsAgree(const WorkerJob& job, const LspPath& path, int
       "it recurs"));
 }
 
+// The fresh projector pair (P, Q) of matrix `i` at the check of step `step`, on the CPU: the
+// sides of the matrix's subspace as laid out (lsp/subspace.h; an identity side is exact and
+// drawn as the identity), seeds lsp::ProjectorSeed(spec.seed, i, step) and + 1. Errors: those
+// of lsp::SparseProjector::ForSide.
+absl::StatusOr<std::pair<lsp::SparseProjector, lsp::SparseProjector>> DrawProjectors(
+    const WorkerJob& job, int64_t i, int step) {
+  const lsp::MatrixSubspace sub = offload::SlotSubspace(job.layout.linears(static_cast<int>(i)));
+  const uint64_t seed = lsp::ProjectorSeed(job.spec.seed(), i, step);
+  ASSIGN_OR_RETURN(
+      lsp::SparseProjector p,
+      lsp::SparseProjector::ForSide(sub.p.rows, sub.p.dim, sub.p.r, sub.p.identity, seed));
+  ASSIGN_OR_RETURN(
+      lsp::SparseProjector q,
+      lsp::SparseProjector::ForSide(sub.q.rows, sub.q.dim, sub.q.r, sub.q.identity, seed + 1));
+  return std::make_pair(std::move(p), std::move(q));
+}
+
 // This rank's projector check (every rank of a one-rank job, rank 0 of a data-parallel one):
 // dense calibration gradients, then per matrix a bias check or a fit; the new projectors are
 // installed and named in `reply` (initial/final errors per matrix, refitted ones). Leaves the
@@ -152,17 +169,8 @@ absl::Status FitOnThisRank(WorkerJob* job, LspPath* lsp_path, int step,
         }
       }
       if (have && !finite) continue;
-      // The matrix's subspace as laid out (lsp/subspace.h): an identity side is exact and
-      // is drawn as the identity; the seeds of a learned side are those of a square pair.
-      const lsp::MatrixSubspace sub =
-          offload::SlotSubspace(job->layout.linears(static_cast<int>(i)));
-      const uint64_t seed = lsp::ProjectorSeed(spec.seed(), i, step);
-      ASSIGN_OR_RETURN(
-          lsp::SparseProjector p,
-          lsp::SparseProjector::ForSide(sub.p.rows, sub.p.dim, sub.p.r, sub.p.identity, seed));
-      ASSIGN_OR_RETURN(
-          lsp::SparseProjector q,
-          lsp::SparseProjector::ForSide(sub.q.rows, sub.q.dim, sub.q.r, sub.q.identity, seed + 1));
+      ASSIGN_OR_RETURN(auto pq, DrawProjectors(*job, i, step));
+      lsp::SparseProjector p = std::move(pq.first), q = std::move(pq.second);
       if (job->cuda) {  // Fit and apply next to G and W (the draw itself is on the CPU).
         p = p.To(job->device);
         q = q.To(job->device);
@@ -214,7 +222,7 @@ absl::Status ShareRankZerosProjectors(WorkerJob* job, LspPath* lsp_path, int ste
     if (h[i][0] == 1) refitted.push_back(i);
   }
   // The refitted matrices' projectors: rank 0's as installed, the others' shaped by a draw of
-  // the same sides (lsp::SparseProjector::ForSide), then overwritten.
+  // the same sides (DrawProjectors), then overwritten.
   std::vector<lsp::SparseProjector> ps, qs;
   std::vector<at::Tensor> tensors;
   for (int64_t i : refitted) {
@@ -222,17 +230,9 @@ absl::Status ShareRankZerosProjectors(WorkerJob* job, LspPath* lsp_path, int ste
       ps.push_back(lsp_path->p()[i].To(at::kCPU));
       qs.push_back(lsp_path->q()[i].To(at::kCPU));
     } else {
-      const lsp::MatrixSubspace sub =
-          offload::SlotSubspace(job->layout.linears(static_cast<int>(i)));
-      const uint64_t seed = lsp::ProjectorSeed(job->spec.seed(), i, step);
-      ASSIGN_OR_RETURN(
-          lsp::SparseProjector p,
-          lsp::SparseProjector::ForSide(sub.p.rows, sub.p.dim, sub.p.r, sub.p.identity, seed));
-      ASSIGN_OR_RETURN(
-          lsp::SparseProjector q,
-          lsp::SparseProjector::ForSide(sub.q.rows, sub.q.dim, sub.q.r, sub.q.identity, seed + 1));
-      ps.push_back(std::move(p));
-      qs.push_back(std::move(q));
+      ASSIGN_OR_RETURN(auto pq, DrawProjectors(*job, i, step));
+      ps.push_back(std::move(pq.first));
+      qs.push_back(std::move(pq.second));
     }
     for (lsp::SparseProjector* side : {&ps.back(), &qs.back()}) {
       side->index = side->index.contiguous();
