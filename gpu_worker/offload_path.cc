@@ -1,6 +1,8 @@
 #include "gpu_worker/offload_path.h"
 
 #include <algorithm>
+#include <limits>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +11,7 @@
 #include "gpu_worker/worker_job.h"
 #include "offload/arena_tensors.h"
 #include "offload/collective.h"
+#include "offload/overlap_reducer.h"
 #include "runtime/clock.h"
 #include "runtime/status_macros.h"
 
@@ -39,6 +42,12 @@ absl::Status OffloadPath::Setup(WorkerJob* job, lspo::v1::LoadJobReply* reply) {
 
 bool OffloadPath::PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& grad,
                                   uint32_t step) {
+  if (job->reducer != nullptr) {
+    // Data parallel, overlap schedule: the reducer's thread sums it across the ranks and
+    // publishes the sum (PublishHostGradient), checking that sum.
+    job->reducer->Stage(i, grad);
+    return true;
+  }
   const double t0 = MonotonicSeconds();
   const int64_t layer = i / model::kLinearsPerLayer;
   if (job->cuda) {
@@ -73,6 +82,13 @@ bool OffloadPath::PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& g
     job->offload_seconds += MonotonicSeconds() - t0;
     return true;
   }
+  return PublishHostGradient(job, i, grad, step);
+}
+
+bool OffloadPath::PublishHostGradient(WorkerJob* job, int64_t i, const at::Tensor& grad,
+                                      uint32_t step) {
+  const double t0 = MonotonicSeconds();
+  const int64_t layer = i / model::kLinearsPerLayer;
   if (!at::isfinite(grad).all().item<bool>()) {
     LOG(WARNING) << "worker: non-finite gradient for " << job->linears[i].name << " at step "
                  << step << "; step skipped";
@@ -180,6 +196,33 @@ absl::Status OffloadPath::FinishStep(WorkerJob* job, const StepContext& ctx,
     RETURN_IF_ERROR(ApplyPending(job, l));
   }
   return absl::OkStatus();
+}
+
+absl::Status OffloadPath::BeginRankSum(WorkerJob* job, offload::Collective* group, uint32_t step) {
+  if (job->cuda) {
+    return absl::FailedPreconditionError(
+        "the overlapped data-parallel sum runs on CPU workers only (NCCL follows, issue 17)");
+  }
+  const size_t n = job->linears.size();
+  std::vector<std::vector<int64_t>> shapes(n);
+  for (size_t i = 0; i < n; ++i) {
+    ASSIGN_OR_RETURN(at::Tensor slot, GradientSlot(*job, static_cast<int64_t>(i)));
+    shapes[i] = slot.sizes().vec();
+  }
+  job->reducer = std::make_unique<offload::OverlapReducer>(
+      group, std::move(shapes), [this, job, step](int64_t i, const at::Tensor& sum) {
+        return PublishHostGradient(job, i, sum, step);
+      });
+  return absl::OkStatus();
+}
+
+absl::Status OffloadPath::EndRankSum(WorkerJob* job) {
+  if (job->reducer == nullptr) return absl::OkStatus();
+  // A matrix this rank formed no gradient for goes as NaN: every rank's sum is then NaN, and
+  // every rank skips the step (as SumAcrossRanks' missing count does in the serial schedule).
+  absl::Status st = job->reducer->Finish(std::numeric_limits<float>::quiet_NaN());
+  job->reducer.reset();
+  return st;
 }
 
 absl::Status OffloadPath::SumAcrossRanks(WorkerJob* job, offload::Collective* group,

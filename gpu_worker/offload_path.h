@@ -37,6 +37,9 @@ class OffloadPath : public UpdatePath {
 
   absl::Status ApplyUpdate(WorkerJob* job, int64_t i, uint32_t step, double decay) final;
 
+  absl::Status BeginRankSum(WorkerJob* job, offload::Collective* group, uint32_t step) final;
+  absl::Status EndRankSum(WorkerJob* job) final;
+
   // The bytes of every linear's down slot (lsp grad, zero full_grad) and up slot (lsp step,
   // zero param) in the arena layout.
   int64_t OffloadBytesPerStep(const WorkerJob& job) const final;
@@ -46,7 +49,14 @@ class OffloadPath : public UpdatePath {
   // `step` into its arena slot and publishes it. Returns false, having aborted the step in
   // the flags and set job->publish_failed, when the gradient is non-finite (CPU: checked here;
   // CUDA: the verdict arrives on the watcher thread, which then aborts) or cannot be enqueued.
+  // Data parallel under the overlap schedule (job->reducer set by BeginRankSum): stages
+  // `grad` for the sum across the ranks instead; the reducer's thread publishes the sum.
   bool PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& grad, uint32_t step);
+  // The CPU part of PublishGradient: checks `grad` (any floating dtype, the slot's shape) is
+  // finite, copies it into linear i's slot in the slot's dtype and publishes it; returns
+  // false, having aborted the step and set job->publish_failed, if it is not finite. Called
+  // on the backward's thread, or on the reducer's for a data-parallel sum.
+  bool PublishHostGradient(WorkerJob* job, int64_t i, const at::Tensor& grad, uint32_t step);
 
   // Data parallel, serial schedule on the CPU: replaces every linear's gradient
   // (Gradient(job, i), in place, in its dtype) by its sum over the ranks of `group`: one fp32

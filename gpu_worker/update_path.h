@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "model/safetensors.h"
 #include "offload/state_file.h"
 #include "proto/job_spec.pb.h"
@@ -103,6 +104,21 @@ class UpdatePath {
   // skipped, the weights untouched. Errors: a pending update's kDeadlineExceeded / kDataLoss.
   virtual absl::Status FinishStep(WorkerJob* job, const StepContext& ctx,
                                   lspo::v1::TrainStepReply* reply) = 0;
+
+  // Data parallel under the overlap schedule (offloaded modes, CPU workers): BeginRankSum,
+  // before the backward that publishes `step`'s gradients, starts summing them across the
+  // ranks of `group` as the backward publishes them (offload::OverlapReducer: one fp32
+  // all-reduce per matrix, in a fixed order, each sum published as soon as it is reduced and
+  // checked); EndRankSum, after that backward (or instead of it, on a rank with no valid
+  // gradient), sends NaN for every matrix the backward did not publish, so that every rank
+  // skips the step together, and waits for the last sum. A non-finite sum sets
+  // job->publish_failed on every rank alike. Errors: kFailedPrecondition (a mode that is not
+  // offloaded, a CUDA worker), the collectives' (kUnavailable naming the ranks).
+  virtual absl::Status BeginRankSum(WorkerJob* job, offload::Collective* group, uint32_t step) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("mode ", name(), " sums its gradients after the backward"));
+  }
+  virtual absl::Status EndRankSum(WorkerJob* job) { return absl::OkStatus(); }
 
   // The weight-decay factor the worker applies with step `lr`'s update: 1 - lr * wd where the
   // worker owns the weights' decay (lsp), 1 where the optimizer already applied it.

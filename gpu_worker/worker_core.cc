@@ -474,6 +474,26 @@ absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& bat
   for (size_t k = 0; k < batches.size(); ++k) {
     if (batches[k].num_loss_tokens > 0) last = static_cast<int64_t>(k);
   }
+  // Data parallel under the overlap schedule: the publishing backward's gradients are summed
+  // across the ranks as they form (UpdatePath::BeginRankSum). Every rank must take part in
+  // those all-reduces, so a rank that will not run that backward (a non-finite loss, no loss
+  // token) sends NaN instead, and every rank skips the step.
+  offload::Collective* group = job->collective.get();
+  const bool rank_sum =
+      job->path->offloaded() && plan.overlap() && group != nullptr && group->world_size() > 1;
+  struct DropReducer {  // An error return abandons the sum (the other ranks then time out).
+    WorkerJob* job;
+    ~DropReducer() { job->reducer.reset(); }
+  } drop_reducer{job};
+  auto skip_with_the_ranks = [&]() -> absl::Status {
+    if (rank_sum) {
+      RETURN_IF_ERROR(job->path->BeginRankSum(job, group, static_cast<uint32_t>(step)));
+      RETURN_IF_ERROR(job->path->EndRankSum(job));
+    }
+    reply->set_nonfinite(true);
+    return absl::OkStatus();
+  };
+  if (last < 0 && rank_sum) return skip_with_the_ranks();
   double loss_sum = 0, fwd = 0, bwd = 0;
   // CUDA: the losses are summed on the device and read once after the last backward (a
   // per-micro-batch .item() would stall the host until each forward finished). A non-finite
@@ -495,14 +515,14 @@ absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& bat
       device_loss_sum = device_loss_sum.defined() ? device_loss_sum + weighted : weighted;
     } else {
       const double lv = loss.item<double>();
-      if (!std::isfinite(lv)) {
-        reply->set_nonfinite(true);
-        return absl::OkStatus();
-      }
+      if (!std::isfinite(lv)) return skip_with_the_ranks();
       loss_sum += lv * targets;
     }
     if (job->path->offloaded() && plan.overlap() && k == last) {
       job->publish_step = static_cast<uint32_t>(step);
+      if (rank_sum) {
+        RETURN_IF_ERROR(job->path->BeginRankSum(job, group, static_cast<uint32_t>(step)));
+      }
     }
     t0 = std::chrono::steady_clock::now();
     job->layer_t0 = MonotonicSeconds();
@@ -513,6 +533,7 @@ absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& bat
     if (job->offload) job->offload->MarkComputeBegin(num_layers - 1, "backward");
     (loss * scale).backward();
     RETURN_IF_ERROR(model.HookStatus());
+    if (job->publish_step > 0 && rank_sum) RETURN_IF_ERROR(job->path->EndRankSum(job));
     if (job->offload) {
       job->offload->MarkComputeEnd(0, "backward");
       // The step's gradients have been enqueued for offload: wait until every one has
@@ -621,9 +642,15 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   job->id = job_id;
   job->spec = spec;
   if (const char* f = std::getenv("LSPO_FAULT_NONFINITE_GRAD_STEPS")) {
+    // "3,4": at steps 3 and 4; "3@1": at step 3 on rank 1 only (data-parallel tests).
+    const int rank = spec.distributed().world_size() > 1 ? spec.distributed().rank() : 0;
     for (absl::string_view part : absl::StrSplit(f, ',', absl::SkipEmpty())) {
-      int k = 0;
-      if (absl::SimpleAtoi(part, &k)) job->fault_nonfinite_grad_steps.insert(k);
+      std::pair<absl::string_view, absl::string_view> at = absl::StrSplit(part, '@');
+      int k = 0, r = rank;
+      if (absl::SimpleAtoi(at.first, &k) &&
+          (at.second.empty() || absl::SimpleAtoi(at.second, &r)) && r == rank) {
+        job->fault_nonfinite_grad_steps.insert(k);
+      }
     }
     LOG(WARNING) << "worker: fault injection: non-finite gradients at steps " << f;
   }
@@ -726,14 +753,6 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
   const lspo::v1::StepPlan& plan = requested;
-  if (plan.overlap() && job->collective != nullptr && job->collective->world_size() > 1) {
-    // The scheduler plans the serial schedule for a data-parallel job (the gradients are
-    // summed across the ranks in one all-reduce after the backward); the per-layer all-reduce
-    // inside the overlapped backward is a later step of issue 17 (docs/distributed.md).
-    return absl::InvalidArgumentError(
-        "TrainStep: the overlap schedule is not data parallel yet; plan the serial schedule "
-        "for distributed.world_size > 1");
-  }
   // Published for UnloadJob, which may abandon this step while we wait (see the header).
   busy_step_.store(step);
   struct ClearStep {
@@ -780,14 +799,26 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
     if (group != nullptr) {
       // The ranks train the same step (a rank resumed from another checkpoint than the others
       // would silently train other weights).
-      ASSIGN_OR_RETURN(std::vector<int64_t> steps, group->AllGather(step));
+      // And they run one schedule: the serial one sums all gradients in one all-reduce, the
+      // overlapped one matrix by matrix.
+      ASSIGN_OR_RETURN(std::vector<int64_t> steps,
+                       group->AllGather(2 * int64_t{step} + (plan.overlap() ? 1 : 0)));
       for (size_t r = 1; r < steps.size(); ++r) {
-        if (steps[r] != steps[0]) {
+        if (steps[r] / 2 != steps[0] / 2) {
           return absl::FailedPreconditionError(absl::StrCat(
-              "distributed: rank ", r, " (", group->labels()[r], ") trains step ", steps[r],
-              " while rank 0 (", group->labels()[0], ") trains step ", steps[0],
+              "distributed: rank ", r, " (", group->labels()[r], ") trains step ", steps[r] / 2,
+              " while rank 0 (", group->labels()[0], ") trains step ", steps[0] / 2,
               ": resume every rank from a checkpoint of the same step (each rank's "
               "output_dir/checkpoint-N)"));
+        }
+        if (steps[r] != steps[0]) {
+          auto name = [](int64_t v) { return v % 2 ? "overlap" : "serial"; };
+          return absl::InternalError(absl::StrCat(
+              "distributed: at step ", step, " rank ", r, " (", group->labels()[r],
+              ") was planned the ", name(steps[r]), " schedule and rank 0 (", group->labels()[0],
+              ") the ", name(steps[0]),
+              " one; every rank must run one schedule (report this: the schedulers of a "
+              "job's ranks plan alike)"));
         }
       }
       // Every rank scales its loss by its tokens over the global count (token-mean loss).

@@ -2,7 +2,10 @@
 // run parts of a job (calibration.h, evaluator.h, worker_state.h). Internal to gpu_worker/.
 //
 // Thread-safety: a WorkerJob is used under WorkerCore's mutex; the fields the CUDA watcher
-// thread touches are atomic (publish_failed) or owned by DeviceOffload.
+// thread touches are atomic (publish_failed) or owned by DeviceOffload. While a data-parallel
+// overlapped backward runs, the reducer's thread publishes the sums (PublishHostGradient:
+// publish_failed, offload_seconds, offload_done, offload_secs, which the backward's thread
+// leaves alone then); they are read after EndRankSum has joined it.
 #ifndef LSPO_GPU_WORKER_WORKER_JOB_H_
 #define LSPO_GPU_WORKER_WORKER_JOB_H_
 
@@ -22,6 +25,7 @@
 #include "model/tokenizer.h"
 #include "offload/arena_layout.h"
 #include "offload/collective.h"
+#include "offload/overlap_reducer.h"
 #include "proto/arena.pb.h"
 #include "proto/job_spec.pb.h"
 #include "proto/metrics.pb.h"
@@ -78,7 +82,8 @@ struct WorkerJob {
   // While > 0: the step whose gradients the backward publishes as they are formed (overlap
   // schedule, last micro-batch only).
   uint32_t publish_step = 0;
-  // A published gradient was non-finite (step abandoned). Set by the CUDA watcher thread too.
+  // A published gradient was non-finite (step abandoned). Set by the CUDA watcher thread and
+  // the data-parallel reducer's thread too.
   std::atomic<bool> publish_failed{false};
   double offload_seconds = 0;        // Time spent writing gradients into the arena.
   std::vector<double> offload_done;  // Per layer: time its last gradient was published.
@@ -95,6 +100,10 @@ struct WorkerJob {
   std::vector<int64_t> order;
   // The job's group of ranks (distributed.world_size > 1; docs/distributed.md), else null.
   std::unique_ptr<offload::Collective> collective;
+  // While the overlapped backward of a data-parallel step runs: the sum of its gradients
+  // across the ranks (UpdatePath::BeginRankSum / EndRankSum). Declared last: destroyed (its
+  // thread joined) before the collective and the path it calls.
+  std::unique_ptr<offload::OverlapReducer> reducer;
 };
 
 // Applies every pending update of decoder layer `layer` (all layers when layer < 0): the

@@ -545,10 +545,7 @@ absl::StatusOr<bool> JobRunner::RunStep(int step) {
   const double lr = LearningRate(spec_.optim(), step, spec_.steps());
   SplitChoice choice;
   StepRequests req;
-  // A data-parallel job runs the serial schedule: its gradients are summed across the ranks
-  // after the backward (the per-layer all-reduce inside the overlap schedule follows).
-  const bool overlap = spec_.schedule() == v1::STEP_SCHEDULE_OVERLAP &&
-                       spec_.distributed().world_size() <= 1;
+  const bool overlap = spec_.schedule() == v1::STEP_SCHEDULE_OVERLAP;
   *req.train.mutable_plan() = cost_model_->Plan(overlap, &choice);
   const v1::StepPlan& plan = req.train.plan();
   req.train.set_job_id(id_);

@@ -6,12 +6,15 @@ micro-batch 2, then on two ranks at micro-batch 1 (two `lspctl run --rank=R` pro
 loopback), and prints per step: the bytes each rank all-reduced (metrics.jsonl
 `all_reduce_bytes`), the seconds in the all-reduce, the step time of one and of two ranks, and
 the bytes the formula predicts (native and zero: 4 * sum of m*n; lsp: 4 * sum of d_p*d_q; plus
-the bookkeeping, 24 bytes, and 4 for the missing-gradient count).
+the bookkeeping, 24 bytes, and 4 for the missing-gradient count, which lsp's and zero's
+overlapped steps do not send). lsp and zero run two ranks under each schedule of --schedules
+(overlap: the sums inside the backward, matrix by matrix; serial: one all-reduce after it).
 
 On this 2-core machine the two ranks share the cores with each other and with their own
 optimizer services: the step times show the overhead, not a speed-up; the bytes are exact.
 
-Usage: scripts/dp_measure.py [--steps 3] [--modes native,zero,lsp] [--out runs/dp-measure]
+Usage: scripts/dp_measure.py [--steps 3] [--modes native,zero,lsp]
+                             [--schedules overlap,serial] [--out runs/dp-measure]
        (needs build/client/lspctl with Gloo, and models/ from scripts/setup)
 Output: a Markdown table on stdout and OUT/results.json.
 """
@@ -33,8 +36,9 @@ MATRICES = [(HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN),
             (INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER)] * LAYERS
 
 
-def spec(mode, micro_batch, steps, world_size, port, d):
+def spec(mode, micro_batch, steps, world_size, port, d, schedule):
     s = {
+        "schedule": schedule,
         "name": f"dp-measure-{mode}",
         "mode": mode,
         "model": {"path": "models/SmolLM2-135M-Instruct.Q4_1.gguf", "format": "gguf"},
@@ -68,15 +72,16 @@ def steps_of(out_dir):
     return rows
 
 
-def run(mode, world_size, steps, out, d):
+def run(mode, world_size, steps, out, d, schedule="overlap"):
     port = free_port()
     micro_batch = 2 // world_size
-    path = os.path.join(out, f"{mode}-w{world_size}.json")
+    tag = f"{mode}-{schedule}-w{world_size}"
+    path = os.path.join(out, f"{tag}.json")
     with open(path, "w") as f:
-        json.dump(spec(mode, micro_batch, steps, world_size, port, d), f)
+        json.dump(spec(mode, micro_batch, steps, world_size, port, d, schedule), f)
     procs, dirs = [], []
     for rank in range(world_size):
-        run_dir = os.path.join(out, f"{mode}-w{world_size}-rank{rank}")
+        run_dir = os.path.join(out, f"{tag}-rank{rank}")
         dirs.append(run_dir)
         args = [LSPCTL, "run", f"--spec={path}", f"--output_dir={run_dir}"]
         if world_size > 1:
@@ -89,12 +94,14 @@ def run(mode, world_size, steps, out, d):
     return [steps_of(x) for x in dirs]
 
 
-def predicted(mode, d):
+def predicted(mode, d, schedule):
+    """Bytes all-reduced by a step after the first (the first is always serial)."""
     if mode == "lsp":
         values = sum(min(d, m) * min(d, n) for m, n in MATRICES)
     else:
         values = sum(m * n for m, n in MATRICES)
-    return 4 * values + 4 + 24
+    by_matrix = mode in ("lsp", "zero") and schedule == "overlap"
+    return 4 * values + (0 if by_matrix else 4) + 24
 
 
 def main():
@@ -102,25 +109,30 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--modes", default="native,zero,lsp")
     ap.add_argument("--d", type=int, default=128, help="lsp.d (the paper's is 128 at 1.3B)")
+    ap.add_argument("--schedules", default="overlap,serial",
+                    help="schedules of the two-rank lsp and zero runs (native sums after "
+                         "its backward under either)")
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "dp-measure"))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     results = {}
+    # Step 1 includes warm-up effects (allocations, the first all-reduce's connections).
+    later = lambda rows, k: [r.get(k, 0) for r in rows if r["step"] > 1] or [0]
+    mean = lambda xs: sum(xs) / len(xs)
     for mode in a.modes.split(","):
         one = run(mode, 1, a.steps, a.out, a.d)[0]
-        two = run(mode, 2, a.steps, a.out, a.d)
-        # Step 1 includes warm-up effects (allocations, the first all-reduce's connections).
-        later = lambda rows, k: [r.get(k, 0) for r in rows if r["step"] > 1] or [0]
-        mean = lambda xs: sum(xs) / len(xs)
-        results[mode] = {
-            "all_reduce_bytes": [int(r.get("all_reduce_bytes", 0)) for r in two[0]],
-            "predicted_bytes": predicted(mode, a.d),
-            "all_reduce_seconds": mean(later(two[0], "all_reduce_seconds")),
-            "step_seconds_1_rank": mean(later(one, "step_seconds")),
-            "step_seconds_2_ranks": mean(later(two[0], "step_seconds")),
-            "loss_1_rank": [r["loss"] for r in one],
-            "loss_2_ranks": [r["loss"] for r in two[0]],
-        }
+        schedules = a.schedules.split(",") if mode in ("lsp", "zero") else ["overlap"]
+        for schedule in schedules:
+            two = run(mode, 2, a.steps, a.out, a.d, schedule)
+            results[f"{mode} ({schedule})" if mode != "native" else mode] = {
+                "all_reduce_bytes": [int(r.get("all_reduce_bytes", 0)) for r in two[0]],
+                "predicted_bytes": predicted(mode, a.d, schedule),
+                "all_reduce_seconds": mean(later(two[0], "all_reduce_seconds")),
+                "step_seconds_1_rank": mean(later(one, "step_seconds")),
+                "step_seconds_2_ranks": mean(later(two[0], "step_seconds")),
+                "loss_1_rank": [r["loss"] for r in one],
+                "loss_2_ranks": [r["loss"] for r in two[0]],
+            }
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     print("| mode | all-reduced per step (measured) | predicted | all-reduce s | step s, 1 rank "

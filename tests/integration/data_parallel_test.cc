@@ -33,8 +33,9 @@ using testing_jobs::WatchResult;
 // The tiny job of `mode` at micro-batch `mb` with gradient accumulation 2, clipping and weight
 // decay (so the global norm and the decay act on the summed gradients), no evaluation.
 v1::JobSpec Spec(const std::string& tag, v1::TrainingMode mode, int mb, int steps = 4,
-               int accum = 2) {
+                 int accum = 2, v1::StepSchedule schedule = v1::STEP_SCHEDULE_OVERLAP) {
   v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir(tag), mode, steps);
+  spec.set_schedule(schedule);
   spec.set_micro_batch_size(mb);
   spec.set_grad_accum(accum);
   spec.mutable_optim()->set_max_grad_norm(0.5);
@@ -77,6 +78,11 @@ std::vector<v1::JobSpec> RankSpecs(const v1::JobSpec& base, int world, int timeo
     specs.push_back(s);
   }
   return specs;
+}
+
+std::vector<uint8_t> Bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
 
 WatchResult RunOne(const v1::JobSpec& spec) {
@@ -126,47 +132,60 @@ Difference RelativeDifference(const model::LlamaModel& base, const std::string& 
 //    measured on native, 1 step: 5.6e-5 for the worst matrix whether the micro-batches of 2
 //    run on one rank or two, 4.0e-6 between those two.
 //  - One and four steps, with clipping and weight decay acting on the summed gradients; the
-//    losses within 1e-6 relative; the two ranks' weights bitwise equal. lsp and zero run the
-//    serial schedule on two ranks and the default (overlap) on one: the schedules give
-//    bitwise-equal weights on one rank.
+//    losses within 1e-6 relative; the two ranks' weights bitwise equal. Every run uses
+//    `schedule`; lsp and zero sum matrix by matrix inside the backward under the overlap
+//    schedule (from step 2: the scheduler plans step 1 serially, having timed nothing yet).
 //  - Bytes all-reduced per step: the gradients in fp32 (native, zero and galore Σ m n, lora
-//    Σ r (m + n), lsp Σ d_p d_q), plus a missing-gradient count (4 bytes), the
-//    token count (8 bytes), the non-finite flag and the loss (16).
-void ExpectTwoRanksMatchOne(v1::TrainingMode mode, double same_batches_bound = 1e-5) {
+//    Σ r (m + n), lsp Σ d_p d_q), plus a missing-gradient count (4 bytes; not in lsp's and
+//    zero's overlapped steps, where a missing matrix goes as NaN), the token count (8 bytes),
+//    the non-finite flag and the loss (16).
+// Returns rank 0's output folder of the four-step run.
+std::string ExpectTwoRanksMatchOne(v1::TrainingMode mode, double same_batches_bound = 1e-5,
+                                   v1::StepSchedule schedule = v1::STEP_SCHEDULE_OVERLAP) {
+  std::string out;
   auto base = offload::LoadJobModel(Spec("dp-base", mode, 4));
-  ASSERT_TRUE(base.ok()) << base.status();
+  EXPECT_TRUE(base.ok()) << base.status();
+  if (!base.ok()) return out;
   for (const int steps : {1, 4}) {
-    const v1::JobSpec one = Spec("dp-one", mode, 4, steps);
+    const v1::JobSpec one = Spec("dp-one", mode, 4, steps, 2, schedule);
     const WatchResult single = RunOne(one);
-    ASSERT_EQ(single.last.state(), v1::SUCCEEDED) << single.last.error();
-    const std::vector<v1::JobSpec> specs = RankSpecs(Spec("dp-two", mode, 2, steps), 2, 120);
+    EXPECT_EQ(single.last.state(), v1::SUCCEEDED) << single.last.error();
+    if (single.last.state() != v1::SUCCEEDED) return out;
+    const std::vector<v1::JobSpec> specs =
+        RankSpecs(Spec("dp-two", mode, 2, steps, 2, schedule), 2, 120);
+    out = specs[0].output_dir();
     std::vector<WatchResult> ranks = RunRanks(specs);
     for (int r = 0; r < 2; ++r) {
-      ASSERT_EQ(ranks[r].last.state(), v1::SUCCEEDED)
+      EXPECT_EQ(ranks[r].last.state(), v1::SUCCEEDED)
           << "rank " << r << ": " << ranks[r].last.error();
+      if (ranks[r].last.state() != v1::SUCCEEDED) return out;
     }
     const auto l1 = testing_jobs::StepLosses(single);
     for (int r = 0; r < 2; ++r) {
       const auto lr = testing_jobs::StepLosses(ranks[r]);
-      ASSERT_EQ(lr.size(), l1.size()) << r;
+      EXPECT_EQ(lr.size(), l1.size()) << r;
+      if (lr.size() != l1.size()) return out;
       for (const auto& [step, loss] : l1) {
         EXPECT_NEAR(lr.at(step), loss, 1e-6 * std::abs(loss)) << "rank " << r << " step " << step;
       }
     }
     EXPECT_EQ(RelativeDifference(*base, specs[1].output_dir(), specs[0].output_dir()).global, 0.0)
         << "the ranks' weights differ";
-    const v1::JobSpec rebatched = Spec("dp-rebatch", mode, 2, steps, 4);
+    const v1::JobSpec rebatched = Spec("dp-rebatch", mode, 2, steps, 4, schedule);
     const WatchResult rb = RunOne(rebatched);
-    ASSERT_EQ(rb.last.state(), v1::SUCCEEDED) << rb.last.error();
+    EXPECT_EQ(rb.last.state(), v1::SUCCEEDED) << rb.last.error();
+    if (rb.last.state() != v1::SUCCEEDED) return out;
     const Difference dp = RelativeDifference(*base, specs[0].output_dir(), one.output_dir());
     const Difference noise = RelativeDifference(*base, rebatched.output_dir(), one.output_dir());
     const Difference vs_rb =
         RelativeDifference(*base, specs[0].output_dir(), rebatched.output_dir());
-    std::printf("%s, %d step(s), relative L2 of the change (worst matrix / all): 2 ranks vs 1 "
-                "rank %.3g / %.3g; 1 rank re-batched (mb 2 x 4) vs 1 rank %.3g / %.3g; 2 ranks "
-                "vs re-batched %.3g / %.3g\n",
-                v1::TrainingMode_Name(mode).c_str(), steps, dp.worst_matrix, dp.global,
-                noise.worst_matrix, noise.global, vs_rb.worst_matrix, vs_rb.global);
+    std::printf(
+        "%s, %s schedule, %d step(s), relative L2 of the change (worst matrix / all): "
+        "2 ranks vs 1 rank %.3g / %.3g; 1 rank re-batched (mb 2 x 4) vs 1 rank %.3g / "
+        "%.3g; 2 ranks vs re-batched %.3g / %.3g\n",
+        v1::TrainingMode_Name(mode).c_str(),
+        schedule == v1::STEP_SCHEDULE_SERIAL ? "serial" : "overlap", steps, dp.worst_matrix,
+        dp.global, noise.worst_matrix, noise.global, vs_rb.worst_matrix, vs_rb.global);
     if (same_batches_bound > 0) {
       EXPECT_LT(vs_rb.worst_matrix, same_batches_bound);
     } else {
@@ -182,21 +201,41 @@ void ExpectTwoRanksMatchOne(v1::TrainingMode mode, double same_batches_bound = 1
       } else if (mode == v1::MODE_LSP) {
         auto sub = lsp::ResolveSubspace(m, n, one.lsp().d(), one.lsp().d_ratio(), one.lsp().r(),
                                         lsp::NarrowRule::kOneSided);
-        ASSERT_TRUE(sub.ok()) << sub.status();
+        EXPECT_TRUE(sub.ok()) << sub.status();
+        if (!sub.ok()) return out;
         grad_values += sub->p.dim * sub->q.dim;
       } else {
         grad_values += m * n;
       }
     }
-    // fp32 sums plus the missing-gradient count (offload::SumTensorsAcrossRanks), then the
-    // step's bookkeeping (8 + 16 bytes).
+    // fp32 sums plus the missing-gradient count (offload::SumTensorsAcrossRanks; none when
+    // the overlapped backward sums matrix by matrix), then the step's bookkeeping (8 + 16).
+    const bool by_matrix =
+        (mode == v1::MODE_LSP || mode == v1::MODE_ZERO) && schedule == v1::STEP_SCHEDULE_OVERLAP;
     for (const auto& s : ranks[0].updates) {
       if (s.has_last_step() && s.last_step().step() > 0) {
-        EXPECT_EQ(s.last_step().all_reduce_bytes(), 4 * grad_values + 4 + 8 + 16)
+        const bool overlapped = by_matrix && s.last_step().step() > 1;
+        EXPECT_EQ(s.last_step().all_reduce_bytes(), 4 * grad_values + (overlapped ? 0 : 4) + 24)
             << "step " << s.last_step().step();
       }
     }
   }
+  return out;
+}
+
+// lsp and zero under both schedules: with two ranks a sum of two fp32 values does not depend
+// on the order, so the matrix-by-matrix sums inside the overlapped backward and the one
+// all-reduce after the serial backward give bitwise-equal weights.
+void ExpectBothSchedulesMatchOne(v1::TrainingMode mode, double same_batches_bound) {
+  const std::string overlap = ExpectTwoRanksMatchOne(mode, same_batches_bound);
+  const std::string serial =
+      ExpectTwoRanksMatchOne(mode, same_batches_bound, v1::STEP_SCHEDULE_SERIAL);
+  ASSERT_FALSE(overlap.empty());
+  ASSERT_FALSE(serial.empty());
+  const std::vector<uint8_t> a = Bytes(overlap + "/model.safetensors");
+  EXPECT_FALSE(a.empty()) << overlap;
+  EXPECT_TRUE(a == Bytes(serial + "/model.safetensors"))
+      << "two ranks: the overlap and serial schedules' weights differ";
 }
 
 TEST(DataParallelTest, NativeTwoRanksAtMicroBatch2MatchOneRankAt4) {
@@ -211,10 +250,10 @@ TEST(DataParallelTest, LoraTwoRanksAtMicroBatch2MatchOneRankAt4) {
   ExpectTwoRanksMatchOne(v1::MODE_LORA);
 }
 
-TEST(DataParallelTest, LspTwoRanksAtMicroBatch2MatchOneRankAt4) {
+TEST(DataParallelTest, LspTwoRanksAtMicroBatch2MatchOneRankAt4UnderBothSchedules) {
   if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (!offload::CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo";
-  ExpectTwoRanksMatchOne(v1::MODE_LSP);
+  ExpectBothSchedulesMatchOne(v1::MODE_LSP, 1e-5);
 }
 
 TEST(DataParallelTest, GaloreTwoRanksAtMicroBatch2MatchOneRankAt4) {
@@ -226,15 +265,10 @@ TEST(DataParallelTest, GaloreTwoRanksAtMicroBatch2MatchOneRankAt4) {
   ExpectTwoRanksMatchOne(v1::MODE_GALORE, /*same_batches_bound=*/0);
 }
 
-TEST(DataParallelTest, ZeroTwoRanksAtMicroBatch2MatchOneRankAt4) {
+TEST(DataParallelTest, ZeroTwoRanksAtMicroBatch2MatchOneRankAt4UnderBothSchedules) {
   if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (!offload::CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo";
-  ExpectTwoRanksMatchOne(v1::MODE_ZERO, /*same_batches_bound=*/0);
-}
-
-std::vector<uint8_t> Bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+  ExpectBothSchedulesMatchOne(v1::MODE_ZERO, /*same_batches_bound=*/0);
 }
 
 // A two-rank job checkpointed at step 3 and resumed by two ranks (other output folders, another
@@ -289,6 +323,32 @@ TEST(DataParallelTest, ATwoRankJobResumesBitwiseAndTheRanksMustResumeOneStep) {
 }
 
 // Rank 0 evaluates for the job (every rank holds the same weights); the other ranks skip it.
+// A non-finite gradient on one rank only (rank 1 at step 3, by the worker's fault hook) in the
+// overlapped backward: its NaN reaches every rank's sum, so both ranks skip step 3 together
+// (weights and optimizer state untouched), count it, go on, and end bitwise equal.
+TEST(DataParallelTest, ANonFiniteGradientOnOneRankSkipsTheStepOnEveryRank) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!offload::CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo";
+  for (const v1::TrainingMode mode : {v1::MODE_LSP, v1::MODE_ZERO}) {
+    std::vector<v1::JobSpec> specs = RankSpecs(Spec("dp-nan", mode, 2, 5), 2, 60);
+    setenv("LSPO_FAULT_NONFINITE_GRAD_STEPS", "3@1", 1);
+    std::vector<WatchResult> ranks = RunRanks(specs);
+    unsetenv("LSPO_FAULT_NONFINITE_GRAD_STEPS");
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(ranks[r].last.state(), v1::SUCCEEDED)
+          << v1::TrainingMode_Name(mode) << " rank " << r << ": " << ranks[r].last.error();
+      EXPECT_EQ(ranks[r].last.skipped_steps(), 1) << v1::TrainingMode_Name(mode) << " rank " << r;
+      const auto losses = testing_jobs::StepLosses(ranks[r]);
+      EXPECT_EQ(losses.count(3), 0u) << v1::TrainingMode_Name(mode) << " rank " << r;
+      EXPECT_EQ(losses.size(), 4u) << v1::TrainingMode_Name(mode) << " rank " << r;
+    }
+    const std::vector<uint8_t> a = Bytes(specs[0].output_dir() + "/model.safetensors");
+    EXPECT_FALSE(a.empty());
+    EXPECT_TRUE(a == Bytes(specs[1].output_dir() + "/model.safetensors"))
+        << v1::TrainingMode_Name(mode) << ": the ranks' weights differ";
+  }
+}
+
 TEST(DataParallelTest, OnlyRankZeroEvaluates) {
   if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (!offload::CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo";

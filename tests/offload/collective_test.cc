@@ -1,7 +1,8 @@
-// offload::Collective over loopback (issue 17): two or three ranks as threads of this process,
-// each with its own rendezvous client and Gloo connections. Sums are checked against float64
-// sums of the same inputs; faults (a rank that never joins, a different job, a rank that
-// leaves or stops answering) must fail within the stated timeout with the rank named.
+// offload::Collective and offload::OverlapReducer over loopback (issue 17): two or three ranks
+// as threads of this process, each with its own rendezvous client and Gloo connections. Sums
+// are checked against float64 sums of the same inputs; faults (a rank that never joins, a
+// different job, a rank that leaves or stops answering) must fail within the stated timeout
+// with the rank named.
 #include "offload/collective.h"
 
 #include <atomic>
@@ -9,12 +10,14 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <thread>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "gtest/gtest.h"
+#include "offload/overlap_reducer.h"
 #include "runtime/tfrecord.h"
 #include "tests/free_port.h"
 
@@ -428,6 +431,128 @@ TEST(CollectiveTest, TensorChecksumIsCrc32cOfTheBytesOrOfThreeSamples) {
   at::Tensor m = at::arange(6, at::kInt).view({2, 3});
   EXPECT_EQ(Crc32cExtendTensor(0, m.t()), Crc32cExtendTensor(0, m.t().contiguous()));
   EXPECT_NE(Crc32cExtendTensor(0, m.t()), Crc32cExtendTensor(0, m));
+}
+
+// OverlapReducer (the data-parallel sum inside the overlapped backward): two ranks stage their
+// matrices in opposite orders (as two autograd engines might); each rank hands on every sum, in
+// the order n-1 .. 0, bitwise the float64 sum rounded to fp32 (exact for two fp32 addends), and
+// a bf16 input is widened exactly.
+TEST(CollectiveTest, OverlapReducerSumsInOneOrderWhateverOrderTheRanksStageIn) {
+  if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
+  const int world = 2;
+  const int port = FreePort();
+  const std::vector<std::vector<int64_t>> shapes = {{3, 4}, {5}, {2, 2}, {6, 1}};
+  const int64_t n = static_cast<int64_t>(shapes.size());
+  at::manual_seed(11);
+  std::vector<std::vector<at::Tensor>> in(world);
+  for (int r = 0; r < world; ++r) {
+    for (const auto& s : shapes) in[r].push_back(at::randn(s, at::kFloat));
+  }
+  in[1][2] = in[1][2].to(at::kBFloat16);  // a zero-mode gradient arrives in bf16
+  std::vector<at::Tensor> ref;
+  for (int64_t i = 0; i < n; ++i) {
+    ref.push_back((in[0][i].to(at::kDouble) + in[1][i].to(at::kDouble)).to(at::kFloat));
+  }
+  std::vector<std::vector<int64_t>> order(world);
+  std::vector<std::vector<at::Tensor>> sums(world, std::vector<at::Tensor>(n));
+  std::vector<absl::Status> st(world, absl::UnknownError("not run"));
+  OnRanks(world, [&](int r) {
+    auto c = Collective::Join(Options(r, world, port, absl::Seconds(30)));
+    if (!c.ok()) {
+      st[r] = c.status();
+      return;
+    }
+    OverlapReducer reducer(c->get(), shapes, [&, r](int64_t i, const at::Tensor& sum) {
+      order[r].push_back(i);
+      sums[r][i] = sum.clone();
+      return true;
+    });
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t i = r == 0 ? k : n - 1 - k;
+      reducer.Stage(i, in[r][i]);
+      in[r][i].fill_(1e30);  // the reducer copied it: later changes must not reach the sum
+    }
+    st[r] = reducer.Finish(0.0f);
+    EXPECT_EQ(reducer.published(), n) << r;
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+    EXPECT_EQ(order[r], (std::vector<int64_t>{3, 2, 1, 0})) << r;
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(sums[r][i].defined()) << r << " " << i;
+      EXPECT_EQ(sums[r][i].scalar_type(), at::kFloat);
+      EXPECT_TRUE(at::equal(sums[r][i], ref[i])) << "rank " << r << " matrix " << i;
+    }
+  }
+}
+
+// A rank that has no valid gradient for a matrix (Finish(NaN) fills what it did not stage):
+// every rank's sum of that matrix is NaN, Publish stops both ranks at that same matrix, and
+// nothing after it is reduced or handed on.
+TEST(CollectiveTest, OverlapReducerFillsWhatARankDidNotStageAndStopsEveryRankAlike) {
+  if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
+  const int world = 2;
+  const int port = FreePort();
+  const std::vector<std::vector<int64_t>> shapes = {{4}, {4}, {4}};
+  std::vector<std::vector<int64_t>> order(world);
+  std::vector<int64_t> published(world, -1);
+  std::vector<int64_t> bytes(world);
+  std::vector<absl::Status> st(world, absl::UnknownError("not run"));
+  OnRanks(world, [&](int r) {
+    auto c = Collective::Join(Options(r, world, port, absl::Seconds(30)));
+    if (!c.ok()) {
+      st[r] = c.status();
+      return;
+    }
+    OverlapReducer reducer(c->get(), shapes, [&, r](int64_t i, const at::Tensor& sum) {
+      order[r].push_back(i);
+      return static_cast<bool>(at::isfinite(sum).all().item<bool>());
+    });
+    reducer.Stage(2, at::ones({4}));
+    if (r == 0) reducer.Stage(1, at::ones({4}));  // rank 1 formed none for matrix 1
+    reducer.Stage(0, at::ones({4}));
+    st[r] = reducer.Finish(std::numeric_limits<float>::quiet_NaN());
+    published[r] = reducer.published();
+    bytes[r] = (*c)->all_reduce_bytes();
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+    EXPECT_EQ(order[r], (std::vector<int64_t>{2, 1})) << r;
+    EXPECT_EQ(published[r], 2) << r;
+    EXPECT_EQ(bytes[r], 2 * 4 * 4) << r;  // matrix 0 was never all-reduced
+  }
+}
+
+// One rank (no network): a staged shape that is not the matrix's, or an index out of range,
+// is reported by Finish (the sum used the fill); a reducer dropped without Finish returns at
+// once without reducing anything.
+TEST(CollectiveTest, OverlapReducerReportsABadStageAndCanBeAbandoned) {
+  auto c = Collective::Join(CollectiveOptions{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<at::Tensor> got(2);
+  {
+    OverlapReducer reducer(c->get(), {{2, 3}, {4}}, [&](int64_t i, const at::Tensor& sum) {
+      got[i] = sum.clone();
+      return true;
+    });
+    reducer.Stage(0, at::ones({3, 2}));
+    reducer.Stage(5, at::ones({4}));
+    reducer.Stage(1, at::full({4}, 2.0));
+    const absl::Status st = reducer.Finish(-1.0f);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("matrix 0 staged with shape [3, 2]; expected [2, 3]"),
+              std::string::npos)
+        << st;
+  }
+  EXPECT_TRUE(at::equal(got[0], at::full({2, 3}, -1.0)));
+  EXPECT_TRUE(at::equal(got[1], at::full({4}, 2.0)));
+  const int64_t before = (*c)->all_reduce_bytes();
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    OverlapReducer abandoned(c->get(), {{8}}, [](int64_t, const at::Tensor&) { return true; });
+  }
+  EXPECT_LT(Seconds(t0), 1.0);
+  EXPECT_EQ((*c)->all_reduce_bytes(), before);
 }
 
 }  // namespace

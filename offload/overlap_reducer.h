@@ -1,0 +1,85 @@
+// The data-parallel sum inside the overlapped backward (issue 17, docs/distributed.md
+// "Overlap"): the backward stages each trained matrix's gradient (lsp: its S = Pᵀ G Q; zero:
+// the full gradient) as it forms, and a communication thread all-reduces them across the
+// ranks one matrix at a time and hands each sum on (to the arena, for the optimizer) as soon
+// as it is reduced, so the reduction and the optimizer's Adam overlap the rest of the
+// backward, as DDP's buckets do.
+//
+// Gloo needs every rank to issue its collectives in the same order with the same shapes; the
+// order a backward's hooks fire in is an implementation detail of the autograd engine, so the
+// thread reduces in one fixed order, matrix n − 1 down to 0 (deepest first: the order a
+// backward forms them), waiting for a matrix that is not staged yet.
+#ifndef LSPO_OFFLOAD_OVERLAP_REDUCER_H_
+#define LSPO_OFFLOAD_OVERLAP_REDUCER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/status.h"
+#include "offload/collective.h"
+
+namespace lspo::offload {
+
+// One step's sum of n matrices across the ranks of a group (see the file comment).
+// Thread-safety: Stage may be called from any one thread while the communication thread
+// runs; Finish and the destructor from the thread that constructed the reducer.
+class OverlapReducer {
+ public:
+  // Called on the communication thread with matrix i's sum over the ranks: a contiguous fp32
+  // CPU tensor of shapes[i], owned by the reducer (valid during the call). Returns false to
+  // stop: no later matrix is reduced or handed on (every rank receives the same sums, so every
+  // rank stops at the same matrix; used when a sum is not finite and the step is abandoned).
+  using Publish = std::function<bool(int64_t i, const at::Tensor& sum)>;
+
+  // Starts the communication thread. `group` must outlive the reducer; shapes[i] is matrix i's
+  // shape (the same on every rank: the gradient slot's).
+  OverlapReducer(Collective* group, std::vector<std::vector<int64_t>> shapes, Publish publish);
+  // Abandons the step if Finish was not called: the thread stops waiting and starts no further
+  // collective (the other ranks' then fail after the group's timeout), and is joined.
+  ~OverlapReducer();
+  OverlapReducer(const OverlapReducer&) = delete;
+  OverlapReducer& operator=(const OverlapReducer&) = delete;
+
+  // Stages matrix i's gradient: `grad` (any floating dtype and CPU device, of shapes[i]) is
+  // copied to fp32 at once, so the caller may change it afterwards. Staging a matrix twice
+  // keeps the first (a backward forms each once); an i outside [0, n) or a wrong shape is
+  // recorded and returned by Finish (kInvalidArgument), the sum then uses `fill`.
+  void Stage(int64_t i, const at::Tensor& grad);
+
+  // Stages `fill` (every element) for each matrix not staged yet, waits until the thread has
+  // reduced and handed on every matrix (or was stopped by Publish), and joins it. Use NaN for
+  // "this rank has no valid gradient": every rank's sum is then NaN and every rank skips the
+  // step together. Errors: the first collective error (Collective::AllReduceSum's:
+  // kUnavailable naming the ranks, kFailedPrecondition for a broken group), a bad Stage's
+  // kInvalidArgument.
+  absl::Status Finish(float fill);
+
+  // Matrices handed on to Publish so far (after Finish: all n, or fewer if Publish stopped).
+  int64_t published() const;
+
+ private:
+  void Run();
+
+  Collective* group_;
+  const std::vector<std::vector<int64_t>> shapes_;
+  const Publish publish_;
+  mutable std::mutex mu_;
+  std::condition_variable staged_cv_;
+  std::vector<at::Tensor> staged_;  // guarded by mu_
+  bool abandoned_ = false;          // guarded by mu_
+  bool finished_ = false;           // guarded by mu_
+  absl::Status stage_error_;        // guarded by mu_
+  int64_t published_ = 0;           // guarded by mu_
+  absl::Status status_;             // written by the thread, read after join
+  std::thread thread_;
+};
+
+}  // namespace lspo::offload
+
+#endif  // LSPO_OFFLOAD_OVERLAP_REDUCER_H_
