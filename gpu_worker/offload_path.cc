@@ -220,7 +220,10 @@ absl::Status OffloadPath::EndRankSum(WorkerJob* job) {
   if (job->reducer == nullptr) return absl::OkStatus();
   // A matrix this rank formed no gradient for goes as NaN: every rank's sum is then NaN, and
   // every rank skips the step (as SumAcrossRanks' missing count does in the serial schedule).
+  const double t0 = MonotonicSeconds();
   absl::Status st = job->reducer->Finish(std::numeric_limits<float>::quiet_NaN());
+  job->rank_sum_wait_seconds += MonotonicSeconds() - t0;
+  job->rank_sum_hidden_seconds += job->reducer->collective_seconds();
   job->reducer.reset();
   return st;
 }

@@ -775,6 +775,8 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
   job->events.clear();
   job->wait_seconds = 0;
   job->offload_seconds = 0;
+  job->rank_sum_wait_seconds = 0;
+  job->rank_sum_hidden_seconds = 0;
   job->publish_step = 0;
   job->publish_failed = false;
   std::fill(job->offload_done.begin(), job->offload_done.end(), 0.0);
@@ -850,7 +852,10 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
     RETURN_IF_ERROR(job->path->FinishStep(job, ctx, &reply));
     if (group != nullptr) {
       metrics->set_all_reduce_bytes(group->all_reduce_bytes() - group_bytes0);
-      metrics->set_all_reduce_seconds(group->all_reduce_seconds() - group_secs0);
+      const double secs = group->all_reduce_seconds() - group_secs0;
+      metrics->set_all_reduce_seconds(secs);
+      metrics->set_all_reduce_exposed_seconds(
+          std::max(0.0, secs - job->rank_sum_hidden_seconds + job->rank_sum_wait_seconds));
     }
     if (reply.nonfinite()) return absl::OkStatus();
     RETURN_IF_ERROR(RecordStepEnd(job, metrics));

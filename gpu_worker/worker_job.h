@@ -100,6 +100,10 @@ struct WorkerJob {
   std::vector<int64_t> order;
   // The job's group of ranks (distributed.world_size > 1; docs/distributed.md), else null.
   std::unique_ptr<offload::Collective> collective;
+  // This step's data-parallel sums inside the backward (EndRankSum): seconds the backward's
+  // thread waited for the last ones, and seconds the reducer's thread spent in all-reduces.
+  double rank_sum_wait_seconds = 0;
+  double rank_sum_hidden_seconds = 0;
   // While the overlapped backward of a data-parallel step runs: the sum of its gradients
   // across the ranks (UpdatePath::BeginRankSum / EndRankSum). Declared last: destroyed (its
   // thread joined) before the collective and the path it calls.

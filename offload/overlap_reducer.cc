@@ -1,5 +1,6 @@
 #include "offload/overlap_reducer.h"
 
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -71,6 +72,11 @@ int64_t OverlapReducer::published() const {
   return published_;
 }
 
+double OverlapReducer::collective_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return collective_seconds_;
+}
+
 void OverlapReducer::Run() {
   for (int64_t i = static_cast<int64_t>(shapes_.size()) - 1; i >= 0; --i) {
     at::Tensor sum;
@@ -80,15 +86,20 @@ void OverlapReducer::Run() {
       if (abandoned_) return;
       sum = staged_[i];
     }
+    const auto t0 = std::chrono::steady_clock::now();
     absl::Status st = group_->AllReduceSum(sum);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!st.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
+      collective_seconds_ += secs;
       status_ = std::move(st);
       return;
     }
     const bool go_on = publish_(i, sum);
     {
       std::lock_guard<std::mutex> lock(mu_);
+      collective_seconds_ += secs;
       ++published_;
       staged_[i] = at::Tensor();  // Free the copy once handed on.
     }

@@ -62,6 +62,9 @@ class OverlapReducer {
 
   // Matrices handed on to Publish so far (after Finish: all n, or fewer if Publish stopped).
   int64_t published() const;
+  // Wall seconds the thread spent in all-reduces (waiting for the other ranks included), after
+  // Finish.
+  double collective_seconds() const;
 
  private:
   void Run();
@@ -76,6 +79,7 @@ class OverlapReducer {
   bool finished_ = false;           // guarded by mu_
   absl::Status stage_error_;        // guarded by mu_
   int64_t published_ = 0;           // guarded by mu_
+  double collective_seconds_ = 0;   // guarded by mu_
   absl::Status status_;             // written by the thread, read after join
   std::thread thread_;
 };

@@ -247,15 +247,16 @@ TEST(RunReportTest, PaddingShareIsSummedOverTheSteps) {
   EXPECT_THAT(RunReportHtml(kMetrics, "run"), Not(HasSubstr("padding (share")));
 }
 
-// A data-parallel rank's step lines carry the bytes it all-reduced (int64: a JSON string).
+// A data-parallel rank's step lines carry the bytes it all-reduced (int64: a JSON string) and
+// the seconds, of which the step waited for the exposed ones.
 TEST(RunReportTest, AllReducedBytesOfADataParallelRunAreShown) {
   const std::string html = RunReportHtml(
-      R"({"kind":"step","step":1,"loss":2,"all_reduce_bytes":"2000024","all_reduce_seconds":0.5}
-{"kind":"step","step":2,"loss":2,"all_reduce_bytes":"2000024","all_reduce_seconds":0.25}
+      R"({"kind":"step","step":1,"loss":2,"all_reduce_bytes":"2000024","all_reduce_seconds":0.5,"all_reduce_exposed_seconds":0.5}
+{"kind":"step","step":2,"loss":2,"all_reduce_bytes":"2000024","all_reduce_seconds":0.25,"all_reduce_exposed_seconds":0.05}
 )",
       "run");
   EXPECT_THAT(html, HasSubstr("<th>all-reduced per step (data parallel, mean)</th><td>2 MB in "
-                              "0.375 s</td>"));
+                              "0.375 s (0.275 s of it exposed)</td>"));
   EXPECT_THAT(RunReportHtml(kMetrics, "run"), Not(HasSubstr("all-reduced")));
 }
 
