@@ -107,11 +107,11 @@ class UpdatePath {
 
   // Data parallel under the overlap schedule (offloaded modes, CPU workers): BeginRankSum,
   // before the backward that publishes `step`'s gradients, starts summing them across the
-  // ranks of `group` as the backward publishes them (offload::OverlapReducer: one fp32
-  // all-reduce per matrix, in a fixed order, each sum published as soon as it is reduced and
-  // checked); EndRankSum, after that backward (or instead of it, on a rank with no valid
-  // gradient), sends NaN for every matrix the backward did not publish, so that every rank
-  // skips the step together, and waits for the last sum. A non-finite sum sets
+  // ranks of `group` as the backward publishes them (offload::OverlapReducer: fp32
+  // all-reduces of DDP-sized buckets in a fixed order, each sum published as soon as its
+  // bucket is reduced, and checked); EndRankSum, after that backward (or instead of it, on a rank
+  // with no valid gradient), sends NaN for every matrix the backward did not publish, so that every
+  // rank skips the step together, and waits for the last sum. A non-finite sum sets
   // job->publish_failed on every rank alike. Errors: kFailedPrecondition (a mode that is not
   // offloaded, a CUDA worker), the collectives' (kUnavailable naming the ranks).
   virtual absl::Status BeginRankSum(WorkerJob* job, offload::Collective* group, uint32_t step) {

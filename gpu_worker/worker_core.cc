@@ -802,7 +802,7 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
       // The ranks train the same step (a rank resumed from another checkpoint than the others
       // would silently train other weights).
       // And they run one schedule: the serial one sums all gradients in one all-reduce, the
-      // overlapped one matrix by matrix.
+      // overlapped one bucket by bucket inside the backward.
       ASSIGN_OR_RETURN(std::vector<int64_t> steps,
                        group->AllGather(2 * int64_t{step} + (plan.overlap() ? 1 : 0)));
       for (size_t r = 1; r < steps.size(); ++r) {

@@ -7,13 +7,44 @@
 #include "absl/strings/str_join.h"
 
 namespace lspo::offload {
+namespace {
+
+int64_t Elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
 
 OverlapReducer::OverlapReducer(Collective* group, std::vector<std::vector<int64_t>> shapes,
-                               Publish publish)
+                               Publish publish, Buckets caps)
     : group_(group),
       shapes_(std::move(shapes)),
       publish_(std::move(publish)),
-      staged_(shapes_.size()) {
+      bucket_of_(shapes_.size()),
+      offset_of_(shapes_.size()),
+      claimed_(shapes_.size(), 0) {
+  // Buckets in reduction order (n - 1 down to 0); one closes once it holds its cap.
+  int64_t elements = 0;
+  for (int64_t i = static_cast<int64_t>(shapes_.size()) - 1; i >= 0; --i) {
+    const int64_t cap = buckets_.size() <= 1 ? caps.first_bytes : caps.bytes;
+    if (buckets_.empty() || elements * 4 >= cap) {
+      if (!buckets_.empty()) {
+        buffers_.push_back(at::empty({elements}, at::TensorOptions().dtype(at::kFloat)));
+      }
+      buckets_.emplace_back();
+      elements = 0;
+    }
+    bucket_of_[i] = static_cast<int64_t>(buckets_.size()) - 1;
+    offset_of_[i] = elements;
+    buckets_.back().push_back(i);
+    elements += Elements(shapes_[i]);
+  }
+  if (!buckets_.empty()) {
+    buffers_.push_back(at::empty({elements}, at::TensorOptions().dtype(at::kFloat)));
+  }
+  ready_.assign(buckets_.size(), 0);
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -24,6 +55,10 @@ OverlapReducer::~OverlapReducer() {
   }
   staged_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+}
+
+at::Tensor OverlapReducer::Slot(int64_t i) const {
+  return buffers_[bucket_of_[i]].narrow(0, offset_of_[i], Elements(shapes_[i])).view(shapes_[i]);
 }
 
 void OverlapReducer::Stage(int64_t i, const at::Tensor& grad) {
@@ -39,25 +74,36 @@ void OverlapReducer::Stage(int64_t i, const at::Tensor& grad) {
     }
     return;
   }
-  // The copy happens outside the lock: the thread may be reducing another matrix meanwhile.
-  at::Tensor copy = at::empty(shapes_[i], at::TensorOptions().dtype(at::kFloat));
-  copy.copy_(grad);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (staged_[i].defined()) return;
-    staged_[i] = std::move(copy);
+    if (claimed_[i]) return;  // A backward forms each matrix once: keep the first.
+    claimed_[i] = 1;
+  }
+  // The copy happens outside the lock: the thread may be reducing an earlier bucket meanwhile.
+  // This slot is not read before its bucket is complete, and nothing else writes it.
+  Slot(i).copy_(grad);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++ready_[bucket_of_[i]];
   }
   staged_cv_.notify_all();
 }
 
 absl::Status OverlapReducer::Finish(float fill) {
+  std::vector<int64_t> unclaimed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < shapes_.size(); ++i) {
-      if (!staged_[i].defined()) {
-        staged_[i] = at::full(shapes_[i], fill, at::TensorOptions().dtype(at::kFloat));
+      if (!claimed_[i]) {
+        claimed_[i] = 1;
+        unclaimed.push_back(static_cast<int64_t>(i));
       }
     }
+  }
+  for (int64_t i : unclaimed) Slot(i).fill_(fill);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int64_t i : unclaimed) ++ready_[bucket_of_[i]];
     finished_ = true;
   }
   staged_cv_.notify_all();
@@ -78,32 +124,34 @@ double OverlapReducer::collective_seconds() const {
 }
 
 void OverlapReducer::Run() {
-  for (int64_t i = static_cast<int64_t>(shapes_.size()) - 1; i >= 0; --i) {
-    at::Tensor sum;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const int64_t size = static_cast<int64_t>(buckets_[b].size());
     {
       std::unique_lock<std::mutex> lock(mu_);
-      staged_cv_.wait(lock, [&] { return abandoned_ || staged_[i].defined(); });
+      staged_cv_.wait(lock, [&] { return abandoned_ || ready_[b] == size; });
       if (abandoned_) return;
-      sum = staged_[i];
     }
     const auto t0 = std::chrono::steady_clock::now();
-    absl::Status st = group_->AllReduceSum(sum);
+    absl::Status st = group_->AllReduceSum(buffers_[b]);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!st.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      collective_seconds_ += secs;
-      status_ = std::move(st);
-      return;
-    }
-    const bool go_on = publish_(i, sum);
     {
       std::lock_guard<std::mutex> lock(mu_);
       collective_seconds_ += secs;
-      ++published_;
-      staged_[i] = at::Tensor();  // Free the copy once handed on.
+      if (!st.ok()) {
+        status_ = std::move(st);
+        return;
+      }
     }
-    if (!go_on) return;
+    for (int64_t i : buckets_[b]) {
+      const bool go_on = publish_(i, Slot(i));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++published_;
+      }
+      if (!go_on) return;
+    }
+    buffers_[b] = at::Tensor();  // Every matrix of it is handed on: free the buffer.
   }
 }
 

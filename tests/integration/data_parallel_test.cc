@@ -133,7 +133,7 @@ Difference RelativeDifference(const model::LlamaModel& base, const std::string& 
 //    run on one rank or two, 4.0e-6 between those two.
 //  - One and four steps, with clipping and weight decay acting on the summed gradients; the
 //    losses within 1e-6 relative; the two ranks' weights bitwise equal. Every run uses
-//    `schedule`; lsp and zero sum matrix by matrix inside the backward under the overlap
+//    `schedule`; lsp and zero sum bucket by bucket inside the backward under the overlap
 //    schedule (from step 2: the scheduler plans step 1 serially, having timed nothing yet).
 //  - Bytes all-reduced per step: the gradients in fp32 (native, zero and galore Σ m n, lora
 //    Σ r (m + n), lsp Σ d_p d_q), plus a missing-gradient count (4 bytes; not in lsp's and
@@ -209,15 +209,15 @@ std::string ExpectTwoRanksMatchOne(v1::TrainingMode mode, double same_batches_bo
       }
     }
     // fp32 sums plus the missing-gradient count (offload::SumTensorsAcrossRanks; none when
-    // the overlapped backward sums matrix by matrix), then the step's bookkeeping (8 + 16).
-    const bool by_matrix =
+    // the overlapped backward sums in buckets), then the step's bookkeeping (8 + 16).
+    const bool in_buckets =
         (mode == v1::MODE_LSP || mode == v1::MODE_ZERO) && schedule == v1::STEP_SCHEDULE_OVERLAP;
     // The seconds the step waited for: all of them in a serial step; in an overlapped one
     // the bookkeeping collectives and the wait after the backward for the last sums (> 0).
     for (const auto& s : ranks[0].updates) {
       if (s.has_last_step() && s.last_step().step() > 0) {
         const auto& m = s.last_step();
-        const bool overlapped = by_matrix && m.step() > 1;
+        const bool overlapped = in_buckets && m.step() > 1;
         EXPECT_EQ(m.all_reduce_bytes(), 4 * grad_values + (overlapped ? 0 : 4) + 24)
             << "step " << m.step();
         if (overlapped) {

@@ -436,7 +436,8 @@ TEST(CollectiveTest, TensorChecksumIsCrc32cOfTheBytesOrOfThreeSamples) {
 // OverlapReducer (the data-parallel sum inside the overlapped backward): two ranks stage their
 // matrices in opposite orders (as two autograd engines might); each rank hands on every sum, in
 // the order n-1 .. 0, bitwise the float64 sum rounded to fp32 (exact for two fp32 addends), and
-// a bf16 input is widened exactly.
+// a bf16 input is widened exactly. Caps of 1 and 40 bytes make two buckets: matrix 3 alone
+// (24 bytes), then 2, 1 (36 bytes, under the cap) and 0.
 TEST(CollectiveTest, OverlapReducerSumsInOneOrderWhateverOrderTheRanksStageIn) {
   if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
   const int world = 2;
@@ -462,11 +463,15 @@ TEST(CollectiveTest, OverlapReducerSumsInOneOrderWhateverOrderTheRanksStageIn) {
       st[r] = c.status();
       return;
     }
-    OverlapReducer reducer(c->get(), shapes, [&, r](int64_t i, const at::Tensor& sum) {
-      order[r].push_back(i);
-      sums[r][i] = sum.clone();
-      return true;
-    });
+    OverlapReducer reducer(
+        c->get(), shapes,
+        [&, r](int64_t i, const at::Tensor& sum) {
+          order[r].push_back(i);
+          sums[r][i] = sum.clone();
+          return true;
+        },
+        OverlapReducer::Buckets{1, 40});
+    EXPECT_EQ(reducer.buckets(), (std::vector<std::vector<int64_t>>{{3}, {2, 1, 0}})) << r;
     for (int64_t k = 0; k < n; ++k) {
       const int64_t i = r == 0 ? k : n - 1 - k;
       reducer.Stage(i, in[r][i]);
@@ -488,7 +493,7 @@ TEST(CollectiveTest, OverlapReducerSumsInOneOrderWhateverOrderTheRanksStageIn) {
 
 // A rank that has no valid gradient for a matrix (Finish(NaN) fills what it did not stage):
 // every rank's sum of that matrix is NaN, Publish stops both ranks at that same matrix, and
-// nothing after it is reduced or handed on.
+// nothing after it is reduced or handed on (caps of 16 bytes: a bucket per matrix).
 TEST(CollectiveTest, OverlapReducerFillsWhatARankDidNotStageAndStopsEveryRankAlike) {
   if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
   const int world = 2;
@@ -504,10 +509,13 @@ TEST(CollectiveTest, OverlapReducerFillsWhatARankDidNotStageAndStopsEveryRankAli
       st[r] = c.status();
       return;
     }
-    OverlapReducer reducer(c->get(), shapes, [&, r](int64_t i, const at::Tensor& sum) {
-      order[r].push_back(i);
-      return static_cast<bool>(at::isfinite(sum).all().item<bool>());
-    });
+    OverlapReducer reducer(
+        c->get(), shapes,
+        [&, r](int64_t i, const at::Tensor& sum) {
+          order[r].push_back(i);
+          return static_cast<bool>(at::isfinite(sum).all().item<bool>());
+        },
+        OverlapReducer::Buckets{16, 16});
     reducer.Stage(2, at::ones({4}));
     if (r == 0) reducer.Stage(1, at::ones({4}));  // rank 1 formed none for matrix 1
     reducer.Stage(0, at::ones({4}));
@@ -525,10 +533,22 @@ TEST(CollectiveTest, OverlapReducerFillsWhatARankDidNotStageAndStopsEveryRankAli
 
 // One rank (no network): a staged shape that is not the matrix's, or an index out of range,
 // is reported by Finish (the sum used the fill); a reducer dropped without Finish returns at
-// once without reducing anything.
+// once without reducing anything. DDP's default caps: the first bucket closes at 1 MiB, the
+// next ones at 25 MiB.
 TEST(CollectiveTest, OverlapReducerReportsABadStageAndCanBeAbandoned) {
   auto c = Collective::Join(CollectiveOptions{});
   ASSERT_TRUE(c.ok()) << c.status();
+  {
+    OverlapReducer mib(c->get(), std::vector<std::vector<int64_t>>(9, {512, 512}),
+                       [](int64_t, const at::Tensor&) { return true; });
+    EXPECT_EQ(mib.buckets(), (std::vector<std::vector<int64_t>>{{8}, {7, 6, 5, 4, 3, 2, 1, 0}}));
+    OverlapReducer big(c->get(), std::vector<std::vector<int64_t>>(30, {1024, 1024}),
+                       [](int64_t, const at::Tensor&) { return true; });
+    // 4 MiB each: one, then 7 per bucket (28 MiB, the first count at or above 25), the rest.
+    std::vector<size_t> sizes;
+    for (const auto& b : big.buckets()) sizes.push_back(b.size());
+    EXPECT_EQ(sizes, (std::vector<size_t>{1, 7, 7, 7, 7, 1}));
+  }
   std::vector<at::Tensor> got(2);
   {
     OverlapReducer reducer(c->get(), {{2, 3}, {4}}, [&](int64_t i, const at::Tensor& sum) {
