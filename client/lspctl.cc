@@ -417,9 +417,9 @@ void PrintChoice(const lspo::v1::JobSpec& in) {
       "accum, seq_len %d, lr %g (%s, warm-up %d), %d threads\n",
       spec.name().c_str(), lspo::runtime::EnumShortName(spec.mode()).c_str(),
       on_worker ? "no offload"
-      : spec.distributed().world_size() > 1
-          ? "serial schedule, data parallel"
-          : absl::StrCat(lspo::runtime::EnumShortName(spec.schedule()), " schedule").c_str(),
+                : absl::StrCat(lspo::runtime::EnumShortName(spec.schedule()), " schedule",
+                               spec.distributed().world_size() > 1 ? ", data parallel" : "")
+                      .c_str(),
       method.c_str(), spec.steps(), spec.micro_batch_size(), spec.grad_accum(), spec.seq_len(),
       spec.optim().lr(), lspo::runtime::EnumShortName(spec.optim().schedule()).c_str(),
       spec.optim().warmup_steps(), spec.num_threads());

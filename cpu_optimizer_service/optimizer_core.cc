@@ -193,7 +193,10 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
   for (int i = 0; i < layout.linears_size(); ++i) {
     const auto& slot = layout.linears(i);
     LinearState st;
-    st.base = job->model->LinearWeight(i).detach().clone();  // (m, n) fp32
+    // (m, n) fp32. The master is the model's own tensor, moved out (the model keeps only the
+    // embedding and norms, for the output folder): a clone held every matrix twice, Σ m n · 4
+    // bytes more than the state (449 MiB of peak RSS on SmolLM2-135M; ~4 GB at 1.1B).
+    st.base = std::move(job->model->LinearWeight(i)).detach().contiguous();
     if (st.base.size(0) != slot.m() || st.base.size(1) != slot.n()) {
       return absl::InvalidArgumentError(absl::StrCat("arena slot ", slot.name(),
                                                      " shape differs from the model"));

@@ -254,6 +254,12 @@ std::string ExplainSpecMismatch(const std::string& rank0, const std::string& oth
                       runtime::ProtoDifferences(a, b, 600));
 }
 
+// distributed.timeout_seconds with its default (0 = 300 s): the bound on joining the group and
+// on every collective.
+int RankTimeoutSeconds(const lspo::v1::DistributedSpec& d) {
+  return d.timeout_seconds() > 0 ? d.timeout_seconds() : 300;
+}
+
 // Joins the job's group of ranks (docs/distributed.md). Errors: offload::Collective::Join's,
 // and kInvalidArgument for a malformed distributed.rendezvous.
 absl::StatusOr<std::unique_ptr<offload::Collective>> JoinGroup(const JobSpec& spec) {
@@ -268,7 +274,7 @@ absl::StatusOr<std::unique_ptr<offload::Collective>> JoinGroup(const JobSpec& sp
   o.host = at.host;
   o.port = at.port;
   if (!d.bind_address().empty()) o.bind_address = d.bind_address();
-  o.timeout = absl::Seconds(d.timeout_seconds() > 0 ? d.timeout_seconds() : 300);
+  o.timeout = absl::Seconds(RankTimeoutSeconds(d));
   o.fingerprint = runtime::ProtoToJson(SharedSpec(spec));
   o.explain_mismatch = ExplainSpecMismatch;
   if (!spec.output_dir().empty()) {
@@ -420,6 +426,29 @@ void InstallLayerHooks(WorkerJob* job) {
         }
         return absl::OkStatus();
       });
+}
+
+// A rank > 0 waits at the first collective of a step for rank 0, which evaluates alone after
+// the evaluation steps (scheduler/job_runner.cc AfterStep: every eval_every steps, and before
+// step 1 unless skip_initial_eval): when that wait failed, `st` gains that likely cause and
+// its fix. Other statuses are returned as they are.
+absl::Status AfterRankZerosEvaluation(const WorkerJob& job, int step, absl::Status st) {
+  const JobSpec& spec = job.spec;
+  const bool evaluates = !job.eval.empty() || !spec.data().perplexity_path().empty();
+  const bool after_eval = step == 1 ? !spec.skip_initial_eval()
+                                    : spec.eval_every() > 0 && (step - 1) % spec.eval_every() == 0;
+  if (job.collective == nullptr || job.collective->rank() == 0 || !evaluates || !after_eval) {
+    return st;
+  }
+  const int timeout = RankTimeoutSeconds(spec.distributed());
+  return absl::Status(
+      st.code(),
+      absl::StrCat(st.message(), " [rank 0 evaluates alone before step ", step,
+                   " while the other ranks wait here: if its evaluation takes longer than "
+                   "distributed.timeout_seconds (",
+                   timeout,
+                   " s), raise that timeout or evaluate less (eval_every, "
+                   "data.max_eval_examples, data.perplexity_blocks)]"));
 }
 
 // Step `step`'s micro-batches (grad_accum of micro_batch_size examples each, in the epoch's
@@ -803,15 +832,17 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
       // would silently train other weights).
       // And they run one schedule: the serial one sums all gradients in one all-reduce, the
       // overlapped one bucket by bucket inside the backward.
-      ASSIGN_OR_RETURN(std::vector<int64_t> steps,
-                       group->AllGather(2 * int64_t{step} + (plan.overlap() ? 1 : 0)));
+      absl::StatusOr<std::vector<int64_t>> gathered =
+          group->AllGather(2 * int64_t{step} + (plan.overlap() ? 1 : 0));
+      if (!gathered.ok()) return AfterRankZerosEvaluation(*job, step, gathered.status());
+      const std::vector<int64_t>& steps = *gathered;
       for (size_t r = 1; r < steps.size(); ++r) {
         if (steps[r] / 2 != steps[0] / 2) {
           return absl::FailedPreconditionError(absl::StrCat(
               "distributed: rank ", r, " (", group->labels()[r], ") trains step ", steps[r] / 2,
               " while rank 0 (", group->labels()[0], ") trains step ", steps[0] / 2,
               ": resume every rank from a checkpoint of the same step (each rank's "
-              "output_dir/checkpoint-N)"));
+              "output_dir/checkpoints/step-NNNNNNNN)"));
         }
         if (steps[r] != steps[0]) {
           auto name = [](int64_t v) { return v % 2 ? "overlap" : "serial"; };
