@@ -40,8 +40,9 @@ class OverlapReducer {
  public:
   // Called on the communication thread with matrix i's sum over the ranks: a contiguous fp32
   // CPU tensor of shapes[i], owned by the reducer (valid during the call). Returns false to
-  // stop: no later matrix is reduced or handed on (every rank receives the same sums, so every
-  // rank stops at the same matrix; used when a sum is not finite and the step is abandoned).
+  // stop: no later matrix is handed on and no later bucket reduced (every rank receives the
+  // same sums, so every rank stops at the same matrix; used when a sum is not finite and the
+  // step is abandoned).
   using Publish = std::function<bool(int64_t i, const at::Tensor& sum)>;
 
   // Bucket caps in bytes of fp32: a bucket closes once it holds at least its cap (a matrix
@@ -64,9 +65,10 @@ class OverlapReducer {
   OverlapReducer& operator=(const OverlapReducer&) = delete;
 
   // Stages matrix i's gradient: `grad` (any floating dtype and CPU device, of shapes[i]) is
-  // copied into its bucket's fp32 buffer at once, so the caller may change it afterwards. Staging a
-  // matrix twice keeps the first (a backward forms each once); an i outside [0, n) or a wrong shape
-  // is recorded and returned by Finish (kInvalidArgument), the sum then uses `fill`.
+  // copied into its bucket's fp32 buffer at once, so the caller may change it afterwards.
+  // Staging a matrix twice keeps the first (a backward forms each once); an i outside [0, n)
+  // or a wrong shape is recorded and returned by Finish (kInvalidArgument), and the sum then
+  // uses `fill`.
   void Stage(int64_t i, const at::Tensor& grad);
 
   // Stages `fill` (every element) for each matrix not staged yet, waits until the thread has

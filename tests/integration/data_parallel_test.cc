@@ -232,7 +232,7 @@ std::string ExpectTwoRanksMatchOne(v1::TrainingMode mode, double same_batches_bo
 }
 
 // lsp and zero under both schedules: with two ranks a sum of two fp32 values does not depend
-// on the order, so the matrix-by-matrix sums inside the overlapped backward and the one
+// on the order, so the bucketed sums inside the overlapped backward and the one
 // all-reduce after the serial backward give bitwise-equal weights.
 void ExpectBothSchedulesMatchOne(v1::TrainingMode mode, double same_batches_bound) {
   const std::string overlap = ExpectTwoRanksMatchOne(mode, same_batches_bound);
