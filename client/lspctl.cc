@@ -13,6 +13,8 @@
 //   lspctl eval --model=DIR|FILE --data=FILE [--format --adapter=DIR]
 //                                                        loss / perplexity / accuracy
 //   lspctl convert --model=FILE.gguf --output_dir=DIR    a GGUF as a Hugging Face model folder
+//   lspctl plan --spec=FILE [--device=cpu|cuda --device_memory_gb=4]
+//                                                        memory per mode; does it fit
 // Common flags: --scheduler=127.0.0.1:50060, spec overrides --steps, --mode, --output_dir;
 // security: --auth_token_file, --tls_ca (runtime/grpc_flags.h).
 // Exit codes: 0 success (job SUCCEEDED for run/watch, SERVING for health), 1 job
@@ -105,6 +107,9 @@ ABSL_FLAG(int32_t, max_examples, 0, "eval: at most this many examples (0 = all)"
 ABSL_FLAG(std::string, perplexity_path, "", "eval: also measure the perplexity of this text");
 ABSL_FLAG(std::string, question, "", "eval: classification question (default: the job's)");
 ABSL_FLAG(std::string, system_prompt, "", "eval: classification system prompt");
+ABSL_FLAG(double, device_memory_gb, 0,
+          "plan: answer whether the job fits a device of this many GiB (0 = only the plan)");
+ABSL_FLAG(std::string, device, "", "plan: plan for cpu or cuda (empty = the spec's device)");
 ABSL_FLAG(int32_t, threads, 0, "generate/eval/convert: CPU threads (0 = all cores)");
 
 namespace {
@@ -133,6 +138,10 @@ constexpr char kUsage[] =
     "                                      write a GGUF as a Hugging Face model folder\n"
     "                                      (config.json, fp32 model.safetensors, tokenizer\n"
     "                                      files); DIR must be new or empty\n"
+    "  lspctl plan --spec=FILE [--device=cpu|cuda --device_memory_gb=4]\n"
+    "                                      memory per mode from the model's config (no\n"
+    "                                      weights read); whether the job fits, the largest\n"
+    "                                      micro-batch and lsp d that do\n"
     "Flags: --scheduler=HOST:PORT (127.0.0.1:50060), --json, --watch, --verbose,\n"
     "  spec overrides --steps --mode --schedule --output_dir --rank (a data-parallel job's\n"
     "  rank: one lspctl run per rank, same spec) --bind_address (that rank's address)\n"
@@ -613,6 +622,7 @@ bool WantsHelp(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   lspo::runtime::UsePassiveOpenMpWaits(argc, argv);
+  lspo::runtime::UseOneMallocArena();
   // SIGINT / SIGTERM: a job watched by `lspctl run` is cancelled; otherwise the process exits
   // with 128 + signal, as by default.
   InterruptCanceller::Install();
@@ -628,11 +638,23 @@ int main(int argc, char** argv) {
   if (args.size() < 2) {
     std::fprintf(stderr,
                  "usage: lspctl run|submit|status|watch|cancel|list|health|metrics|generate|eval"
-                 "|convert ... (--help)\n");
+                 "|convert|plan ... (--help)\n");
     return 2;
   }
   const std::string cmd = args[1];
   const std::string arg = args.size() > 2 ? args[2] : "";
+
+  if (cmd == "plan") {
+    FLAGS_minloglevel = absl::GetFlag(FLAGS_verbose) ? 0 : 1;
+    auto spec = SpecFromFlags();
+    if (!spec.ok()) return Fail(spec.status());
+    lspo::client::PlanCommand p;
+    p.spec = *spec;
+    p.device = absl::GetFlag(FLAGS_device);
+    p.device_memory_gb = absl::GetFlag(FLAGS_device_memory_gb);
+    absl::Status st = lspo::client::RunPlan(p, stdout);
+    return st.ok() ? 0 : Fail(st);
+  }
 
   if (cmd == "convert") {
     if (absl::GetFlag(FLAGS_model).empty() || absl::GetFlag(FLAGS_output_dir).empty()) {

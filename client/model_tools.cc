@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +26,7 @@
 #include "nlohmann/json.hpp"
 #include "offload/hf_export.h"
 #include "offload/job_assets.h"
+#include "offload/memory_plan.h"
 #include "offload/torch_call.h"
 #include "proto/job_spec.pb.h"
 #include "runtime/file_io.h"
@@ -393,6 +395,121 @@ absl::Status RunConvert(const ConvertCommand& cmd) {
   }
   const std::string parent = std::filesystem::path(dest).parent_path().string();
   return runtime::FsyncDir(parent.empty() ? "." : parent);
+}
+
+absl::Status RunPlan(const PlanCommand& cmd, std::FILE* out) {
+  lspo::v1::JobSpec spec = cmd.spec;
+  if (cmd.device_memory_gb < 0 || !std::isfinite(cmd.device_memory_gb)) {
+    return absl::InvalidArgumentError(absl::StrCat("--device_memory_gb=", cmd.device_memory_gb,
+                                                   " must be a size in GiB, e.g. 4 or 24"));
+  }
+  if (!cmd.device.empty()) {
+    if (cmd.device != "cpu" && cmd.device != "cuda") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device=", cmd.device, " is not a device: use cpu or cuda"));
+    }
+    // The weights' dtype then follows the device planned for, unless the spec names one.
+    spec.set_device(cmd.device == "cpu" ? lspo::v1::DEVICE_CPU : lspo::v1::DEVICE_CUDA);
+  }
+  const bool assumed_cuda = spec.device() == lspo::v1::DEVICE_UNSPECIFIED;
+  scheduler::ResolveDefaults(&spec);
+  const bool cuda = spec.device() != lspo::v1::DEVICE_CPU;
+  ASSIGN_OR_RETURN(model::LlamaConfig config, offload::LoadJobModelConfig(spec));
+  const offload::PlanMode own = offload::PlanModeOf(spec);
+  std::vector<offload::MemoryPlan> plans;
+  std::vector<std::string> left_out;
+  for (offload::PlanMode mode :
+       {offload::PlanMode::kLsp, offload::PlanMode::kZero, offload::PlanMode::kNative,
+        offload::PlanMode::kLora, offload::PlanMode::kGalore, offload::PlanMode::kGaloreOffload}) {
+    absl::StatusOr<offload::MemoryPlan> plan = offload::PlanJobMemory(spec, config, mode, cuda);
+    if (plan.ok()) {
+      plans.push_back(*plan);
+    } else if (mode == own) {
+      return plan.status();
+    } else {
+      left_out.push_back(absl::StrCat(offload::PlanModeName(mode), ": ", plan.status().message()));
+    }
+  }
+  int64_t lin = 0, matrices = 0;
+  for (int64_t m : {config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim,
+                    config.num_kv_heads * config.head_dim, config.hidden_size}) {
+    lin += m * config.hidden_size;  // q, k, v: (m, H); o: (H, nh hd) has the size of q
+  }
+  lin += 3 * config.hidden_size * config.intermediate_size;
+  lin *= config.num_layers;
+  matrices = 7 * config.num_layers;
+  const std::string title = absl::StrFormat(
+      "memory plan of %s (%d layers, hidden %d, %d heads / %d kv heads, intermediate %d, vocab "
+      "%d; %.1f M parameters, %.1f M in %d trained matrices)\n"
+      "micro-batch %d x seq_len %d = %d tokens, grad_accum %d, activation checkpointing %s, "
+      "worker on %s%s (%s trained weights); * = the job's mode",
+      spec.model().path().empty() ? "a random model" : spec.model().path(), config.num_layers,
+      config.hidden_size, config.num_heads, config.num_kv_heads, config.intermediate_size,
+      config.vocab_size, config.NumParameters() / 1e6, lin / 1e6, matrices, spec.micro_batch_size(),
+      spec.seq_len(), spec.micro_batch_size() * spec.seq_len(), spec.grad_accum(),
+      spec.activation_checkpointing() ? "on" : "off", cuda ? "cuda" : "cpu",
+      assumed_cuda ? " (the spec names no device: --device=cpu plans for the CPU)" : "",
+      plans.empty() || plans[0].weight_bytes == 4 ? "fp32" : "bf16");
+  std::fprintf(out, "%s", offload::FormatPlans(title, plans, own).c_str());
+  for (const auto& l : left_out) std::fprintf(out, "not planned: %s\n", l.c_str());
+  if (cmd.device_memory_gb <= 0) return absl::OkStatus();
+
+  const int64_t card = static_cast<int64_t>(cmd.device_memory_gb * (1LL << 30));
+  int64_t budget = cuda ? card - offload::kCudaContextBytes : card;
+  std::string budget_note =
+      cuda ? absl::StrFormat("%.2f GiB for LibTorch's allocator after %.2f GiB of CUDA context",
+                             budget / double(1LL << 30),
+                             offload::kCudaContextBytes / double(1LL << 30))
+           : absl::StrFormat("%.2f GiB", budget / double(1LL << 30));
+  if (cuda && spec.device_memory_limit_mb() > 0 &&
+      (static_cast<int64_t>(spec.device_memory_limit_mb()) << 20) < budget) {
+    budget = static_cast<int64_t>(spec.device_memory_limit_mb()) << 20;
+    budget_note =
+        absl::StrCat("the job's device_memory_limit_mb = ", spec.device_memory_limit_mb());
+  }
+  if (budget <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--device_memory_gb=%g leaves nothing for the job after %.2f GiB of CUDA context: give "
+        "the card's memory, e.g. 4 or 24",
+        cmd.device_memory_gb, offload::kCudaContextBytes / double(1LL << 30)));
+  }
+  std::fprintf(out, "\non a %.2f GiB %s (%s):\n", cmd.device_memory_gb, cuda ? "GPU" : "host",
+               budget_note.c_str());
+  for (const auto& plan : plans) {
+    ASSIGN_OR_RETURN(offload::FitAnswer a,
+                     offload::FitOnDevice(spec, config, plan.mode, cuda, budget));
+    std::string line = absl::StrFormat(
+        "  %-15s %s: peak %.2f GiB",
+        absl::StrCat(offload::PlanModeName(plan.mode), plan.mode == own ? " *" : ""),
+        a.fits ? "fits" : "does not fit", plan.device_peak / double(1LL << 30));
+    auto batches = [](int32_t mb) {
+      return mb >= offload::kMaxPlannedMicroBatch ? absl::StrCat(">= ", mb) : absl::StrCat(mb);
+    };
+    const bool ckpt = spec.activation_checkpointing();
+    if (a.largest_micro_batch > 0) {
+      absl::StrAppend(&line, "; largest micro-batch ", batches(a.largest_micro_batch),
+                      " at seq_len ", spec.seq_len());
+      if (!ckpt) {
+        absl::StrAppend(&line, " (", batches(a.largest_micro_batch_checkpointing),
+                        " with activation checkpointing)");
+      }
+    } else if (!ckpt && a.largest_micro_batch_checkpointing > 0) {
+      absl::StrAppend(&line, "; only with activation checkpointing (micro-batch <= ",
+                      batches(a.largest_micro_batch_checkpointing), ")");
+    } else {
+      absl::StrAppend(&line, "; not even micro-batch 1",
+                      ckpt ? "" : ", with or without activation checkpointing");
+    }
+    if (plan.mode == offload::PlanMode::kLsp) {
+      absl::StrAppend(&line, a.largest_d > 0 ? absl::StrCat("; largest lsp.d ", a.largest_d)
+                                             : std::string("; no lsp.d fits"));
+      if (a.fits_with_nearest_rounding) {
+        absl::StrAppend(&line, "; fits with lsp.apply_rounding: nearest");
+      }
+    }
+    std::fprintf(out, "%s\n", line.c_str());
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace lspo::client

@@ -7,6 +7,8 @@
 //             evaluation code as a job (the worker's EvaluateJob on a job that trains nothing).
 //   convert:  a Llama-architecture GGUF written as a Hugging Face model folder by the same code
 //             that writes a job's output_dir (offload/hf_export.h).
+//   plan:     the memory a job needs in every mode, from the model's config alone
+//             (offload/memory_plan.h), and whether it fits a device of a given size.
 //
 // Thread-safety: functions of a command-line process; not for concurrent use.
 #ifndef LSPO_CLIENT_MODEL_TOOLS_H_
@@ -18,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "proto/job_spec.pb.h"
 #include "proto/metrics.pb.h"
 
 namespace lspo::client {
@@ -108,6 +111,23 @@ struct ConvertCommand {
 // supported), prefixed with the path; write errors (kPermissionDenied, kResourceExhausted,
 // kInternal) naming the path.
 absl::Status RunConvert(const ConvertCommand& cmd);
+
+struct PlanCommand {
+  lspo::v1::JobSpec spec;       // the job (defaults are resolved here)
+  std::string device;           // "cpu", "cuda", or "" = the spec's device (cuda when unset)
+  double device_memory_gb = 0;  // > 0: also answer whether the job fits a device this large
+};
+
+// Writes to `out` the memory plan of `cmd.spec` in lsp, zero, native, lora, galore and
+// galore-offload (a mode whose settings do not fit the model is left out, with its reason)
+// for the worker on `cmd.device`, read from the model's config without loading a weight
+// (offload::LoadJobModelConfig, offload::PlanJobMemory); with device_memory_gb, for each mode
+// whether the job fits and the largest micro-batch (and lsp d) that does
+// (offload::FitOnDevice), against the GiB given less kCudaContextBytes on CUDA, or against
+// the spec's device_memory_limit_mb when it is set and smaller.
+// Errors: kInvalidArgument for a device other than cpu / cuda or device_memory_gb < 0; the
+// config readers' errors (naming the path); PlanJobMemory's for the spec's own mode.
+absl::Status RunPlan(const PlanCommand& cmd, std::FILE* out);
 
 }  // namespace lspo::client
 

@@ -14,6 +14,7 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50062",
 
 int main(int argc, char** argv) {
   lspo::runtime::UsePassiveOpenMpWaits(argc, argv);
+  lspo::runtime::UseOneMallocArena();
   absl::SetProgramUsageMessage("LSP-Offload CPU optimizer service. Usage: lsp_cpu_optimizer --listen=127.0.0.1:50062");
   absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);

@@ -15,46 +15,25 @@
 #include "runtime/status_macros.h"
 
 namespace lspo::worker {
-namespace {
-
-
-lsp::NarrowRule NarrowRuleOf(lspo::v1::NarrowRule rule) {
-  switch (rule) {
-    case lspo::v1::NARROW_RULE_HALF:
-      return lsp::NarrowRule::kHalf;
-    case lspo::v1::NARROW_RULE_FULL:
-      return lsp::NarrowRule::kFull;
-    default:  // UNSPECIFIED = one-sided (proto/job_spec.proto).
-      return lsp::NarrowRule::kOneSided;
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<lspo::v1::ArenaLayout> LspPath::BuildLayout(const WorkerJob& job) {
   const auto& lsp = job.spec.lsp();
-  std::vector<lsp::MatrixSubspace> subspaces;
-  subspaces.reserve(job.linears.size());
+  ASSIGN_OR_RETURN(std::vector<lsp::MatrixSubspace> subspaces,
+                   offload::ResolveJobSubspaces(job.linears, lsp));
   int narrow = 0;
-  for (const auto& l : job.linears) {
-    absl::StatusOr<lsp::MatrixSubspace> s = lsp::ResolveSubspace(
-        l.m, l.n, lsp.d(), lsp.d_ratio(), lsp.r(), NarrowRuleOf(lsp.narrow()));
-    if (!s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("job spec field lsp does not fit ", l.name,
-                                                     " (", l.m, " x ", l.n, "): ",
-                                                     s.status().message()));
-    }
-    if (s->p.identity || s->q.identity || (lsp.d() > 0 && s->p.dim != lsp.d())) {
+  for (size_t i = 0; i < subspaces.size(); ++i) {
+    const lsp::MatrixSubspace& s = subspaces[i];
+    const auto& l = job.linears[i];
+    if (s.p.identity || s.q.identity || (lsp.d() > 0 && s.p.dim != lsp.d())) {
       if (narrow++ < 2) {
         LOG(INFO) << "worker: " << l.name << " (" << l.m << " x " << l.n << ") has subspace "
-                  << s->Describe() << " (lsp.narrow = "
+                  << s.Describe() << " (lsp.narrow = "
                   << (lsp.narrow() == lspo::v1::NARROW_RULE_UNSPECIFIED
                           ? std::string("one-sided")
                           : runtime::EnumShortName(lsp.narrow()))
                   << ")";
       }
     }
-    subspaces.push_back(*s);
   }
   if (narrow > 2) LOG(INFO) << "worker: " << narrow << " matrices in all have a narrow side";
   return offload::BuildArenaLayout(job.linears, model::kLinearsPerLayer, subspaces, lsp.d(),

@@ -15,6 +15,7 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50061",
 
 int main(int argc, char** argv) {
   lspo::runtime::UsePassiveOpenMpWaits(argc, argv);
+  lspo::runtime::UseOneMallocArena();
   absl::SetProgramUsageMessage("LSP-Offload GPU worker service. Usage: lsp_gpu_worker --listen=127.0.0.1:50061");
   absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);

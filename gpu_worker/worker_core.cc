@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -37,8 +39,10 @@
 #include "offload/collective.h"
 #include "offload/hf_export.h"
 #include "offload/job_assets.h"
+#include "offload/memory_plan.h"
 #include "offload/torch_call.h"
 #include "runtime/clock.h"
+#include "runtime/cuda/device_runtime.h"
 #include "runtime/file_io.h"
 #include "runtime/proto_json.h"
 #include "runtime/status_macros.h"
@@ -224,6 +228,98 @@ absl::StatusOr<bool> UseCuda(const JobSpec& spec) {
   }
   return spec.device() == lspo::v1::DEVICE_CUDA ||
          (spec.device() == lspo::v1::DEVICE_UNSPECIFIED && torch::cuda::is_available());
+}
+
+// Physical memory of this host (MemTotal of /proc/meminfo), bytes; 0 when unreadable.
+int64_t HostMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kb = 0;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemTotal:") return kb * 1024;
+  }
+  return 0;
+}
+
+// The memory check before a job's weights are read (issue 18): the job's memory plan
+// (offload/memory_plan.h, from the model's config alone) against the device it runs on: on
+// CUDA the cap device_memory_limit_mb, else the GPU's memory less the CUDA context
+// (kCudaContextBytes); on the CPU the host's physical memory. LSPO_SKIP_MEMORY_CHECK=1 skips
+// it (for a plan that overestimates a job known to fit).
+// Errors: kResourceExhausted naming the mode's peak, its largest terms, the budget, the largest
+// micro-batch (with and without activation checkpointing) and lsp d that fit, and the lspctl
+// command that prints the whole plan. A model config or spec the planner cannot read passes
+// (the loaders report it, naming the file or field).
+absl::Status CheckJobFitsDevice(const JobSpec& spec, bool cuda) {
+  if (const char* skip = std::getenv("LSPO_SKIP_MEMORY_CHECK"); skip && std::string(skip) == "1") {
+    LOG(WARNING) << "worker: LSPO_SKIP_MEMORY_CHECK=1: the job's memory plan is not checked";
+    return absl::OkStatus();
+  }
+  // A config or a setting the planner cannot use is left to the loaders and the update paths,
+  // whose errors name the file or the field.
+  absl::StatusOr<model::LlamaConfig> config = offload::LoadJobModelConfig(spec);
+  if (!config.ok()) return absl::OkStatus();
+  const offload::PlanMode mode = offload::PlanModeOf(spec);
+  absl::StatusOr<offload::MemoryPlan> planned = offload::PlanJobMemory(spec, *config, mode, cuda);
+  if (!planned.ok()) return absl::OkStatus();
+  const offload::MemoryPlan& plan = *planned;
+  int64_t budget = 0;
+  std::string what;
+  if (cuda && spec.device_memory_limit_mb() > 0) {
+    budget = static_cast<int64_t>(spec.device_memory_limit_mb()) << 20;
+    what = absl::StrCat("the job's device_memory_limit_mb = ", spec.device_memory_limit_mb());
+  } else if (cuda) {
+    absl::StatusOr<runtime::cuda::MemoryInfo> info = runtime::cuda::GetMemoryInfo();
+    if (!info.ok()) {
+      LOG(WARNING) << "worker: memory check skipped, the GPU's memory cannot be read: "
+                   << info.status().message();
+      return absl::OkStatus();
+    }
+    budget = static_cast<int64_t>(info->total_bytes) - offload::kCudaContextBytes;
+    what = absl::StrFormat("this GPU's %.2f GiB less %.2f GiB of CUDA context",
+                           info->total_bytes / double(1LL << 30),
+                           offload::kCudaContextBytes / double(1LL << 30));
+  } else {
+    budget = HostMemoryBytes();
+    what = "this host's physical memory";
+    if (budget <= 0) return absl::OkStatus();
+  }
+  constexpr double kGiB = 1LL << 30;
+  const int64_t need = cuda ? plan.device_peak : plan.device_peak + plan.arena;
+  LOG(INFO) << absl::StrFormat("worker: memory plan of this %s job: %.2f GiB (%s) of %.2f GiB",
+                               offload::PlanModeName(mode), need / kGiB, cuda ? "GPU" : "host",
+                               budget / kGiB);
+  if (need <= budget) return absl::OkStatus();
+  ASSIGN_OR_RETURN(offload::FitAnswer fit, offload::FitOnDevice(spec, *config, mode, cuda, budget));
+  std::vector<offload::PlanTerm> terms = plan.device_static;
+  terms.push_back(
+      {plan.checkpointing ? "activations (checkpointed)" : "activations", plan.activations});
+  std::sort(terms.begin(), terms.end(),
+            [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+  std::vector<std::string> largest;
+  for (size_t i = 0; i < terms.size() && i < 3; ++i) {
+    largest.push_back(absl::StrFormat("%s %.2f GiB", terms[i].name, terms[i].bytes / kGiB));
+  }
+  std::string advice = fit.largest_micro_batch > 0
+                           ? absl::StrCat("micro_batch_size ", fit.largest_micro_batch, " fits")
+                           : "no micro-batch fits at this seq_len";
+  if (!spec.activation_checkpointing() && fit.largest_micro_batch_checkpointing > 0) {
+    absl::StrAppend(&advice, "; with activation_checkpointing: true micro_batch_size ",
+                    fit.largest_micro_batch_checkpointing, " fits");
+  }
+  if (mode == offload::PlanMode::kLsp && fit.largest_d > 0) {
+    absl::StrAppend(&advice, "; lsp.d ", fit.largest_d, " fits at this micro-batch");
+  }
+  if (fit.fits_with_nearest_rounding) {
+    absl::StrAppend(&advice, "; the job fits with lsp.apply_rounding: nearest (no residuals)");
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "the job will not fit: its memory plan in mode %s needs %.2f GiB of %s memory (%s, ...) "
+      "but %s leaves %.2f GiB: %s. `lspctl plan --spec=FILE --device=%s "
+      "--device_memory_gb=%.0f` prints the whole plan; LSPO_SKIP_MEMORY_CHECK=1 in the worker's "
+      "environment runs it anyway",
+      offload::PlanModeName(mode), need / kGiB, cuda ? "GPU" : "host", absl::StrJoin(largest, ", "),
+      what, budget / kGiB, advice, cuda ? "cuda" : "cpu", std::ceil(budget / kGiB)));
 }
 
 // What every rank of a data-parallel job must share: the spec without the fields a rank may
@@ -657,6 +753,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
         " caps a CUDA worker's device memory, but this job runs on the CPU: remove the field, "
         "or run with device: cuda on a GPU host"));
   }
+  RETURN_IF_ERROR(CheckJobFitsDevice(spec, use_cuda));
   auto job = std::make_unique<WorkerJob>();
   if (spec.distributed().world_size() > 1) {
     if (use_cuda) {
@@ -797,7 +894,6 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
   const int split = std::clamp<int>(plan.split_layer(), 0, static_cast<int>(num_layers));
   lspo::v1::TrainStepReply reply;
   auto* metrics = reply.mutable_metrics();
-  metrics->set_worker_peak_rss_bytes(runtime::PeakRssBytes());
   metrics->set_step(step);
   metrics->set_lr(lr);
   metrics->set_split_layer(plan.overlap() ? split : 0);
@@ -811,10 +907,12 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
   std::fill(job->offload_done.begin(), job->offload_done.end(), 0.0);
   std::fill(job->offload_secs.begin(), job->offload_secs.end(), 0.0);
   if (job->offload) job->offload->BeginStep();
-  if (job->cuda && !job->gpu_peak_reset) {
-    // gpu_peak_allocated_bytes then measures the training steps, not the projector fit.
-    DeviceOffload::ResetGpuPeak();
-    job->gpu_peak_reset = true;
+  if (!job->peak_reset) {
+    // gpu_peak_allocated_bytes and worker_peak_rss_bytes then measure the training steps, not
+    // the loading and the projector fit (the memory plan's subject, offload/memory_plan.h).
+    if (job->cuda) DeviceOffload::ResetGpuPeak();
+    runtime::ResetPeakRss();
+    job->peak_reset = true;
   }
   // The optimizer attached the arena before any step: drop its name so that a crash from
   // here on leaves nothing in /dev/shm (lsp mode already did so at the first fit).
@@ -906,6 +1004,8 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
     std::fill(job->pending_step.begin(), job->pending_step.end(), 0);
   }
   if (!st.ok()) return st;
+  // Through the end of this step (VmHWM was reset when the first step began).
+  metrics->set_worker_peak_rss_bytes(runtime::PeakRssBytes());
   for (auto& e : job->events) *reply.add_events() = std::move(e);
   job->events.clear();
   return reply;

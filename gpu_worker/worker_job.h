@@ -71,7 +71,8 @@ struct WorkerJob {
   // gradients and steps asynchronously. Declared after `arena`: destroyed (unpinned) first.
   at::Device device{at::kCPU};
   bool cuda = false;
-  bool gpu_peak_reset = false;  // The peak is reset once, at the first step (after the fit).
+  // The peaks (GPU allocator, process VmHWM) are reset once, at the first step (after the fit).
+  bool peak_reset = false;
   std::unique_ptr<DeviceOffload> offload;
   // Per linear: the step whose update must still be applied before the linear's next
   // forward (0 = none), and the weight-decay factor 1 - lr * wd of that step.

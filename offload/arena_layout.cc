@@ -121,7 +121,36 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildSubspaceLayout(
   return layout;
 }
 
+// lsp.narrow as lsp/subspace.h's rule (UNSPECIFIED = one-sided, proto/job_spec.proto).
+lsp::NarrowRule NarrowRuleOf(lspo::v1::NarrowRule rule) {
+  switch (rule) {
+    case lspo::v1::NARROW_RULE_HALF:
+      return lsp::NarrowRule::kHalf;
+    case lspo::v1::NARROW_RULE_FULL:
+      return lsp::NarrowRule::kFull;
+    default:
+      return lsp::NarrowRule::kOneSided;
+  }
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<lsp::MatrixSubspace>> ResolveJobSubspaces(
+    const std::vector<LinearShape>& linears, const lspo::v1::LspSpec& lsp) {
+  std::vector<lsp::MatrixSubspace> subspaces;
+  subspaces.reserve(linears.size());
+  for (const auto& l : linears) {
+    absl::StatusOr<lsp::MatrixSubspace> s =
+        lsp::ResolveSubspace(l.m, l.n, lsp.d(), lsp.d_ratio(), lsp.r(), NarrowRuleOf(lsp.narrow()));
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("job spec field lsp does not fit ", l.name,
+                                                     " (", l.m, " x ", l.n,
+                                                     "): ", s.status().message()));
+    }
+    subspaces.push_back(*s);
+  }
+  return subspaces;
+}
 
 absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(
     const std::vector<LinearShape>& linears, int32_t linears_per_layer,

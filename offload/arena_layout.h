@@ -39,6 +39,14 @@ struct LinearShape {
   int64_t n;
 };
 
+// The subspace of every matrix of `linears` under the job's lsp settings (d or d_ratio, r,
+// narrow; lsp/subspace.h ResolveSubspace), in order: what the worker lays out, the optimizer
+// attaches to and the memory planner (offload/memory_plan.h) counts.
+// Errors: kInvalidArgument "job spec field lsp does not fit NAME (m x n): ..." with
+// ResolveSubspace's reason and fix.
+absl::StatusOr<std::vector<lsp::MatrixSubspace>> ResolveJobSubspaces(
+    const std::vector<LinearShape>& linears, const lspo::v1::LspSpec& lsp);
+
 // Computes offsets for every matrix (see the file comment). `subspaces[i]` is matrix i's
 // subspace (lsp/subspace.h ResolveSubspace): its grad/step slots are (d_p, d_q) and its
 // projector slots (m, r_p) / (n, r_q). `d` and `r` are the job's settings, recorded in the

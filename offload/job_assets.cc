@@ -88,6 +88,35 @@ absl::StatusOr<model::LlamaModel> LoadBaseModel(const lspo::v1::JobSpec& spec) {
 
 }  // namespace
 
+absl::StatusOr<model::LlamaConfig> LoadJobModelConfig(const lspo::v1::JobSpec& spec) {
+  const auto& m = spec.model();
+  if (m.format() == lspo::v1::MODEL_FORMAT_GGUF) {
+    auto file = model::GgufFile::Open(m.path());
+    if (!file.ok()) return Prefix(file.status(), "model file", m.path());
+    auto config = model::LlamaConfigFromGguf(*file);
+    if (!config.ok()) return Prefix(config.status(), "model file", m.path());
+    return config;
+  }
+  if (m.format() == lspo::v1::MODEL_FORMAT_HF) {
+    const std::string path = m.path() + "/config.json";
+    ASSIGN_OR_RETURN(std::string text, runtime::ReadFileToString(path, "model config"));
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      return absl::DataLossError(absl::StrCat("model config '", path,
+                                              "' is not valid JSON; re-save the model folder with "
+                                              "save_pretrained"));
+    }
+    return model::LlamaConfigFromHfJson(j, path);
+  }
+  if (m.format() == lspo::v1::MODEL_FORMAT_TINY_RANDOM) {
+    ASSIGN_OR_RETURN(model::BpeTokenizer tok, LoadJobTokenizer(spec));
+    return RandomLlamaConfig(m.random_shape(), tok.vocab_size());
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("job spec field model.format = ", static_cast<int>(m.format()),
+                   ": use hf, gguf or tiny-random"));
+}
+
 absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(model::LlamaModel model, LoadBaseModel(spec));
   const std::string& adapter_path = spec.model().adapter_path();

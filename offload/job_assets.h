@@ -23,6 +23,14 @@ absl::StatusOr<model::BpeTokenizer> LoadJobTokenizer(const lspo::v1::JobSpec& sp
 absl::StatusOr<model::LlamaConfig> RandomLlamaConfig(const lspo::v1::LlamaShape& shape,
                                                      int64_t vocab_size);
 
+// The shape of spec.model without reading a weight, for the memory planner
+// (offload/memory_plan.h) and the worker's check before it loads: "hf" -> the folder's
+// config.json (the weight files need not be there yet), "gguf" -> the file's llama.* metadata,
+// "tiny-random" -> RandomLlamaConfig with the vocabulary of the tokenizer file (read).
+// Errors: as LlamaConfigFromHfJson / LlamaConfigFromGguf / LoadJobTokenizer, prefixed with
+// the path; kInvalidArgument for an unknown format.
+absl::StatusOr<model::LlamaConfig> LoadJobModelConfig(const lspo::v1::JobSpec& spec);
+
 // The model: "hf" -> the folder's weights converted to fp32 (LlamaModel::FromHfCheckpoint);
 // "gguf" -> dequantised fp32 weights of spec.model.path; "tiny-random" ->
 // RandomLlamaConfig(spec.model.random_shape, vocab of the tokenizer file) initialised from

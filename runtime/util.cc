@@ -39,6 +39,14 @@ int64_t PeakRssBytes() {
   return 0;
 }
 
+bool ResetPeakRss() {
+  std::ofstream out("/proc/self/clear_refs");
+  if (!out) return false;
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
+
 absl::StatusOr<HostPort> ParseHostPort(const std::string& value, const std::string& field) {
   auto bad = [&](const char* why) {
     return absl::InvalidArgumentError(absl::StrCat(field, " = '", value, "' is invalid (", why,

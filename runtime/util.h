@@ -20,6 +20,11 @@ absl::Status MakeDirs(const std::string& dir);
 // cannot be read (not Linux).
 int64_t PeakRssBytes();
 
+// Resets this process's VmHWM to its current resident set size (writes "5" to
+// /proc/self/clear_refs, Linux >= 4.0), so that PeakRssBytes() measures from now on. Returns
+// false where that is not possible (not Linux, no permission).
+bool ResetPeakRss();
+
 // A TCP endpoint.
 struct HostPort {
   std::string host;  // name or address; an IPv6 address without its brackets

@@ -24,6 +24,7 @@ ABSL_FLAG(std::vector<std::string>, allowed_roots, {},
 
 int main(int argc, char** argv) {
   lspo::runtime::UsePassiveOpenMpWaits(argc, argv);
+  lspo::runtime::UseOneMallocArena();
   absl::SetProgramUsageMessage("LSP-Offload scheduler service. Usage: lsp_scheduler --listen=... --worker=... --optimizer=...");
   absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);

@@ -1,0 +1,163 @@
+// Will it fit? The memory a job needs, per training mode, computed from the model's shape and
+// the job spec without loading any weight (issue 18): the worker's device memory term by term,
+// the optimizer service's host memory, the shared-memory arena and the bytes moved per step.
+//
+// Every term is a count of what this code base allocates (the file and the tensor are named in
+// memory_plan.cc), not a rule of thumb. Legend: L decoder layers, H hidden size, F intermediate
+// size, V vocabulary, nh / nkv query / key-value heads of width hd; B micro-batch rows, T
+// seq_len, N = B T tokens; W (m, n) a trained matrix (the 7 linears of every layer, HF
+// layout), P_lin = Σ_W m n, P_rest = the other parameters (embedding, untied lm_head, norms,
+// biases); w = 2 or 4 bytes, the worker's storage dtype of the trained matrices (bf16 / fp32);
+// (d_p, d_q) the lsp subspace of W (lsp/subspace.h). Compute is fp32 everywhere (4-byte
+// activations).
+//
+// Activations kept for the backward of one micro-batch (autograd's saved tensors, counted from
+// model/llama.cc DecoderLayer and lsp/lsp_linear.cc), per decoder layer, in floats:
+//   N (H + nh hd + 2 nkv hd + H + 3 F + 2) + B nh T^2          every mode: the layer input, the
+//       rotated q (a contiguous copy) and k, v, the mid-layer residual, gate / silu(gate) / up,
+//       two RMS statistics, the softmax probabilities
+//   + N (H + nh hd + H + F)      a linear that saves its input X (native, zero, galore, lora):
+//       the two norm outputs, the o_proj input, the down_proj input
+//   + N Σ_{7 W} d_q              lsp instead saves X Q (N, d_q) per linear
+//   + N r per adapted linear      lora: X A^T
+// plus, when the weights are stored in bf16, each linear's fp32 upcast copy (4 m n bytes),
+// which the linear's backward node keeps. With activation checkpointing a layer keeps only its
+// input (N H floats) and one layer at a time is recomputed in the backward. The loss keeps the
+// log-probabilities of R rows (R V floats; R = N on CUDA, which runs lm_head over every row;
+// on the CPU only the rows in the loss, at most N: the plan takes N, exact for text and packed
+// data, an upper bound for classification) and the backward of the loss and of one layer's
+// attention needs transient buffers (the workspace term).
+//
+// Peak of a step = static + max(start of the backward: activations + workspace [+ gradients
+// with grad_accum > 1], end of the backward: gradients + the largest matrix's fp32 gradient in
+// flight), plus the allocator margin (kCudaAllocatorMargin of it on CUDA; on the CPU glibc's
+// heap retention, kCpuHeapRetention). Checked against measurement: tests/offload/
+// memory_plan_test.cc (the H200 run's allocator peaks, six jobs: within 3% without the margin)
+// and tests/integration/memory_plan_job_test.cc (CPU, SmolLM2-135M, lsp, zero, native).
+//
+// Thread-safety: free functions and value types.
+#ifndef LSPO_OFFLOAD_MEMORY_PLAN_H_
+#define LSPO_OFFLOAD_MEMORY_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/llama_config.h"
+#include "proto/job_spec.pb.h"
+
+namespace lspo::offload {
+
+// The modes a plan covers, in the order the planner prints them. kGaloreOffload is
+// MODE_GALORE with galore.offload (docs/baselines.md).
+enum class PlanMode { kLsp, kZero, kNative, kLora, kGalore, kGaloreOffload };
+
+// "lsp", "zero", "native", "lora", "galore", "galore-offload".
+const char* PlanModeName(PlanMode mode);
+
+// The PlanMode of a resolved job spec (mode and galore.offload).
+PlanMode PlanModeOf(const lspo::v1::JobSpec& spec);
+
+// One term of a plan, bytes.
+struct PlanTerm {
+  std::string name;  // e.g. "trained weights (bf16)"
+  int64_t bytes = 0;
+};
+
+// The memory of one job in one mode (see the file comment). All sizes are bytes.
+struct MemoryPlan {
+  PlanMode mode = PlanMode::kLsp;
+  bool cuda = false;           // the worker's terms are for a CUDA device (else the CPU)
+  int64_t weight_bytes = 4;    // w: storage bytes of a trained matrix element (2 or 4)
+  int64_t tokens = 0;          // N = micro_batch_size * seq_len
+  bool checkpointing = false;  // the job's activation_checkpointing
+
+  // Worker, on its device.
+  std::vector<PlanTerm> device_static;  // weights, gradients, optimizer state, method buffers
+  int64_t activations = 0;              // kept for the backward, under `checkpointing`
+  int64_t activations_no_checkpointing = 0;
+  int64_t activations_checkpointing = 0;
+  int64_t workspace = 0;            // transient: the loss's and one layer's backward buffers
+  int64_t gradients_in_flight = 0;  // end of the backward: gradients that exist then
+  // Allocator margin: on CUDA margin_fraction (kCudaAllocatorMargin) of the peak; on the CPU
+  // margin_fraction (kCpuHeapRetention) of activations + workspace.
+  double margin_fraction = 0;
+  int64_t margin = 0;
+  int64_t device_peak = 0;  // static + max(phases) + margin
+
+  // Host.
+  std::vector<PlanTerm> optimizer_host;  // the optimizer service: fp32 model, moments
+  int64_t arena = 0;                     // shared memory (offload/arena_layout.h), exact
+  int64_t worker_host_load = 0;          // a CUDA worker's host peak while it loads: the fp32 model
+  int64_t d2h_bytes_per_step = 0;        // worker -> optimizer per optimizer step
+  int64_t h2d_bytes_per_step = 0;        // optimizer -> worker per optimizer step
+
+  int64_t DeviceStatic() const;   // Σ device_static
+  int64_t OptimizerHost() const;  // Σ optimizer_host
+  // What one process holds on the CPU when everything runs there (device cpu, embedded mode:
+  // worker + optimizer + arena), bytes.
+  int64_t CpuTotal() const { return device_peak + OptimizerHost() + arena; }
+};
+
+// Allocator margin the plan adds to a CUDA peak, a fraction of it: LibTorch's caching
+// allocator rounds blocks up and keeps freed ones (the plan without it is within 3% of the
+// allocator's measured peaks on the H200, tests/offload/memory_plan_test.cc).
+inline constexpr double kCudaAllocatorMargin = 0.05;
+// What a CPU worker's process holds beyond its live tensors, as a fraction of the step's
+// transient memory (activations + workspace): glibc's malloc raises its mmap threshold after
+// the first large free (up to 32 MiB), so freed activation blocks stay in the heap and
+// resident memory exceeds the live tensors. Measured on SmolLM2-135M, micro-batch 4 x 256,
+// glibc 2.36, 2 threads, one malloc arena (runtime/process_env.h UseOneMallocArena;
+// tests/integration/memory_plan_job_test.cc, docs/bench.md); checked on the ~1.1B shape.
+inline constexpr double kCpuHeapRetention = 0.65;
+// Device memory outside the allocator: the CUDA context and library handles (measured 0.45 GiB
+// on the H200: "4.58 GiB in use, 3.98 GiB allocated by PyTorch + 0.15 GiB reserved").
+inline constexpr int64_t kCudaContextBytes = 512LL << 20;
+
+// The plan of `spec` (defaults resolved: scheduler/job_spec.h ResolveDefaults) in `mode` for a
+// model of shape `config`, with the worker on CUDA when `cuda` (bf16 weights unless
+// spec.weight_dtype says fp32) or on the CPU (fp32 unless it says bf16). The spec's settings
+// of other modes are used where the mode needs them (lsp.d / r / narrow / apply_rounding,
+// lora.r and target_modules, galore.rank; unset, ResolveDefaults' defaults: lora r 8 on every
+// linear, galore rank 128); a mode whose settings do not fit the model (e.g.
+// galore.rank above a matrix's smaller side) is an error.
+// Errors: kInvalidArgument naming the job spec field (micro_batch_size or seq_len < 1, an
+// lsp subspace ResolveSubspace refuses, a galore rank BuildGaloreArenaLayout refuses, a lora
+// target that is not a linear of the model).
+absl::StatusOr<MemoryPlan> PlanJobMemory(const lspo::v1::JobSpec& spec,
+                                         const model::LlamaConfig& config, PlanMode mode,
+                                         bool cuda);
+
+// The largest micro-batch FitOnDevice tries.
+inline constexpr int32_t kMaxPlannedMicroBatch = 4096;
+
+// The answer to "does it fit in `device_bytes`": for each field, 0 when nothing fits.
+struct FitAnswer {
+  bool fits = false;                              // the job as specified
+  int32_t largest_micro_batch = 0;                // at the spec's seq_len and checkpointing
+  int32_t largest_micro_batch_checkpointing = 0;  // with activation checkpointing on
+  int32_t largest_d = 0;                          // lsp only: the largest lsp.d at the spec's batch
+  // lsp with bf16 weights and compensated rounding that does not fit: whether it would with
+  // lsp.apply_rounding nearest (no 2-byte residual per trained weight).
+  bool fits_with_nearest_rounding = false;
+};
+
+// Searches the plan (monotone in micro-batch and d) for the largest settings whose device
+// peak is at most `device_bytes` (the allocator's budget: a card's memory minus
+// kCudaContextBytes, or a device_memory_limit_mb cap). Micro-batches are searched up to
+// kMaxPlannedMicroBatch, d up to the model's widest side (hidden or intermediate size).
+// Errors: PlanJobMemory's for the spec as given.
+absl::StatusOr<FitAnswer> FitOnDevice(const lspo::v1::JobSpec& spec,
+                                      const model::LlamaConfig& config, PlanMode mode, bool cuda,
+                                      int64_t device_bytes);
+
+// The plans as a table, one column per plan (each column headed by its mode; the spec's own
+// mode marked with '*' when `own` matches), every term in MiB, then the host memory and the
+// bytes per step. `title` is the first line.
+std::string FormatPlans(const std::string& title, const std::vector<MemoryPlan>& plans,
+                        PlanMode own);
+
+}  // namespace lspo::offload
+
+#endif  // LSPO_OFFLOAD_MEMORY_PLAN_H_

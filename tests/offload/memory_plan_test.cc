@@ -1,0 +1,218 @@
+// The memory planner (offload/memory_plan.h) against numbers measured elsewhere: the bytes the
+// H200 run moved per step and the CUDA caching allocator's peaks of that run
+// (docs/gpu/results-2026-12-04-h200.json, scripts/device-check on 2026-12-04), and its
+// out-of-memory outcomes under the 4 GB cap; plus exact counts on a small shape.
+#include "offload/memory_plan.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "model/llama_config.h"
+#include "offload/arena_layout.h"
+#include "offload/job_assets.h"
+#include "proto/job_spec.pb.h"
+
+namespace lspo::offload {
+namespace {
+
+// The shapes of scripts/device_check.py (tiny-random, SmolLM2's 49152-token vocabulary).
+model::LlamaConfig Shape(int h, int f, int layers, int heads, int kv) {
+  lspo::v1::LlamaShape s;
+  s.set_hidden_size(h);
+  s.set_intermediate_size(f);
+  s.set_num_hidden_layers(layers);
+  s.set_num_attention_heads(heads);
+  s.set_num_key_value_heads(kv);
+  absl::StatusOr<model::LlamaConfig> c = RandomLlamaConfig(s, 49152);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+model::LlamaConfig Smol() { return Shape(576, 1536, 30, 9, 3); }
+model::LlamaConfig Llama11b() { return Shape(2048, 5632, 22, 32, 8); }
+
+// The device-check job: text blocks (every row full, every token in the loss), r = 8, the
+// overlap schedule, CUDA defaults (bf16 weights, compensated lsp rounding).
+lspo::v1::JobSpec DeviceCheckSpec(int d, int micro_batch, int seq_len) {
+  lspo::v1::JobSpec spec;
+  spec.set_micro_batch_size(micro_batch);
+  spec.set_seq_len(seq_len);
+  spec.set_grad_accum(1);
+  spec.mutable_lsp()->set_d(d);
+  spec.mutable_lsp()->set_r(8);
+  spec.mutable_galore()->set_rank(128);
+  spec.mutable_lora()->set_r(8);
+  return spec;
+}
+
+MemoryPlan Plan(const lspo::v1::JobSpec& spec, const model::LlamaConfig& c, PlanMode mode,
+                bool cuda) {
+  absl::StatusOr<MemoryPlan> p = PlanJobMemory(spec, c, mode, cuda);
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? *p : MemoryPlan{};
+}
+
+TEST(MemoryPlanTest, BytesPerStepAreTheMeasuredTransfersOfTheH200Run) {
+  // d2h_bytes_per_step of results-2026-12-04-h200.json: lsp d = 256 on the ~1.1B shape moved
+  // 40,370,176 bytes (154 matrices x 256^2 fp32), zero 1,983,905,792 (bf16 gradients); the
+  // SmolLM2 shape at d = 128: 13,762,560 and 212,336,640.
+  EXPECT_EQ(Plan(DeviceCheckSpec(256, 4, 512), Llama11b(), PlanMode::kLsp, true).d2h_bytes_per_step,
+            40370176);
+  EXPECT_EQ(
+      Plan(DeviceCheckSpec(256, 4, 512), Llama11b(), PlanMode::kZero, true).d2h_bytes_per_step,
+      1983905792);
+  EXPECT_EQ(Plan(DeviceCheckSpec(128, 8, 512), Smol(), PlanMode::kLsp, true).d2h_bytes_per_step,
+            13762560);
+  EXPECT_EQ(Plan(DeviceCheckSpec(128, 8, 512), Smol(), PlanMode::kZero, true).d2h_bytes_per_step,
+            212336640);
+  EXPECT_EQ(Plan(DeviceCheckSpec(128, 8, 512), Smol(), PlanMode::kNative, true).d2h_bytes_per_step,
+            0);
+}
+
+TEST(MemoryPlanTest, PeakIsWithin15PercentOfTheH200AllocatorPeaks) {
+  // peak_gpu_allocated_bytes of the H200 run (the allocator's peak of allocated bytes over the
+  // training steps); the plan without its allocator margin is what it predicts.
+  struct Case {
+    const char* name;
+    model::LlamaConfig config;
+    int d, micro_batch;
+    PlanMode mode;
+    double measured;
+  };
+  const Case cases[] = {
+      {"smollm2-135m native", Smol(), 128, 8, PlanMode::kNative, 10870516224.0},
+      {"smollm2-135m zero", Smol(), 128, 8, PlanMode::kZero, 10445318656.0},
+      {"smollm2-135m lsp", Smol(), 128, 8, PlanMode::kLsp, 9643465216.0},
+      {"llama-1.1b native", Llama11b(), 256, 4, PlanMode::kNative, 20985096192.0},
+      {"llama-1.1b zero", Llama11b(), 256, 4, PlanMode::kZero, 17109559296.0},
+      {"llama-1.1b lsp", Llama11b(), 256, 4, PlanMode::kLsp, 17345193984.0},
+  };
+  for (const Case& c : cases) {
+    const MemoryPlan p = Plan(DeviceCheckSpec(c.d, c.micro_batch, 512), c.config, c.mode, true);
+    const double planned = static_cast<double>(p.device_peak - p.margin);
+    EXPECT_NEAR(planned / c.measured, 1.0, 0.15)
+        << c.name << ": planned " << planned / (1 << 20) << " MiB, measured "
+        << c.measured / (1 << 20) << " MiB";
+  }
+}
+
+TEST(MemoryPlanTest, TheFourGigabyteCapOutcomesOfTheH200RunArePredicted) {
+  // Micro-batch 1 x 512 with activation checkpointing under device_memory_limit_mb 4096: lsp
+  // with compensated rounding, native and zero all ran out of memory on the H200; lsp with
+  // nearest rounding (no residuals) is the paper's setting and fits by the plan.
+  lspo::v1::JobSpec spec = DeviceCheckSpec(256, 1, 512);
+  spec.set_activation_checkpointing(true);
+  const int64_t cap = 4096LL << 20;
+  for (PlanMode mode : {PlanMode::kLsp, PlanMode::kNative, PlanMode::kZero}) {
+    absl::StatusOr<FitAnswer> fit = FitOnDevice(spec, Llama11b(), mode, true, cap);
+    ASSERT_TRUE(fit.ok()) << fit.status();
+    EXPECT_FALSE(fit->fits) << PlanModeName(mode);
+    EXPECT_EQ(fit->fits_with_nearest_rounding, mode == PlanMode::kLsp) << PlanModeName(mode);
+  }
+  spec.mutable_lsp()->set_apply_rounding(lspo::v1::APPLY_ROUNDING_NEAREST);
+  absl::StatusOr<FitAnswer> fit = FitOnDevice(spec, Llama11b(), PlanMode::kLsp, true, cap);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_TRUE(fit->fits);
+  EXPECT_GE(fit->largest_micro_batch, 1);
+  // The answers are the largest that fit: one more does not.
+  spec.set_micro_batch_size(fit->largest_micro_batch);
+  EXPECT_LE(Plan(spec, Llama11b(), PlanMode::kLsp, true).device_peak, cap);
+  spec.set_micro_batch_size(fit->largest_micro_batch + 1);
+  EXPECT_GT(Plan(spec, Llama11b(), PlanMode::kLsp, true).device_peak, cap);
+  spec.set_micro_batch_size(1);
+  spec.mutable_lsp()->set_d(fit->largest_d);
+  EXPECT_LE(Plan(spec, Llama11b(), PlanMode::kLsp, true).device_peak, cap);
+  spec.mutable_lsp()->set_d(fit->largest_d + 1);
+  if (fit->largest_d < 2048) {
+    EXPECT_GT(Plan(spec, Llama11b(), PlanMode::kLsp, true).device_peak, cap);
+  }
+}
+
+TEST(MemoryPlanTest, StaticTermsAreExactCountsOnTheTinyShape) {
+  // TinyLlamaConfig: hidden 64, 2 layers, 4 heads of 16, 2 kv heads, intermediate 128, tied.
+  const model::LlamaConfig c = model::TinyLlamaConfig(256);
+  lspo::v1::JobSpec spec = DeviceCheckSpec(16, 4, 32);
+  spec.mutable_lsp()->set_r(4);
+  // Per layer: q, o 64x64; k, v 32x64; gate, up 128x64; down 64x128 -> 36864 elements.
+  const int64_t p_lin = 2 * 36864;
+  const int64_t p_rest = 256 * 64 + 2 * 2 * 64 + 64;  // embedding, 2 norms per layer, final
+  const MemoryPlan lsp = Plan(spec, c, PlanMode::kLsp, /*cuda=*/false);
+  ASSERT_GE(lsp.device_static.size(), 4u);
+  EXPECT_EQ(lsp.weight_bytes, 4);
+  EXPECT_EQ(lsp.device_static[0].bytes, 4 * p_lin);  // fp32 on the CPU
+  EXPECT_EQ(lsp.device_static[1].bytes, 4 * p_rest);
+  // Every side is wider than d = 16: projectors (m + n) r (8 + 4) bytes, S 4 d^2 per matrix.
+  const int64_t sides = 2 * ((64 + 64) * 2 + (32 + 64) * 2 + (128 + 64) * 2 + (64 + 128));
+  EXPECT_EQ(lsp.device_static[2].bytes, sides * 4 * 12);
+  EXPECT_EQ(lsp.device_static[3].bytes, 14 * 16 * 16 * 4);
+  EXPECT_EQ(lsp.OptimizerHost(), 4 * (p_lin + p_rest) + 12 * 14 * 16 * 16);
+  EXPECT_EQ(lsp.d2h_bytes_per_step, 14 * 16 * 16 * 4);
+  // The arena is the layout the worker creates.
+  const MemoryPlan zero = Plan(spec, c, PlanMode::kZero, false);
+  EXPECT_EQ(zero.d2h_bytes_per_step, 2 * p_lin);
+  EXPECT_EQ(zero.OptimizerHost(), 4 * (p_lin + p_rest) + 8 * p_lin);
+  EXPECT_GE(zero.arena, 4 * p_lin);
+  EXPECT_LT(zero.arena, 4 * p_lin + 64 * 15 + 4096);
+  // Activations, no checkpointing, lsp on fp32 weights (N = 128 tokens, B = 4, T = 32): per
+  // layer N (H + qd + 2 kvd + H + 3F + 2 + Σ d_q) + B nh T^2 floats, Σ d_q = 7 x 16.
+  const int64_t N = 128;
+  const int64_t layer = N * (64 + 64 + 64 + 64 + 3 * 128 + 2 + 7 * 16) + 4 * 4 * 32 * 32;
+  EXPECT_EQ(lsp.activations_no_checkpointing, 4 * (2 * layer + N * 64 + N + N * 256));
+  // Native keeps each linear's input instead of X Q: + N (H + qd + H + F) - N Σ d_q per layer.
+  const MemoryPlan native = Plan(spec, c, PlanMode::kNative, false);
+  EXPECT_EQ(native.activations_no_checkpointing - lsp.activations_no_checkpointing,
+            4 * 2 * N * ((64 + 64 + 64 + 128) - 7 * 16));
+  // With checkpointing: every layer's input, one layer recomputed.
+  EXPECT_EQ(lsp.activations_checkpointing, 4 * (2 * N * 64 + layer + N * 64 + N + N * 256));
+}
+
+TEST(MemoryPlanTest, BadSettingsAreRefusedNamingTheField) {
+  lspo::v1::JobSpec spec = DeviceCheckSpec(16, 0, 32);
+  absl::StatusOr<MemoryPlan> p = PlanJobMemory(spec, Smol(), PlanMode::kLsp, true);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("micro_batch_size"), std::string::npos) << p.status();
+  spec = DeviceCheckSpec(16, 1, 32);
+  spec.mutable_galore()->set_rank(4096);
+  p = PlanJobMemory(spec, Smol(), PlanMode::kGalore, true);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("rank"), std::string::npos) << p.status();
+  spec = DeviceCheckSpec(16, 1, 32);
+  spec.mutable_lsp()->set_r(0);
+  p = PlanJobMemory(spec, Smol(), PlanMode::kLsp, true);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("lsp"), std::string::npos) << p.status();
+}
+
+TEST(MemoryPlanTest, AnHfFolderNeedsOnlyItsConfigToBePlanned) {
+  // TinyLlama-1.1B's config.json (TinyLlama/TinyLlama-1.1B-Chat-v1.0 on the Hugging Face hub),
+  // no weight file: the model has 1,100,048,384 parameters (the hub's count).
+  char tmpl[] = "/tmp/lspo-plan-hf-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  std::ofstream(dir + "/config.json")
+      << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+             "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
+             "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 32000,
+             "hidden_act": "silu", "max_position_embeddings": 2048, "rms_norm_eps": 1e-05,
+             "rope_theta": 10000.0, "tie_word_embeddings": false})";
+  lspo::v1::JobSpec spec = DeviceCheckSpec(256, 1, 512);
+  spec.mutable_model()->set_path(dir);
+  spec.mutable_model()->set_format(lspo::v1::MODEL_FORMAT_HF);
+  absl::StatusOr<model::LlamaConfig> c = LoadJobModelConfig(spec);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->NumParameters(), 1100048384);
+  const MemoryPlan lsp = Plan(spec, *c, PlanMode::kLsp, true);
+  // bf16 on CUDA: 2 bytes per trained element, untied lm_head and embedding in fp32.
+  EXPECT_EQ(lsp.device_static[0].bytes, 2 * 968884224LL);
+  EXPECT_EQ(lsp.device_static[1].bytes, 4 * (1100048384LL - 968884224LL));
+  spec.mutable_model()->set_path(dir + "/missing");
+  c = LoadJobModelConfig(spec);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("missing/config.json"), std::string::npos) << c.status();
+}
+
+}  // namespace
+}  // namespace lspo::offload
