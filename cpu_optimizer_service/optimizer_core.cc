@@ -33,6 +33,11 @@ namespace lspo::optimizer {
 
 struct LinearState {
   at::Tensor base;      // (m, n) fp32 materialised master weight (zero: THE master weight).
+  // lsp / GaLore-Offload: the master is base_scale * base + P sum_d Q^T. Decoupled weight
+  // decay multiplies base_scale (a scalar) and sum_d (d x d) instead of base, so a step costs
+  // O(d^2), not O(m n); base_scale is folded into base where base is rewritten anyway
+  // (projector change) and applied where the master is read (export, refresh, save).
+  double base_scale = 1.0;
   at::Tensor sum_d;     // lsp: (d, d) fp32 sum of this subspace's steps.
   lsp::SparseProjector p, q;
   std::unique_ptr<lsp::SubspaceAdam> adam;  // lsp
@@ -48,7 +53,9 @@ struct LinearUndo {
   int index;
   int64_t step;
   std::vector<float> m, v;
-  at::Tensor base, sum_d;
+  at::Tensor base;
+  double base_scale;
+  at::Tensor sum_d;
   lsp::SparseProjector p, q;
 };
 
@@ -76,6 +83,22 @@ using runtime::MonotonicSeconds;
 // The checkpoint's mode name of a job.
 const char* ModeName(const OptimizerJob& job) {
   return job.zero ? "zero" : job.galore ? "galore" : "lsp";
+}
+
+// Writes the master weight of a matrix, W = base_scale base + P sum_d Q^T (zero: the master
+// itself), into `out`, (m, n) fp32. LibTorch errors throw (callers run under
+// offload::TorchCall).
+void WriteMasterWeight(const LinearState& st, at::Tensor out) {
+  out.copy_(st.base);
+  if (st.base_scale != 1.0) out.mul_(st.base_scale);
+  if (st.p.rows > 0) out.add_(lsp::ExpandStep(st.p, st.sum_d, st.q));
+}
+
+// The same, as a new tensor.
+at::Tensor MasterWeight(const LinearState& st) {
+  at::Tensor w = at::empty_like(st.base, at::MemoryFormat::Contiguous);
+  WriteMasterWeight(st, w);
+  return w;
 }
 
 // True when the projector a worker wrote into `value` (its value slot) differs from `held`
@@ -112,7 +135,8 @@ absl::Status RefreshGaloreProjector(OptimizerJob* job, int i) {
           "GaLore-Offload: the projector of ", slot.name(),
           " in the arena is not a finite dense / identity pair (a worker of another version?)"));
     }
-    if (st.p.rows > 0) st.base = st.base + lsp::ExpandStep(st.p, st.sum_d, st.q);
+    if (st.p.rows > 0) st.base = MasterWeight(st);
+    st.base_scale = 1.0;
     st.sum_d = at::zeros_like(st.sum_d);
     st.p = std::move(p);
     st.q = std::move(q);
@@ -265,6 +289,8 @@ absl::Status OptimizerCore::SetProjectors(const std::string& job_id,
         // subspace (paper Alg. 1). TransferAdamState returns new tensors: they are copied back
         // into the optimizer's own moment buffers (the shape (d_p, d_q) of a matrix never
         // changes between refits).
+        if (st.base_scale != 1.0) st.base.mul_(st.base_scale);
+        st.base_scale = 1.0;
         st.base.add_(lsp::ExpandStep(st.p, st.sum_d, st.q));
         st.sum_d.zero_();
         const std::vector<int64_t> shape = {slot.d_p(), slot.d_q()};
@@ -322,6 +348,7 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
       LinearState& st = job->linears[u.index];
       (void)st.adam->Restore(u.step, std::move(u.m), std::move(u.v));
       st.base = u.base;
+      st.base_scale = u.base_scale;
       st.sum_d = u.sum_d;
       st.p = std::move(u.p);
       st.q = std::move(u.q);
@@ -455,8 +482,8 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
       ops.n = n;
       lsp::FusedAdamStep(hyper, st.step, ops);
     } else {
-      undo.push_back(
-          {i, st.adam->step(), st.adam->m(), st.adam->v(), st.base, st.sum_d.clone(), st.p, st.q});
+      undo.push_back({i, st.adam->step(), st.adam->m(), st.adam->v(), st.base, st.base_scale,
+                      st.sum_d.clone(), st.p, st.q});
       lsp::AdamHyper h = hyper;
       if (job->galore) {
         // A new projector came with this gradient (a refresh step): fold the old subspace's
@@ -481,10 +508,12 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
         roll_back();
         return as;
       }
-      // Decoupled weight decay W <- (1 - lr wd) W, on the master's two parts.
+      // Decoupled weight decay W <- (1 - lr wd) W, on the master's two parts: base through
+      // its scale (a rewrite of base cost O(m n) per step, and, with the undo record holding
+      // the old base, a second copy of every master until the step ended).
       const double decay = 1.0 - request.lr() * o.weight_decay();
       if (decay != 1.0) {
-        st.base = st.base * decay;  // new tensor: the undo record keeps the old one
+        st.base_scale *= decay;
         st.sum_d.mul_(decay);
       }
       float* sum = st.sum_d.data_ptr<float>();
@@ -522,8 +551,7 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> OptimizerCore::ExportLayerWeights(
       LinearState& st = job->linears[layer * 7 + k];
       at::Tensor dst = staging.narrow(0, offset, st.base.numel()).view(st.base.sizes());
       offset += st.base.numel();
-      dst.copy_(st.base);
-      if (st.p.rows > 0) dst.add_(lsp::ExpandStep(st.p, st.sum_d, st.q));
+      WriteMasterWeight(st, dst);
     }
     return absl::OkStatus();
   }));
@@ -549,9 +577,7 @@ absl::StatusOr<lspo::v1::SaveReply> OptimizerCore::SaveModel(const std::string& 
         continue;
       }
       LinearState& st = job->linears[it->second];
-      at::Tensor w = st.base.clone();
-      if (st.p.rows > 0) w.add_(lsp::ExpandStep(st.p, st.sum_d, st.q));
-      tensors.emplace_back(name, w.contiguous());
+      tensors.emplace_back(name, MasterWeight(st));
     }
     return absl::OkStatus();
   }));
@@ -583,6 +609,7 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::SaveState(const std::string&
         tensors.emplace_back(name + ".adam_step", at::scalar_tensor(st.step, at::kLong));
       } else {
         const std::vector<int64_t> shape = {st.adam->rows(), st.adam->cols()};  // (d_p, d_q)
+        tensors.emplace_back(name + ".master_scale", at::scalar_tensor(st.base_scale, at::kDouble));
         tensors.emplace_back(name + ".sum_d", st.sum_d);
         tensors.emplace_back(name + ".adam_m", at::from_blob(st.adam->m().data(), shape, at::kFloat));
         tensors.emplace_back(name + ".adam_v", at::from_blob(st.adam->v().data(), shape, at::kFloat));
@@ -627,6 +654,7 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string&
     // Views into the mapped file: everything is validated before anything is copied.
     struct Loaded {
       at::Tensor master, sum_d, m, v;
+      double master_scale = 1.0;
       int64_t step = 0;
       lsp::SparseProjector p, q;
     };
@@ -653,6 +681,17 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string&
       if (!job->zero) {
         ASSIGN_OR_RETURN(l.sum_d, offload::ViewStateTensor(file, what, name + ".sum_d",
                                                           at::kFloat, {sub.p.dim, sub.q.dim}));
+        // Written since the decay became a scale; an older checkpoint's master is all of it.
+        if (file.Find(name + ".master_scale") != nullptr) {
+          ASSIGN_OR_RETURN(
+              at::Tensor scale,
+              offload::ReadStateTensor(file, what, name + ".master_scale", at::kDouble, {}));
+          l.master_scale = scale.item<double>();
+          if (!std::isfinite(l.master_scale) || l.master_scale <= 0) {
+            return absl::DataLossError(absl::StrCat(what, ": ", name, ".master_scale is ",
+                                                    l.master_scale, ", not a positive number"));
+          }
+        }
         if (file.Find(name + ".p_index") != nullptr) {
           ASSIGN_OR_RETURN(l.p, offload::ReadStateProjector(file, what, name + ".p", slot.m(),
                                                             sub.p.dim, sub.p.r));
@@ -670,6 +709,7 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string&
         std::memcpy(st.v.data(), l.v.data_ptr<float>(), st.v.size() * sizeof(float));
         st.step = l.step;
       } else {
+        st.base_scale = l.master_scale;
         st.sum_d.copy_(l.sum_d);
         std::vector<float> m(l.m.data_ptr<float>(), l.m.data_ptr<float>() + l.m.numel());
         std::vector<float> v(l.v.data_ptr<float>(), l.v.data_ptr<float>() + l.v.numel());

@@ -3,8 +3,11 @@
 //
 // Master weights (design doc docs/architecture.md, "Training modes"): for each trained W (m x n)
 //   W_master = W0 + sum over subspaces e of P_e (sum_t D_t) Q_e^T
-// kept as a materialised fp32 base plus the running sum of this subspace's steps (d x d);
-// the base absorbs P (sum D) Q^T at every projector change and at export.
+// (with decoupled weight decay, every term scaled by the factors 1 - lr wd of the steps after
+// it) kept as  W_master = s base + P (sum D) Q^T:  an fp32 base, a scalar s (the decay factors
+// since the base was last rewritten: a step costs O(d^2), never O(m n)) and the running sum
+// of this subspace's steps (d x d), itself decayed. The base absorbs s and P (sum D) Q^T at
+// every projector change; export, refresh and checkpoints read the three parts.
 // On a projector change the Adam moments move into the new subspace (paper Alg. 1):
 //   M <- (P'^T P) M (Q^T Q'),  V <- (P'^T P)^2 V (Q^T Q')^2, step counter kept.
 // MODE_ZERO (arena layout mode "zero"): the ZeRO-Offload-style baseline: full fp32 master
@@ -54,7 +57,8 @@ class OptimizerCore {
   // gradient flag when request.wait_for_grads (else it must already be published), then
   //   lsp:  S (d, d) fp32 from the grad slot -> subspace Adam (Kingma & Ba 2015, Alg. 1;
   //         bias-corrected, eps after sqrt) -> D = -lr m_hat / (sqrt(v_hat) + eps) into the
-  //         step slot; master: base, sum_d scaled by 1 - lr wd, then sum_d += D;
+  //         step slot; master: its base's scale and sum_d multiplied by 1 - lr wd (O(d^2):
+  //         the base itself is not rewritten), then sum_d += D;
   //   zero: G (m, n) bf16 -> fp32 -> AdamW on the fp32 master -> bf16 into the param slot;
   // and publish the step flag. With optim.max_grad_norm > 0 every gradient is waited for
   // first and all are scaled by min(1, max_norm / (|g|_global + 1e-6)) (lsp: |g| over all S).
@@ -83,9 +87,11 @@ class OptimizerCore {
 
   // Checkpoint (exact resume): writes `dir`/optimizer_state.safetensors with, per trained
   // matrix (HF name prefix), `.master` (m, n) fp32 (zero: the master weight; lsp: the base
-  // W0 + folded old subspaces), lsp: `.sum_d` (d, d) fp32, `.adam_m`, `.adam_v` (d, d) fp32,
-  // `.adam_step` () int64 and the projectors (`.p_index` (m, r) int32, ...); zero: `.adam_m`,
-  // `.adam_v` (m, n) fp32 and `.adam_step`; metadata {job_id, mode, step}.
+  // W0 + folded old subspaces), lsp: `.master_scale` () fp64 (the master is master_scale
+  // * master + P sum_d Q^T; absent in older checkpoints: 1), `.sum_d` (d, d) fp32,
+  // `.adam_m`, `.adam_v` (d, d) fp32, `.adam_step` () int64 and the projectors (`.p_index`
+  // (m, r) int32, ...); zero: `.adam_m`, `.adam_v` (m, n) fp32 and `.adam_step`; metadata
+  // {job_id, mode, step}.
   // Errors: kFailedPrecondition (no job), I/O errors naming the file.
   absl::StatusOr<lspo::v1::StateReply> SaveState(const std::string& job_id,
                                                  const std::string& dir, int step);

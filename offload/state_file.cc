@@ -9,6 +9,7 @@ namespace {
 
 const char* SafetensorsDtype(at::ScalarType t) {
   switch (t) {
+    case at::kDouble: return "F64";
     case at::kFloat: return "F32";
     case at::kBFloat16: return "BF16";
     case at::kInt: return "I32";
@@ -28,7 +29,7 @@ absl::Status WriteTensorFile(const std::string& path, const NamedTensors& tensor
     const char* dtype = SafetensorsDtype(t.scalar_type());
     if (dtype == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("state tensor ", name, " in '", path,
-                                                     "': need an f32/bf16/i32/i64 tensor"));
+                                                     "': need an f64/f32/bf16/i32/i64 tensor"));
     }
     keep.push_back(t.detach().cpu().contiguous());  // Device tensors are copied to the host.
     const at::Tensor& c = keep.back();

@@ -22,7 +22,7 @@ namespace lspo::offload {
 // Named CPU tensors of a state file, in write order.
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
-// Writes `tensors` (CPU; fp32, bf16, int32 or int64; made contiguous) to the safetensors file
+// Writes `tensors` (CPU; fp64, fp32, bf16, int32 or int64; made contiguous) to the safetensors file
 // `path` with `metadata` through model::WriteSafetensors (temp file, fsync, rename).
 // Errors: kInvalidArgument (other dtype, or a CUDA tensor), I/O errors of WriteSafetensors
 // (kPermissionDenied / kInternal naming the path).

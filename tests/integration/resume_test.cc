@@ -111,12 +111,15 @@ TEST(ResumeTest, LspResumedAtStep3MatchesTheUninterruptedRunBitwise) {
 
 // The same exact resume with one-sided subspaces (d = 48 on the tiny model: k/v_proj 32 x 64
 // get P = I and S (32, 48)) and a refit after the resume point; the optimizer state in the
-// checkpoint has the per-matrix shapes.
+// checkpoint has the per-matrix shapes. With weight decay: the masters' decay scales
+// (.master_scale) are saved and restored, and folded into the base at the refit (step 4) and
+// into the refreshed worker weights as in the uninterrupted run.
 TEST(ResumeTest, LspOneSidedResumedAtStep3MatchesTheUninterruptedRunBitwise) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
   ExpectExactResume(v1::MODE_LSP, [](v1::JobSpec* s) {
     s->mutable_lsp()->set_d(48);
     s->mutable_lsp()->set_narrow(v1::NARROW_RULE_ONE_SIDED);
+    s->mutable_optim()->set_weight_decay(0.1);
   });
 }
 
