@@ -430,14 +430,6 @@ absl::Status RunPlan(const PlanCommand& cmd, std::FILE* out) {
       left_out.push_back(absl::StrCat(offload::PlanModeName(mode), ": ", plan.status().message()));
     }
   }
-  int64_t lin = 0, matrices = 0;
-  for (int64_t m : {config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim,
-                    config.num_kv_heads * config.head_dim, config.hidden_size}) {
-    lin += m * config.hidden_size;  // q, k, v: (m, H); o: (H, nh hd) has the size of q
-  }
-  lin += 3 * config.hidden_size * config.intermediate_size;
-  lin *= config.num_layers;
-  matrices = 7 * config.num_layers;
   const std::string title = absl::StrFormat(
       "memory plan of %s (%d layers, hidden %d, %d heads / %d kv heads, intermediate %d, vocab "
       "%d; %.1f M parameters, %.1f M in %d trained matrices)\n"
@@ -445,8 +437,9 @@ absl::Status RunPlan(const PlanCommand& cmd, std::FILE* out) {
       "worker on %s%s (%s trained weights); * = the job's mode",
       spec.model().path().empty() ? "a random model" : spec.model().path(), config.num_layers,
       config.hidden_size, config.num_heads, config.num_kv_heads, config.intermediate_size,
-      config.vocab_size, config.NumParameters() / 1e6, lin / 1e6, matrices, spec.micro_batch_size(),
-      spec.seq_len(), spec.micro_batch_size() * spec.seq_len(), spec.grad_accum(),
+      config.vocab_size, config.NumParameters() / 1e6, plans[0].trained_parameters / 1e6,
+      plans[0].trained_matrices, spec.micro_batch_size(), spec.seq_len(),
+      spec.micro_batch_size() * spec.seq_len(), spec.grad_accum(),
       spec.activation_checkpointing() ? "on" : "off", cuda ? "cuda" : "cpu",
       assumed_cuda ? " (the spec names no device: --device=cpu plans for the CPU)" : "",
       plans.empty() || plans[0].weight_bytes == 4 ? "fp32" : "bf16");

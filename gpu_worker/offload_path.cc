@@ -138,9 +138,10 @@ absl::Status OffloadPath::ApplyUpdate(WorkerJob* job, int64_t i, uint32_t step, 
 absl::Status OffloadPath::FinishStep(WorkerJob* job, const StepContext& ctx,
                                      lspo::v1::TrainStepReply* reply) {
   const size_t n = job->linears.size();
-  if (!ctx.overlap && job->cuda) {
+  const bool data_parallel = ctx.collective != nullptr && ctx.collective->world_size() > 1;
+  if (!ctx.overlap && job->cuda && !data_parallel) {
     // Serial schedule on CUDA: publish all (asynchronous copies, checked on the host copies
-    // as they land), then wait for the verdict.
+    // as they land), then wait for the verdict. (Data parallel: the sum below first.)
     for (size_t i = 0; i < n; ++i) {
       const at::Tensor g = Gradient(job, static_cast<int64_t>(i));
       if (!g.defined()) {
@@ -156,9 +157,9 @@ absl::Status OffloadPath::FinishStep(WorkerJob* job, const StepContext& ctx,
     return absl::OkStatus();
   }
   if (!ctx.overlap) {
-    // Serial schedule: (data parallel: sum every gradient across the ranks,) check every
-    // gradient, then publish them all.
-    if (ctx.collective != nullptr && ctx.collective->world_size() > 1) {
+    // Serial schedule: (data parallel: sum every gradient across the ranks, on the host: a
+    // CUDA worker's come back to the device,) check every gradient, then publish them all.
+    if (data_parallel) {
       bool missing = false;
       RETURN_IF_ERROR(SumAcrossRanks(job, ctx.collective, &missing));
       if (missing) {
@@ -199,10 +200,9 @@ absl::Status OffloadPath::FinishStep(WorkerJob* job, const StepContext& ctx,
 }
 
 absl::Status OffloadPath::BeginRankSum(WorkerJob* job, offload::Collective* group, uint32_t step) {
-  if (job->cuda) {
-    return absl::FailedPreconditionError(
-        "the overlapped data-parallel sum runs on CPU workers only (NCCL follows, issue 17)");
-  }
+  // On CUDA, Stage copies each S (or gradient) from the device into its host bucket on the
+  // compute stream: the backward waits for that copy, and the sum goes to the arena from the
+  // host (PublishHostGradient), as on the CPU.
   const size_t n = job->linears.size();
   std::vector<std::vector<int64_t>> shapes(n);
   for (size_t i = 0; i < n; ++i) {

@@ -756,11 +756,8 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   RETURN_IF_ERROR(CheckJobFitsDevice(spec, use_cuda));
   auto job = std::make_unique<WorkerJob>();
   if (spec.distributed().world_size() > 1) {
-    if (use_cuda) {
-      return absl::FailedPreconditionError(
-          "distributed.world_size > 1 runs on CPU workers so far (collectives over Gloo; NCCL "
-          "for CUDA workers follows, issue 17): set device: cpu");
-    }
+    // A CUDA worker's collectives run over Gloo too, on host copies (offload/collective.h):
+    // in lsp and zero what is summed goes to the host for the CPU optimizer anyway.
     ASSIGN_OR_RETURN(job->collective, JoinGroup(spec));
   }
   job->tbb_threads = std::make_unique<tbb::global_control>(

@@ -76,6 +76,17 @@ void Add(std::vector<PlanTerm>* terms, std::string name, int64_t bytes) {
   terms->push_back({std::move(name), bytes});
 }
 
+// The terms every offloaded mode (lsp, zero, GaLore-Offload) shares: the arena, the optimizer
+// service's fp32 model and its Adam state (`moments`, `moment_bytes`), and the bytes each way
+// per optimizer step.
+void AddOffloadTerms(MemoryPlan* plan, const lspo::v1::ArenaLayout& layout, int64_t p_total,
+                     std::string moments, int64_t moment_bytes, int64_t bytes_per_step) {
+  plan->arena = static_cast<int64_t>(layout.bytes());
+  Add(&plan->optimizer_host, "fp32 model (master weights, embedding, norms)", 4 * p_total);
+  Add(&plan->optimizer_host, std::move(moments), moment_bytes);
+  plan->d2h_bytes_per_step = plan->h2d_bytes_per_step = bytes_per_step;
+}
+
 }  // namespace
 
 const char* PlanModeName(PlanMode mode) {
@@ -158,6 +169,8 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
   }
   const int64_t p_rest = ParamsOther(c);
   const int64_t p_total = p_lin + p_rest;
+  plan.trained_parameters = p_lin;
+  plan.trained_matrices = static_cast<int64_t>(linears.size());
 
   // Static device memory: model/llama.cc keeps the trained matrices in the storage dtype and
   // the embedding, norms and biases in fp32 (SetLinearStorageDtype).
@@ -169,6 +182,7 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
   std::fill(saves_input, saves_input + kLinears, mode != PlanMode::kLsp);
   int64_t grads = 0;     // dense weight gradients the worker holds (w bytes each)
   int64_t subspace = 0;  // Σ d_p d_q (lsp) or Σ S elements (galore-offload)
+  int64_t summed = p_lin;  // values a data-parallel step all-reduces (the gradients')
   switch (mode) {
     case PlanMode::kLsp: {
       ASSIGN_OR_RETURN(std::vector<lsp::MatrixSubspace> subs,
@@ -191,10 +205,8 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
       ASSIGN_OR_RETURN(
           lspo::v1::ArenaLayout layout,
           BuildArenaLayout(linears, kLinears, subs, spec.lsp().d(), spec.lsp().r(), "plan"));
-      plan.arena = static_cast<int64_t>(layout.bytes());
-      Add(&plan.optimizer_host, "fp32 model (master weights, embedding, norms)", 4 * p_total);
-      Add(&plan.optimizer_host, "subspace Adam: sum of steps, m, v (fp32)", 12 * subspace);
-      plan.d2h_bytes_per_step = plan.h2d_bytes_per_step = 4 * subspace;
+      AddOffloadTerms(&plan, layout, p_total, "subspace Adam: sum of steps, m, v (fp32)",
+                      12 * subspace, 4 * subspace);
       break;
     }
     case PlanMode::kZero: {
@@ -202,10 +214,7 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
       if (cuda) Add(&plan.device_static, "transfer staging (4 slots, bf16)", 4 * 2 * max_mn);
       ASSIGN_OR_RETURN(lspo::v1::ArenaLayout layout,
                        BuildZeroArenaLayout(linears, kLinears, "plan"));
-      plan.arena = static_cast<int64_t>(layout.bytes());
-      Add(&plan.optimizer_host, "fp32 model (master weights, embedding, norms)", 4 * p_total);
-      Add(&plan.optimizer_host, "Adam m, v (fp32)", 8 * p_lin);
-      plan.d2h_bytes_per_step = plan.h2d_bytes_per_step = 2 * p_lin;
+      AddOffloadTerms(&plan, layout, p_total, "Adam m, v (fp32)", 8 * p_lin, 2 * p_lin);
       break;
     }
     case PlanMode::kNative: {
@@ -234,6 +243,7 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
       // baselines/lora.cc: A (r, n), B (m, r) fp32; their gradients and AdamW's m, v.
       Add(&plan.device_static, absl::StrCat("LoRA A, B, gradients, AdamW m, v (r = ", r, ")"),
           16 * adapters);
+      summed = adapters;
       break;
     }
     case PlanMode::kGalore:
@@ -263,18 +273,23 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
         Add(&plan.device_static, absl::StrCat("GaLore projectors (rank ", rank, ")"), 4 * small);
         Add(&plan.device_static, "projected gradients (fp32)", 4 * big);
         if (bf16) Add(&plan.device_static, "compensation residuals (bf16)", 2 * p_lin);
-        plan.arena = static_cast<int64_t>(layout.bytes());
-        Add(&plan.optimizer_host, "fp32 model (master weights, embedding, norms)", 4 * p_total);
-        Add(&plan.optimizer_host, "subspace Adam: sum of steps, m, v (fp32)", 12 * big);
-        plan.d2h_bytes_per_step = plan.h2d_bytes_per_step = 4 * big;
+        AddOffloadTerms(&plan, layout, p_total, "subspace Adam: sum of steps, m, v (fp32)",
+                        12 * big, 4 * big);
       }
       break;
     }
   }
   if (spec.distributed().world_size() > 1) {
-    // offload/overlap_reducer.h: fp32 buckets of every matrix's S or gradient.
-    Add(&plan.device_static, "all-reduce buckets (fp32)",
-        4 * (mode == PlanMode::kLsp || mode == PlanMode::kGaloreOffload ? subspace : p_lin));
+    // offload/overlap_reducer.h: fp32 buckets of every matrix's S or gradient (native, lora,
+    // galore: offload::SumTensorsAcrossRanks' one fp32 buffer of the same size), in host
+    // memory: on a CUDA worker they are host copies (offload/collective.h).
+    if (mode == PlanMode::kLsp || mode == PlanMode::kGaloreOffload) summed = subspace;
+    const int64_t buffers = 4 * summed;
+    if (cuda) {
+      plan.worker_host_train = buffers;
+    } else {
+      Add(&plan.device_static, "all-reduce buffers (fp32)", buffers);
+    }
   }
 
   // Activations (see the header), bytes.
@@ -435,6 +450,11 @@ std::string FormatPlans(const std::string& title, const std::vector<MemoryPlan>&
   if (cuda) {
     row("worker host memory while loading (fp32 model)",
         [](const MemoryPlan& p) { return p.worker_host_load; });
+    if (std::any_of(plans.begin(), plans.end(),
+                    [](const MemoryPlan& p) { return p.worker_host_train > 0; })) {
+      row("worker host memory while training (all-reduce buffers)",
+          [](const MemoryPlan& p) { return p.worker_host_train; });
+    }
   } else {
     row("one process, everything on the CPU", [](const MemoryPlan& p) { return p.CpuTotal(); });
   }

@@ -72,6 +72,8 @@ struct MemoryPlan {
   int64_t weight_bytes = 4;    // w: storage bytes of a trained matrix element (2 or 4)
   int64_t tokens = 0;          // N = micro_batch_size * seq_len
   bool checkpointing = false;  // the job's activation_checkpointing
+  int64_t trained_parameters = 0;  // Σ m n over the trained matrices
+  int64_t trained_matrices = 0;    // 7 per decoder layer
 
   // Worker, on its device.
   std::vector<PlanTerm> device_static;  // weights, gradients, optimizer state, method buffers
@@ -90,6 +92,9 @@ struct MemoryPlan {
   std::vector<PlanTerm> optimizer_host;  // the optimizer service: fp32 model, moments
   int64_t arena = 0;                     // shared memory (offload/arena_layout.h), exact
   int64_t worker_host_load = 0;          // a CUDA worker's host peak while it loads: the fp32 model
+  // A CUDA worker's host memory while it trains: the data-parallel all-reduce buffers (the
+  // collectives run over Gloo on host copies; on the CPU they are in device_static).
+  int64_t worker_host_train = 0;
   int64_t d2h_bytes_per_step = 0;        // worker -> optimizer per optimizer step
   int64_t h2d_bytes_per_step = 0;        // optimizer -> worker per optimizer step
 

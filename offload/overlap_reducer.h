@@ -64,8 +64,9 @@ class OverlapReducer {
   OverlapReducer(const OverlapReducer&) = delete;
   OverlapReducer& operator=(const OverlapReducer&) = delete;
 
-  // Stages matrix i's gradient: `grad` (any floating dtype and CPU device, of shapes[i]) is
-  // copied into its bucket's fp32 buffer at once, so the caller may change it afterwards.
+  // Stages matrix i's gradient: `grad` (any floating dtype, of shapes[i]; on the CPU or a CUDA
+  // device) is copied into its bucket's fp32 host buffer at once (from CUDA: a synchronous copy
+  // on the current stream), so the caller may change it afterwards.
   // Staging a matrix twice keeps the first (a backward forms each once); an i outside [0, n)
   // or a wrong shape is recorded and returned by Finish (kInvalidArgument), and the sum then
   // uses `fill`.

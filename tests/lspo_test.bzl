@@ -49,3 +49,35 @@ def lspo_test(
         tags = ["local"] + labels + tags,
         **kwargs
     )
+
+def lspo_integration_test(
+        name,
+        srcs = [],
+        deps = [],
+        embedded = True,
+        labels = [],
+        **kwargs):
+    """An integration test: lspo_test of `name`.cc with the shared job helpers.
+
+    Every integration test trains small jobs and checks /dev/shm for leftover "lspo-job"
+    segments, so it is tagged "exclusive" (never alongside another test) and has no timeout
+    short of "eternal"; CMake gives the same tests LABELS integration (tests/integration/
+    CMakeLists.txt), and CI runs that label one test at a time.
+
+    Args:
+      name: test name; its source is `name`.cc.
+      srcs: further sources besides `name`.cc and test_jobs.h.
+      deps: libraries under test.
+      embedded: the test starts the services in-process (start_embedded.h, //client:embedded).
+      labels: CMake LABELS besides "integration" (e.g. "cuda").
+      **kwargs: passed to lspo_test (torch, copts, data, ...).
+    """
+    lspo_test(
+        name = name,
+        srcs = [name + ".cc", "test_jobs.h"] + (["start_embedded.h"] if embedded else []) + srcs,
+        deps = deps + (["//client:embedded"] if embedded else []),
+        timeout = "eternal",
+        labels = ["integration"] + labels,
+        tags = ["exclusive"],
+        **kwargs
+    )

@@ -433,6 +433,29 @@ TEST(CollectiveTest, TensorChecksumIsCrc32cOfTheBytesOrOfThreeSamples) {
   EXPECT_NE(Crc32cExtendTensor(0, m.t()), Crc32cExtendTensor(0, m));
 }
 
+// Joins `world` ranks over loopback and runs `body` on each with an OverlapReducer of `shapes`
+// and `caps` whose publish callback is `publish(rank, i, sum)`; rank r's status (the join's
+// error, or what `body` returns) lands in the r-th entry of the result.
+std::vector<absl::Status> OnReducerRanks(
+    int world, const std::vector<std::vector<int64_t>>& shapes, OverlapReducer::Buckets caps,
+    const std::function<bool(int, int64_t, const at::Tensor&)>& publish,
+    const std::function<absl::Status(int, Collective&, OverlapReducer&)>& body) {
+  const int port = FreePort();
+  std::vector<absl::Status> st(world, absl::UnknownError("not run"));
+  OnRanks(world, [&](int r) {
+    auto c = Collective::Join(Options(r, world, port, absl::Seconds(30)));
+    if (!c.ok()) {
+      st[r] = c.status();
+      return;
+    }
+    OverlapReducer reducer(
+        c->get(), shapes, [&, r](int64_t i, const at::Tensor& sum) { return publish(r, i, sum); },
+        caps);
+    st[r] = body(r, **c, reducer);
+  });
+  return st;
+}
+
 // OverlapReducer (the data-parallel sum inside the overlapped backward): two ranks stage their
 // matrices in opposite orders (as two autograd engines might); each rank hands on every sum, in
 // the order n-1 .. 0, bitwise the float64 sum rounded to fp32 (exact for two fp32 addends), and
@@ -441,7 +464,6 @@ TEST(CollectiveTest, TensorChecksumIsCrc32cOfTheBytesOrOfThreeSamples) {
 TEST(CollectiveTest, OverlapReducerSumsInOneOrderWhateverOrderTheRanksStageIn) {
   if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
   const int world = 2;
-  const int port = FreePort();
   const std::vector<std::vector<int64_t>> shapes = {{3, 4}, {5}, {2, 2}, {6, 1}};
   const int64_t n = static_cast<int64_t>(shapes.size());
   at::manual_seed(11);
@@ -456,30 +478,24 @@ TEST(CollectiveTest, OverlapReducerSumsInOneOrderWhateverOrderTheRanksStageIn) {
   }
   std::vector<std::vector<int64_t>> order(world);
   std::vector<std::vector<at::Tensor>> sums(world, std::vector<at::Tensor>(n));
-  std::vector<absl::Status> st(world, absl::UnknownError("not run"));
-  OnRanks(world, [&](int r) {
-    auto c = Collective::Join(Options(r, world, port, absl::Seconds(30)));
-    if (!c.ok()) {
-      st[r] = c.status();
-      return;
-    }
-    OverlapReducer reducer(
-        c->get(), shapes,
-        [&, r](int64_t i, const at::Tensor& sum) {
-          order[r].push_back(i);
-          sums[r][i] = sum.clone();
-          return true;
-        },
-        OverlapReducer::Buckets{1, 40});
-    EXPECT_EQ(reducer.buckets(), (std::vector<std::vector<int64_t>>{{3}, {2, 1, 0}})) << r;
-    for (int64_t k = 0; k < n; ++k) {
-      const int64_t i = r == 0 ? k : n - 1 - k;
-      reducer.Stage(i, in[r][i]);
-      in[r][i].fill_(1e30);  // the reducer copied it: later changes must not reach the sum
-    }
-    st[r] = reducer.Finish(0.0f);
-    EXPECT_EQ(reducer.published(), n) << r;
-  });
+  const std::vector<absl::Status> st = OnReducerRanks(
+      world, shapes, OverlapReducer::Buckets{1, 40},
+      [&](int r, int64_t i, const at::Tensor& sum) {
+        order[r].push_back(i);
+        sums[r][i] = sum.clone();
+        return true;
+      },
+      [&](int r, Collective&, OverlapReducer& reducer) {
+        EXPECT_EQ(reducer.buckets(), (std::vector<std::vector<int64_t>>{{3}, {2, 1, 0}})) << r;
+        for (int64_t k = 0; k < n; ++k) {
+          const int64_t i = r == 0 ? k : n - 1 - k;
+          reducer.Stage(i, in[r][i]);
+          in[r][i].fill_(1e30);  // the reducer copied it: later changes must not reach the sum
+        }
+        absl::Status done = reducer.Finish(0.0f);
+        EXPECT_EQ(reducer.published(), n) << r;
+        return done;
+      });
   for (int r = 0; r < world; ++r) {
     ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
     EXPECT_EQ(order[r], (std::vector<int64_t>{3, 2, 1, 0})) << r;
@@ -497,32 +513,25 @@ TEST(CollectiveTest, OverlapReducerSumsInOneOrderWhateverOrderTheRanksStageIn) {
 TEST(CollectiveTest, OverlapReducerFillsWhatARankDidNotStageAndStopsEveryRankAlike) {
   if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
   const int world = 2;
-  const int port = FreePort();
   const std::vector<std::vector<int64_t>> shapes = {{4}, {4}, {4}};
   std::vector<std::vector<int64_t>> order(world);
   std::vector<int64_t> published(world, -1);
   std::vector<int64_t> bytes(world);
-  std::vector<absl::Status> st(world, absl::UnknownError("not run"));
-  OnRanks(world, [&](int r) {
-    auto c = Collective::Join(Options(r, world, port, absl::Seconds(30)));
-    if (!c.ok()) {
-      st[r] = c.status();
-      return;
-    }
-    OverlapReducer reducer(
-        c->get(), shapes,
-        [&, r](int64_t i, const at::Tensor& sum) {
-          order[r].push_back(i);
-          return static_cast<bool>(at::isfinite(sum).all().item<bool>());
-        },
-        OverlapReducer::Buckets{16, 16});
-    reducer.Stage(2, at::ones({4}));
-    if (r == 0) reducer.Stage(1, at::ones({4}));  // rank 1 formed none for matrix 1
-    reducer.Stage(0, at::ones({4}));
-    st[r] = reducer.Finish(std::numeric_limits<float>::quiet_NaN());
-    published[r] = reducer.published();
-    bytes[r] = (*c)->all_reduce_bytes();
-  });
+  const std::vector<absl::Status> st = OnReducerRanks(
+      world, shapes, OverlapReducer::Buckets{16, 16},
+      [&](int r, int64_t i, const at::Tensor& sum) {
+        order[r].push_back(i);
+        return static_cast<bool>(at::isfinite(sum).all().item<bool>());
+      },
+      [&](int r, Collective& c, OverlapReducer& reducer) {
+        reducer.Stage(2, at::ones({4}));
+        if (r == 0) reducer.Stage(1, at::ones({4}));  // rank 1 formed none for matrix 1
+        reducer.Stage(0, at::ones({4}));
+        absl::Status done = reducer.Finish(std::numeric_limits<float>::quiet_NaN());
+        published[r] = reducer.published();
+        bytes[r] = c.all_reduce_bytes();
+        return done;
+      });
   for (int r = 0; r < world; ++r) {
     ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
     EXPECT_EQ(order[r], (std::vector<int64_t>{2, 1})) << r;

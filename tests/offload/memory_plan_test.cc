@@ -72,6 +72,39 @@ TEST(MemoryPlanTest, BytesPerStepAreTheMeasuredTransfersOfTheH200Run) {
             0);
 }
 
+// Data parallel: the all-reduce buffers hold every matrix's S (lsp: 13,762,560 bytes on the
+// SmolLM2 shape at d = 128, the bytes each step moves), gradient (zero, native: Σ m n fp32 =
+// 2 x the bf16 gradients' 212,336,640) or adapters' gradients (lora r 8: Σ 8 (m + n) fp32 =
+// 9,768,960), on the CPU worker's heap, or in a CUDA worker's host memory (the collectives run
+// over Gloo on host copies), never on the GPU.
+TEST(MemoryPlanTest, DataParallelBuffersAreHostMemory) {
+  lspo::v1::JobSpec spec = DeviceCheckSpec(128, 8, 512);
+  spec.mutable_distributed()->set_world_size(2);
+  auto bucket_term = [](const MemoryPlan& p) -> int64_t {
+    for (const PlanTerm& t : p.device_static) {
+      if (t.name == "all-reduce buffers (fp32)") return t.bytes;
+    }
+    return -1;
+  };
+  const int64_t lsp_bytes = 13762560, dense_bytes = 2 * 212336640LL;
+  for (const auto& [mode, bytes] :
+       {std::make_pair(PlanMode::kLsp, lsp_bytes), std::make_pair(PlanMode::kZero, dense_bytes),
+        std::make_pair(PlanMode::kNative, dense_bytes),
+        std::make_pair(PlanMode::kLora, int64_t{9768960})}) {
+    const MemoryPlan cpu = Plan(spec, Smol(), mode, false);
+    const MemoryPlan gpu = Plan(spec, Smol(), mode, true);
+    EXPECT_EQ(bucket_term(cpu), bytes) << PlanModeName(mode);
+    EXPECT_EQ(cpu.worker_host_train, 0) << PlanModeName(mode);
+    EXPECT_EQ(bucket_term(gpu), -1) << PlanModeName(mode);
+    EXPECT_EQ(gpu.worker_host_train, bytes) << PlanModeName(mode);
+    // One rank: no buffers at all.
+    lspo::v1::JobSpec one = spec;
+    one.mutable_distributed()->set_world_size(1);
+    EXPECT_EQ(bucket_term(Plan(one, Smol(), mode, false)), -1) << PlanModeName(mode);
+    EXPECT_EQ(Plan(one, Smol(), mode, true).worker_host_train, 0) << PlanModeName(mode);
+  }
+}
+
 TEST(MemoryPlanTest, PeakIsWithin15PercentOfTheH200AllocatorPeaks) {
   // peak_gpu_allocated_bytes of the H200 run (the allocator's peak of allocated bytes over the
   // training steps); the plan without its allocator margin is what it predicts.
@@ -208,6 +241,8 @@ TEST(MemoryPlanTest, AnHfFolderNeedsOnlyItsConfigToBePlanned) {
   // bf16 on CUDA: 2 bytes per trained element, untied lm_head and embedding in fp32.
   EXPECT_EQ(lsp.device_static[0].bytes, 2 * 968884224LL);
   EXPECT_EQ(lsp.device_static[1].bytes, 4 * (1100048384LL - 968884224LL));
+  EXPECT_EQ(lsp.trained_parameters, 968884224LL);
+  EXPECT_EQ(lsp.trained_matrices, 22 * 7);
   spec.mutable_model()->set_path(dir + "/missing");
   c = LoadJobModelConfig(spec);
   ASSERT_FALSE(c.ok());
