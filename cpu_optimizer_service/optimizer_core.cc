@@ -135,7 +135,7 @@ absl::Status RefreshGaloreProjector(OptimizerJob* job, int i) {
           "GaLore-Offload: the projector of ", slot.name(),
           " in the arena is not a finite dense / identity pair (a worker of another version?)"));
     }
-    if (st.p.rows > 0) st.base = MasterWeight(st);
+    if (st.p.rows > 0 || st.base_scale != 1.0) st.base = MasterWeight(st);
     st.base_scale = 1.0;
     st.sum_d = at::zeros_like(st.sum_d);
     st.p = std::move(p);
@@ -447,7 +447,10 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
         reply.set_aborted(true);
         return reply;
       }
-      RETURN_IF_ERROR(ws);
+      if (!ws.ok()) {
+        roll_back();
+        return ws;
+      }
     }
     const int layer = i / job->layout.linears_per_layer();
     if (layer != current_layer) {
@@ -456,7 +459,12 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
       current_layer = layer;
       layer_start = now;
     }
-    ASSIGN_OR_RETURN(const GradRef g, grad_of(i));
+    absl::StatusOr<GradRef> grad = grad_of(i);
+    if (!grad.ok()) {
+      roll_back();
+      return grad.status();
+    }
+    const GradRef g = *grad;
     const int64_t n = g.n;
     if (!clipping) {
       absl::StatusOr<double> sq = stats_of(i, g);
@@ -496,7 +504,12 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
         }
         h = GaloreHyper(job->spec, hyper, request.lr(), st.adam->step() + 1);
       }
-      ASSIGN_OR_RETURN(float* d, job->arena.At<float>(slot.step().offset(), n));
+      absl::StatusOr<float*> step_slot = job->arena.At<float>(slot.step().offset(), n);
+      if (!step_slot.ok()) {
+        roll_back();
+        return step_slot.status();
+      }
+      float* d = *step_slot;
       const float* s_in = g.fp32;  // S (d_p, d_q); clipped into a copy (small)
       if (clip != 1.0f) {
         scaled.assign(s_in, s_in + n);
@@ -687,9 +700,10 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string&
               at::Tensor scale,
               offload::ReadStateTensor(file, what, name + ".master_scale", at::kDouble, {}));
           l.master_scale = scale.item<double>();
-          if (!std::isfinite(l.master_scale) || l.master_scale <= 0) {
+          // >= 0: the spec keeps lr wd < 1, but a long decay may underflow to 0.
+          if (!std::isfinite(l.master_scale) || l.master_scale < 0) {
             return absl::DataLossError(absl::StrCat(what, ": ", name, ".master_scale is ",
-                                                    l.master_scale, ", not a positive number"));
+                                                    l.master_scale, ", not a number >= 0"));
           }
         }
         if (file.Find(name + ".p_index") != nullptr) {

@@ -63,9 +63,10 @@ class OptimizerCore {
   // and publish the step flag. With optim.max_grad_norm > 0 every gradient is waited for
   // first and all are scaled by min(1, max_norm / (|g|_global + 1e-6)) (lsp: |g| over all S).
   // reply.aborted when the worker abandoned the step (no state changed in lsp mode).
-  // Errors: kInvalidArgument (bad index; non-finite gradient: lsp state of this step rolled
-  // back), kFailedPrecondition (no projectors; gradient not published),
-  // kDeadlineExceeded (the worker never published: wait_timeout_seconds).
+  // Errors (in lsp mode the state of every matrix this step updated is rolled back; step
+  // flags already published stay): kInvalidArgument (bad index; non-finite gradient),
+  // kFailedPrecondition (no projectors; gradient not published), kDeadlineExceeded (the
+  // worker never published: wait_timeout_seconds).
   absl::StatusOr<lspo::v1::UpdateReply> Update(const lspo::v1::UpdateRequest& request);
 
   // Marks `step` abandoned in the arena so a waiting Update returns (the scheduler calls it

@@ -138,10 +138,21 @@ absl::Status OffloadPath::ApplyUpdate(WorkerJob* job, int64_t i, uint32_t step, 
 absl::Status OffloadPath::FinishStep(WorkerJob* job, const StepContext& ctx,
                                      lspo::v1::TrainStepReply* reply) {
   const size_t n = job->linears.size();
-  const bool data_parallel = ctx.collective != nullptr && ctx.collective->world_size() > 1;
-  if (!ctx.overlap && job->cuda && !data_parallel) {
+  if (!ctx.overlap && ctx.collective != nullptr && ctx.collective->world_size() > 1) {
+    // Serial schedule, data parallel: first sum every gradient across the ranks (on the host;
+    // a CUDA worker's sums come back to the device), then publish as one rank does.
+    bool missing = false;
+    RETURN_IF_ERROR(SumAcrossRanks(job, ctx.collective, &missing));
+    if (missing) {
+      LOG(WARNING) << "worker: a rank formed no gradient for some matrix at step " << ctx.step
+                   << "; step skipped on every rank";
+      reply->set_nonfinite(true);
+      return absl::OkStatus();
+    }
+  }
+  if (!ctx.overlap && job->cuda) {
     // Serial schedule on CUDA: publish all (asynchronous copies, checked on the host copies
-    // as they land), then wait for the verdict. (Data parallel: the sum below first.)
+    // as they land), then wait for the verdict.
     for (size_t i = 0; i < n; ++i) {
       const at::Tensor g = Gradient(job, static_cast<int64_t>(i));
       if (!g.defined()) {
@@ -157,18 +168,7 @@ absl::Status OffloadPath::FinishStep(WorkerJob* job, const StepContext& ctx,
     return absl::OkStatus();
   }
   if (!ctx.overlap) {
-    // Serial schedule: (data parallel: sum every gradient across the ranks, on the host: a
-    // CUDA worker's come back to the device,) check every gradient, then publish them all.
-    if (data_parallel) {
-      bool missing = false;
-      RETURN_IF_ERROR(SumAcrossRanks(job, ctx.collective, &missing));
-      if (missing) {
-        LOG(WARNING) << "worker: a rank formed no gradient for some matrix at step " << ctx.step
-                     << "; step skipped on every rank";
-        reply->set_nonfinite(true);
-        return absl::OkStatus();
-      }
-    }
+    // Serial schedule on the CPU: check every gradient, then publish them all.
     for (size_t i = 0; i < n; ++i) {
       const at::Tensor g = Gradient(job, static_cast<int64_t>(i));
       if (!g.defined() || !at::isfinite(g).all().item<bool>()) {

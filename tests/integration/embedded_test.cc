@@ -12,12 +12,16 @@
 #include "client/embedded.h"
 #include "cpu_optimizer_service/optimizer_core.h"
 #include "gpu_worker/worker_core.h"
-#include "tests/integration/start_embedded.h"
-#include "offload/job_assets.h"
 #include "gtest/gtest.h"
+#include "model/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "offload/arena_tensors.h"
+#include "offload/job_assets.h"
+#include "offload/state_file.h"
 #include "runtime/rpc_status.h"
+#include "runtime/shm_arena.h"
 #include "scheduler/job_spec.h"
+#include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
 
 namespace lspo {
@@ -133,6 +137,65 @@ TEST(OptimizerCoreTest, UnloadAbandonsAnUpdateWaitingForGradients) {
   // The core takes the job again (the restarted scheduler's LoadJob).
   EXPECT_TRUE(core.LoadJob("job-w", spec, wload->arena()).ok());
   EXPECT_TRUE(worker.UnloadJob("job-w").ok());
+}
+
+// An lsp Update that fails part-way (here: matrix n-2's gradient never comes, a 1 s timeout)
+// leaves no trace of the step in the optimizer's state: matrix n-1, updated before the
+// failure, is rolled back (Adam step 0, sum of steps zero, as SaveState writes them), as for
+// an abandoned step.
+TEST(OptimizerCoreTest, AnUpdateThatFailsPartWayRollsBackTheMatricesItUpdated) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  v1::JobSpec spec =
+      testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("update-fail"), v1::MODE_LSP, 2);
+  spec.mutable_optim()->set_weight_decay(0.1);
+  scheduler::ResolveDefaults(&spec);
+  worker::WorkerCore worker;
+  auto wload = worker.LoadJob("job-f", spec);
+  ASSERT_TRUE(wload.ok()) << wload.status();
+  const v1::ArenaLayout& layout = wload->arena();
+  optimizer::OptimizerCore core;
+  ASSERT_TRUE(core.LoadJob("job-f", spec, layout).ok());
+  // Attached before FitProjectors, which unlinks the arena's name.
+  auto arena = runtime::ShmArena::Attach(layout.name(), layout.bytes());
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  auto fit = worker.FitProjectors("job-f", 0);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  ASSERT_TRUE(core.SetProjectors("job-f", {fit->refitted().begin(), fit->refitted().end()}).ok());
+  const int last = layout.linears_size() - 1;
+  auto s = offload::ArenaF32(*arena, layout.linears(last).grad());
+  ASSERT_TRUE(s.ok()) << s.status();
+  s->fill_(0.01f);
+  auto flags = offload::ArenaFlags(*arena, layout);
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  flags->PublishGrad(last, 1);
+  v1::UpdateRequest req;
+  req.set_job_id("job-f");
+  req.set_step(1);
+  req.set_lr(1e-3);
+  req.set_wait_for_grads(true);
+  req.set_wait_timeout_seconds(1);
+  req.add_tasks()->set_index(last);
+  req.add_tasks()->set_index(last - 1);  // never published
+  auto reply = core.Update(req);
+  ASSERT_FALSE(reply.ok());
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kDeadlineExceeded) << reply.status();
+  const std::string dir = testing_jobs::TempDir("update-fail-state");
+  ASSERT_TRUE(core.SaveState("job-f", dir, 0).ok());
+  auto file = model::SafetensorsFile::Open(dir + "/optimizer_state.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const std::string name = layout.linears(last).name();
+  auto adam_step = offload::ReadStateTensor(*file, "state", name + ".adam_step", at::kLong, {});
+  ASSERT_TRUE(adam_step.ok()) << adam_step.status();
+  EXPECT_EQ(adam_step->item<int64_t>(), 0);
+  auto sum_d = offload::ReadStateTensor(*file, "state", name + ".sum_d", at::kFloat,
+                                        {layout.linears(last).d_p(), layout.linears(last).d_q()});
+  ASSERT_TRUE(sum_d.ok()) << sum_d.status();
+  EXPECT_EQ(sum_d->abs().max().item<float>(), 0.0f);
+  auto scale = offload::ReadStateTensor(*file, "state", name + ".master_scale", at::kDouble, {});
+  ASSERT_TRUE(scale.ok()) << scale.status();
+  EXPECT_EQ(scale->item<double>(), 1.0);
+  EXPECT_TRUE(core.UnloadJob("job-f").ok());
+  EXPECT_TRUE(worker.UnloadJob("job-f").ok());
 }
 
 // The mirror case: the dead scheduler sent the worker TrainStep N (overlap: it applies the
