@@ -27,7 +27,8 @@ def lspo_test(
       deps: libraries under test (CMake's DEPS, as Bazel labels).
       torch: link LibTorch (CMake's TORCH).
       cuda: declare the test only when a CUDA toolkit was found (CMake: if(LSPO_HAS_CUDA)).
-      labels: CMake LABELS, added as tags (e.g. "integration").
+      labels: CMake LABELS, added as tags ("integration", "serial", "cuda"); "serial" also
+        tags the test "exclusive".
       tags: further tags.
       **kwargs: passed to cc_test (timeout, data, copts, local_defines, ...).
     """
@@ -46,7 +47,9 @@ def lspo_test(
         ] + (["//third_party/torch"] if torch else []),
         # Static libraries, like the CMake build (fewer link actions than per-library .so).
         linkstatic = True,
-        tags = ["local"] + labels + tags,
+        # "serial" (binds loopback ports or asserts wall times) runs alone, as CTest's
+        # RUN_SERIAL does for the same label.
+        tags = ["local"] + labels + tags + (["exclusive"] if "serial" in labels else []),
         **kwargs
     )
 
