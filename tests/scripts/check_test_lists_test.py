@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Tests of scripts/check_test_lists (CMake's and Bazel's test targets and labels compared) on
+listings written here in the formats of `ctest --show-only=json-v1` and
+`bazel query --output=build`. Standard library unittest; run by CTest (tests/CMakeLists.txt)."""
+
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "scripts", "check_test_lists")
+# Every CMake-only script test the checker expects (it fails when one of them is missing).
+PLAIN = ["KernelsBenchSmoke", "device_check_smoke", "standalone_clone_check",
+         "fidelity_study_resume", "caches_test", "check_test_lists_test", "deploy_systemd_verify", "deploy_compose_lint",
+         "deploy_compose_config", "deploy_compose_ranks_lint", "deploy_compose_ranks_config"]
+
+
+def ctest_case(name, exe, labels=()):
+    """One test of ctest's json-v1 listing, as gtest_discover_tests declares it."""
+    props = [{"name": "WORKING_DIRECTORY", "value": "/src"}]
+    if labels:
+        props.append({"name": "LABELS", "value": list(labels)})
+    return {"name": name, "command": [f"/src/build/tests/{exe}", f"--gtest_filter={name}"],
+            "properties": props}
+
+
+def bazel_rule(name, tags):
+    """One cc_test as `bazel query --output=build` prints it."""
+    tag_list = ", ".join(f'"{t}"' for t in tags)
+    return (f"# /src/tests/BUILD.bazel:1:10\ncc_test(\n  name = \"{name}\",\n"
+            f"  tags = [{tag_list}],\n  srcs = [\"//tests:{name}.cc\"],\n)\n")
+
+
+class CheckTestListsTest(unittest.TestCase):
+    def run_check(self, cases, rules, plain=PLAIN):
+        tests = cases + [{"name": p, "command": ["/bin/sh", "x.sh"], "properties": []}
+                         for p in plain]
+        with tempfile.TemporaryDirectory() as tmp:
+            cj, bq = os.path.join(tmp, "c.json"), os.path.join(tmp, "q.txt")
+            with open(cj, "w") as f:
+                json.dump({"kind": "ctestInfo", "tests": tests}, f)
+            with open(bq, "w") as f:
+                f.write("\n".join(rules))
+            return subprocess.run([SCRIPT, "--cmake-json", cj, "--bazel-query", bq],
+                                  capture_output=True, text=True, timeout=60)
+
+    def test_the_same_targets_and_labels_pass(self):
+        r = self.run_check(
+            [ctest_case("A.One", "a_test"), ctest_case("A.Two", "a_test"),
+             ctest_case("J.Runs", "job_test", ["integration", "cuda"]),
+             ctest_case("b_test_NOT_BUILT", "b_test")],
+            [bazel_rule("a_test", ["local"]), bazel_rule("b_test", ["local"]),
+             bazel_rule("job_test", ["local", "integration", "cuda", "exclusive"])])
+        self.assertEqual(r.returncode, 0, r.stdout)
+        self.assertIn(f"{3 + len(PLAIN)} passed, 0 failed", r.stdout)
+
+    def test_a_target_in_one_build_only_fails_naming_it(self):
+        r = self.run_check([ctest_case("A.One", "a_test"), ctest_case("C.One", "c_test")],
+                           [bazel_rule("a_test", ["local"]), bazel_rule("d_test", ["local"])])
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("FAIL c_test: a CMake test target with no Bazel cc_test", r.stdout)
+        self.assertIn("FAIL d_test: a Bazel cc_test with no CMake lspo_test", r.stdout)
+        self.assertIn("2 failed", r.stdout)
+
+    def test_labels_that_differ_fail(self):
+        r = self.run_check([ctest_case("J.Runs", "job_test", ["integration"])],
+                           [bazel_rule("job_test", ["local", "integration", "cuda"])])
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("FAIL job_test: labels differ: CMake ['integration'], "
+                      "Bazel ['cuda', 'integration']", r.stdout)
+
+    def test_an_unlisted_script_test_and_a_stale_listing_fail(self):
+        plain = [p for p in PLAIN if p != "caches_test"] + ["new_script_check"]
+        r = self.run_check([ctest_case("A.One", "a_test")], [bazel_rule("a_test", ["local"])],
+                           plain=plain)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("FAIL new_script_check: a CTest test that is neither", r.stdout)
+        self.assertIn("FAIL caches_test: listed in CMAKE_ONLY but CTest has no such test",
+                      r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
