@@ -40,21 +40,43 @@ class CachesTest(unittest.TestCase):
         for d in self.dirs():
             self.assertTrue(os.path.isdir(d), d)
 
-    def test_a_file_in_place_of_a_cache_directory_is_replaced(self):
-        with open(self.root, "w") as f:
+    def test_a_file_in_place_of_a_store_is_replaced(self):
+        bash("lspo_caches_prepare", self.root)
+        ccache = os.path.join(self.root, "ccache")
+        shutil.rmtree(ccache)
+        with open(ccache, "w") as f:
             f.write("not a directory")
-        r = bash("lspo_caches_prepare", self.root)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("not a writable directory", r.stdout)
-        for d in self.dirs():
-            self.assertTrue(os.path.isdir(d), d)
-        # One level down too: the Bazel disk cache as a dangling link.
+        # The Bazel disk cache as a dangling link.
         disk = os.path.join(self.root, "bazel-disk")
         shutil.rmtree(disk)
         os.symlink(os.path.join(self.tmp, "nowhere"), disk)
-        r = bash("lspo_caches_prepare", self.root)
+        r = bash("lspo_caches_prepare; echo CCACHE_DISABLE=${CCACHE_DISABLE:-}", self.root)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertTrue(os.path.isdir(disk) and not os.path.islink(disk))
+        self.assertIn("not a writable directory: removing it", r.stdout)
+        self.assertIn("CCACHE_DISABLE=\n", r.stdout)  # the caches stay on
+        for d in self.dirs():
+            self.assertTrue(os.path.isdir(d) and not os.path.islink(d), d)
+
+    def test_an_unusable_root_turns_the_caches_off_and_is_left_alone(self):
+        # LSPO_CACHE_DIR naming a file (or any folder that cannot be used) is never removed:
+        # the run goes on without caches.
+        with open(self.root, "w") as f:
+            f.write("a file of the user's")
+        r = bash("lspo_caches_prepare; echo CCACHE_DISABLE=${CCACHE_DISABLE:-}; "
+                 "echo FLAGS=${LSPO_BAZEL_CACHE_FLAGS[*]}", self.root)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("building without the caches", r.stdout)
+        self.assertIn("CCACHE_DISABLE=1", r.stdout)
+        self.assertIn("FLAGS=--disk_cache= --repository_cache=", r.stdout)
+        with open(self.root) as f:
+            self.assertEqual(f.read(), "a file of the user's")
+        # A shell that did not prepare them (scripts/test after scripts/setup) checks too.
+        r = bash("lspo_caches_check; echo CCACHE_DISABLE=${CCACHE_DISABLE:-}", self.root)
+        self.assertIn("CCACHE_DISABLE=1", r.stdout)
+
+    def test_a_relative_cache_dir_is_made_absolute(self):
+        r = bash("echo $LSPO_CACHE_ROOT", "rel/cache")
+        self.assertEqual(r.stdout.strip(), os.path.join(REPO, "rel/cache"))
 
     def test_bazel_disk_cache_past_its_bound_is_emptied(self):
         bash("lspo_caches_prepare", self.root)

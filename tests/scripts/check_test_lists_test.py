@@ -34,7 +34,7 @@ def bazel_rule(name, tags):
 
 
 class CheckTestListsTest(unittest.TestCase):
-    def run_check(self, cases, rules, plain=PLAIN):
+    def run_check(self, cases, rules, plain=PLAIN, smoke=()):
         tests = cases + [{"name": p, "command": ["/bin/sh", "x.sh"], "properties": []}
                          for p in plain]
         with tempfile.TemporaryDirectory() as tmp:
@@ -43,7 +43,11 @@ class CheckTestListsTest(unittest.TestCase):
                 json.dump({"kind": "ctestInfo", "tests": tests}, f)
             with open(bq, "w") as f:
                 f.write("\n".join(rules))
-            return subprocess.run([SCRIPT, "--cmake-json", cj, "--bazel-query", bq],
+            sm = os.path.join(tmp, "smoke.txt")
+            with open(sm, "w") as f:
+                f.write("# comment\n\n" + "\n".join(smoke) + "\n")
+            return subprocess.run([SCRIPT, "--cmake-json", cj, "--bazel-query", bq,
+                                   "--smoke", sm],
                                   capture_output=True, text=True, timeout=60)
 
     def test_the_same_targets_and_labels_pass(self):
@@ -79,6 +83,27 @@ class CheckTestListsTest(unittest.TestCase):
         self.assertIn("FAIL new_script_check: a CTest test that is neither", r.stdout)
         self.assertIn("FAIL caches_test: listed in CMAKE_ONLY but CTest has no such test",
                       r.stdout)
+
+
+    def test_labels_of_a_binary_not_built_yet_are_not_compared(self):
+        r = self.run_check([ctest_case("job_test_NOT_BUILT", "job_test")],
+                           [bazel_rule("job_test", ["local", "integration"])])
+        self.assertEqual(r.returncode, 0, r.stdout)
+
+    def test_a_smoke_filter_must_select_a_case(self):
+        cases = [ctest_case("J.Runs", "job_test", ["integration"]),
+                 ctest_case("J.Fails", "job_test", ["integration"])]
+        rules = [bazel_rule("job_test", ["local", "integration"])]
+        ok = self.run_check(cases, rules, smoke=["//tests/integration:job_test J.Runs",
+                                                 "//tests/integration:job_test J.*-J.Fails"])
+        self.assertEqual(ok.returncode, 0, ok.stdout)
+        bad = self.run_check(cases, rules, smoke=["//tests/integration:job_test J.Renamed",
+                                                  "//tests/integration:gone_test A.B"])
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn("FAIL smoke //tests/integration:job_test --test_filter=J.Renamed: "
+                      "selects none of its 2 cases", bad.stdout)
+        self.assertIn("FAIL smoke //tests/integration:gone_test: no such Bazel cc_test",
+                      bad.stdout)
 
 
 if __name__ == "__main__":
