@@ -33,7 +33,7 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

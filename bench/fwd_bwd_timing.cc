@@ -9,7 +9,7 @@
 //   build/bench/fwd_bwd_timing [--batch=8] [--seq_len=80] [--threads=2] [--reps=2]
 //                              [--packed_segments=0]
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include <chrono>
 #include <cstdio>

@@ -20,7 +20,9 @@
 // Counters: params_per_s (Adam), bytes_per_second (all memory-bound kernels), us_per_layer.
 #include <benchmark/benchmark.h>
 #include <grpcpp/grpcpp.h>
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 
 #include <algorithm>
 #include <atomic>

@@ -1,7 +1,7 @@
 // Projector fit cost per weight matrix (SmolLM2 shapes), fp64 vs fp32 objective.
 // Run: build/bench/lsp_fit_bench --benchmark_min_time=1
 #include <benchmark/benchmark.h>
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "lsp/fit.h"
 #include "lsp/projector.h"

@@ -47,7 +47,7 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"

@@ -2,7 +2,7 @@
 
 #include <unistd.h>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <memory>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "data/answer_metrics.h"
 #include "data/datasets.h"

@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/strings/str_cat.h"
 #include "baselines/galore.h"

@@ -9,7 +9,7 @@
 #include <map>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"

@@ -9,7 +9,7 @@
 #include <system_error>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/strings/str_cat.h"
 #include "baselines/lora.h"

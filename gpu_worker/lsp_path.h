@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/status/statusor.h"
 #include "gpu_worker/offload_path.h"

@@ -5,7 +5,7 @@
 // Internal to gpu_worker/.
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "gpu_worker/update_path.h"
 #include "gpu_worker/worker_adamw.h"

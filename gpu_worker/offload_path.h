@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

@@ -1,5 +1,7 @@
 #include "gpu_worker/worker_adamw.h"
 
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/serialize.h>
 #include <unistd.h>
 
 #include <chrono>

@@ -13,7 +13,8 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
+#include <torch/optim/adamw.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

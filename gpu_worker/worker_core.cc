@@ -15,7 +15,7 @@
 
 #include <unistd.h>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"

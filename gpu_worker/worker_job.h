@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "data/datasets.h"
 #include "gpu_worker/device_offload.h"

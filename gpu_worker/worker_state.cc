@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"

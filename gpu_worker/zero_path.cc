@@ -4,7 +4,7 @@
 // returns the bf16 parameters (m, n), copied into W. Internal to gpu_worker/.
 #include <algorithm>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "gpu_worker/device_offload.h"
 #include "gpu_worker/offload_path.h"

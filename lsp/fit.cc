@@ -1,7 +1,8 @@
 // Projector fitting and Adam state transfer. See fit.h for the contract and the cost.
 #include "lsp/fit.h"
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
+#include <torch/optim/adam.h>
 
 #include <cmath>
 #include <limits>

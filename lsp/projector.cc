@@ -1,7 +1,7 @@
 // Sparse projectors and kernels. See projector.h for the contract and the dimension legend.
 #include "lsp/projector.h"
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include <algorithm>
 #include <atomic>

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/status/status.h"
 

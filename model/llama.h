@@ -33,7 +33,7 @@
 #ifndef LSPO_MODEL_LLAMA_H_
 #define LSPO_MODEL_LLAMA_H_
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include <array>
 #include <cstdint>

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/status/statusor.h"
 #include "lsp/projector.h"

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/status/status.h"
 #include "offload/collective.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

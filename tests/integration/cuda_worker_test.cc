@@ -8,7 +8,7 @@
 #include <map>
 #include <string>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "client/embedded.h"
 #include "tests/integration/start_embedded.h"

@@ -4,7 +4,7 @@
 // check as data_parallel_test's on the CPU: two ranks at micro-batch 2 train as one rank at 4
 // (fp32 weights), under both schedules, the two schedules' weights bitwise equal. Without a
 // device every test skips.
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "gtest/gtest.h"
 #include "offload/collective.h"

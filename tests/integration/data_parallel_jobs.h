@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "client/embedded.h"
 #include "gtest/gtest.h"

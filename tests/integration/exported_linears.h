@@ -6,7 +6,7 @@
 #include <map>
 #include <string>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "gtest/gtest.h"
 #include "model/llama.h"

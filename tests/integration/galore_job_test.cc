@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"

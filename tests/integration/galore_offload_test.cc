@@ -11,7 +11,7 @@
 #include <string>
 #include <utility>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"

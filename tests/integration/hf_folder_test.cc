@@ -3,7 +3,7 @@
 // the folder, format detected). Also a job on a Hugging Face random Qwen2 folder made by
 // transformers (tests/oracle/data/hf_models) trains end to end, and lspctl convert (RunConvert)
 // writes the real SmolLM2 GGUF as such a folder that loads bit-identical to the GGUF.
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include <algorithm>
 #include <cmath>

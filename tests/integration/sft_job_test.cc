@@ -4,7 +4,7 @@
 // falls) and evaluates; a data.chat_template override is used; a bad record fails the job with
 // file:line in the error, and the runtime keeps serving; eval.metric generative scores greedy
 // answers, and the data summary reaches metrics.jsonl.
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include <chrono>
 #include <cmath>

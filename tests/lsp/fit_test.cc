@@ -1,7 +1,7 @@
 // Tests for lsp/fit.h against float64 DENSE references computed here.
 #include "lsp/fit.h"
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include <cmath>
 #include <string>

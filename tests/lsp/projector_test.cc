@@ -3,7 +3,7 @@
 #include "lsp/projector.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include <algorithm>
 #include <cmath>

@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 #include <unistd.h>
 
 #include <cmath>

@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "gtest/gtest.h"
 #include "lsp/lsp_linear.h"

@@ -6,7 +6,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include <array>
 #include <chrono>

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include <torch/torch.h>
+#include "third_party/torch/torch_api.h"
 
 #include "gtest/gtest.h"
 #include "offload/overlap_reducer.h"
