@@ -24,6 +24,8 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -44,6 +46,7 @@
 #include "proto/worker.pb.h"
 #include "proto/optimizer.grpc.pb.h"
 #include "runtime/completion_flags.h"
+#include "runtime/cpu_blas.h"
 #include "runtime/shm_arena.h"
 #include "tbb/blocked_range.h"
 #include "tbb/global_control.h"
@@ -209,6 +212,96 @@ void BM_TorchAdamW(benchmark::State& state) {
 }
 LSPO_SIZED(BM_TorchAdam);
 LSPO_SIZED(BM_TorchAdamW);
+
+// ---------------------------------------------------------------------------------------------
+// fp32 GEMM through LibTorch's BLAS (issue 46): C (M, N) = A (M, K) B (K, N), 2MKN FLOPs per
+// product; SmolLM2-135M's linears at 1024 tokens (the main job's micro-batch 8 x 128), forward
+// (tokens x in x out) and weight gradient (out x tokens x in). scripts/bench_cpu.py times the
+// same shapes with torch 2.x (MKL / oneDNN) as the peer. The CPU BLAS and its kernel set are
+// in the "cpu_blas" context line (runtime/cpu_blas.h).
+
+void BM_TorchGemm(benchmark::State& state) {
+  const int64_t m = state.range(0), k = state.range(1), n = state.range(2);
+  torch::manual_seed(0);
+  const at::Tensor a = at::randn({m, k});
+  const at::Tensor b = at::randn({k, n});
+  at::Tensor c = at::mm(a, b);
+  for (auto _ : state) {
+    at::mm_out(c, a, b);
+    benchmark::DoNotOptimize(c.data_ptr<float>());
+  }
+  state.counters["flops_per_s"] = benchmark::Counter(
+      2.0 * static_cast<double>(m * k * n), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_TorchGemm)
+    ->Args({1024, 576, 576})    // q_proj / o_proj forward
+    ->Args({1024, 576, 192})    // k_proj / v_proj forward
+    ->Args({1024, 576, 1536})   // gate_proj / up_proj forward
+    ->Args({1024, 1536, 576})   // down_proj forward
+    ->Args({1536, 1024, 576})   // gate_proj / up_proj weight gradient
+    ->Args({576, 1024, 1536})   // down_proj weight gradient
+    ->Args({1024, 576, 49152})  // the tied LM head forward (vocabulary 49152)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// The fp32 FMA limit of the cores BM_TorchGemm runs on: each benchmark thread runs 16
+// independent chains of vector FMAs (a, b, c registers: no memory traffic), 2 FLOPs per lane,
+// 16 lanes with AVX-512 and 8 with AVX2 + FMA, whichever the CPU has (runtime/cpu_blas.h).
+// Sixteen chains cover the FMA latency (4 cycles) times the two FMA ports of server cores.
+// Registered in main() with --threads benchmark threads; flops_per_s is their total.
+
+[[gnu::target("avx512f"), gnu::noinline]] double FmaAvx512(int64_t iters, float scale) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_set1_ps(static_cast<float>(j));
+  const __m512 x = _mm512_set1_ps(scale), y = _mm512_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(x, acc[j], y);
+  }
+  __m512 sum = acc[0];
+  for (int j = 1; j < 16; ++j) sum = _mm512_add_ps(sum, acc[j]);
+  return _mm512_reduce_add_ps(sum);
+}
+
+[[gnu::target("avx2,fma"), gnu::noinline]] double FmaAvx2(int64_t iters, float scale) {
+  __m256 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm256_set1_ps(static_cast<float>(j));
+  const __m256 x = _mm256_set1_ps(scale), y = _mm256_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) acc[j] = _mm256_fmadd_ps(x, acc[j], y);
+  }
+  __m256 sum = acc[0];
+  for (int j = 1; j < 16; ++j) sum = _mm256_add_ps(sum, acc[j]);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, sum);
+  double t = 0;
+  for (float f : lanes) t += f;
+  return t;
+}
+
+void BM_FmaPeak(benchmark::State& state) {
+  using lspo::runtime::SimdLevel;
+  const SimdLevel level = lspo::runtime::DetectCpuSimdLevel();
+  if (level < SimdLevel::kAvx2) {
+    state.SkipWithError("no AVX2 + FMA on this CPU");
+    return;
+  }
+  const bool wide = level == SimdLevel::kAvx512;
+  constexpr int64_t kIters = 1 << 20;
+  for (auto _ : state) {
+    float scale = 0.999999f;
+    benchmark::DoNotOptimize(scale);  // unknown to the compiler: every call runs
+    benchmark::DoNotOptimize(wide ? FmaAvx512(kIters, scale) : FmaAvx2(kIters, scale));
+  }
+  state.counters["flops_per_s"] = benchmark::Counter(
+      2.0 * 16 * (wide ? 16 : 8) * static_cast<double>(kIters),
+      // kAvgThreads: with two threads the plain rate counter read 703 GFLOP/s where each
+      // thread alone does 176 (Google Benchmark's multi-thread rate is per-thread time based).
+      benchmark::Counter::Flags(benchmark::Counter::kIsIterationInvariantRate |
+                                benchmark::Counter::kAvgThreads));
+  state.SetLabel(wide ? "AVX-512" : "AVX2");
+}
 
 // ---------------------------------------------------------------------------------------------
 // Compress / apply on SmolLM2 shapes. W is (m, n) in HF layout; N tokens per micro-batch.
@@ -503,6 +596,11 @@ int main(int argc, char** argv) {
   at::set_num_threads(threads);
   tbb::global_control cap(tbb::global_control::max_allowed_parallelism, threads);
   benchmark::AddCustomContext("threads", std::to_string(threads));
+  benchmark::AddCustomContext("cpu_blas", lspo::runtime::CpuBlas().Line());
+  benchmark::RegisterBenchmark("BM_FmaPeak", BM_FmaPeak)
+      ->Threads(threads)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
   benchmark::Initialize(&rest_argc, rest.data());
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

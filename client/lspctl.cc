@@ -57,6 +57,7 @@
 #include "proto/metrics.pb.h"
 #include "proto/scheduler.grpc.pb.h"
 #include "proto/scheduler.pb.h"
+#include "runtime/cpu_blas.h"
 #include "runtime/grpc_flags.h"
 #include "runtime/process_env.h"
 #include "runtime/proto_json.h"
@@ -402,7 +403,10 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
   return spec;
 }
 
-void PrintChoice(const lspo::v1::JobSpec& in) {
+// The run header: the job's mode, schedule and settings; with `in_process` (lspctl run, where
+// this process trains) also the CPU BLAS and its kernel set (runtime/cpu_blas.h), with its
+// warning if a generic kernel set runs on an AVX2-or-better CPU.
+void PrintChoice(const lspo::v1::JobSpec& in, bool in_process) {
   lspo::v1::JobSpec spec = in;
   lspo::scheduler::ResolveDefaults(&spec);
   const bool on_worker = spec.mode() == lspo::v1::MODE_NATIVE ||
@@ -439,6 +443,7 @@ void PrintChoice(const lspo::v1::JobSpec& in) {
                 d.rendezvous().empty() ? "127.0.0.1:29500" : d.rendezvous().c_str(),
                 spec.micro_batch_size() * spec.grad_accum() * d.world_size());
   }
+  if (in_process) std::printf("  CPU BLAS: %s\n", lspo::runtime::CpuBlas().Line().c_str());
   std::fflush(stdout);
 }
 
@@ -513,13 +518,14 @@ class InterruptCanceller {
   static inline std::atomic<bool> signalled_{false};
 };
 
-int Submit(lspo::v1::Scheduler::Stub* stub, bool watch, bool cancel_on_signal = false) {
+int Submit(lspo::v1::Scheduler::Stub* stub, bool watch, bool cancel_on_signal = false,
+           bool in_process = false) {
   auto spec = SpecFromFlags();
   if (!spec.ok()) {
     std::fprintf(stderr, "lspctl: %s\n", std::string(spec.status().message()).c_str());
     return 2;
   }
-  PrintChoice(*spec);
+  PrintChoice(*spec, in_process);
   grpc::ClientContext ctx;
   lspo::v1::SubmitJobRequest req;
   *req.mutable_spec() = *spec;
@@ -606,6 +612,8 @@ int Health(const std::shared_ptr<grpc::Channel>& channel, const std::string& add
     return 1;
   }
   std::printf("%s: %s\n", what.c_str(), lspo::runtime::HealthStatusName(*st));
+  // The services log their own at start-up ("CPU BLAS:"); this is the host lspctl runs on.
+  std::printf("this host's CPU BLAS: %s\n", lspo::runtime::CpuBlas().Line().c_str());
   return *st == lspo::runtime::HealthStatus::kServing ? 0 : 1;
 }
 
@@ -764,7 +772,7 @@ int main(int argc, char** argv) {
     auto runtime = lspo::client::EmbeddedRuntime::Start();
     if (!runtime.ok()) return Fail(runtime.status());
     auto stub = lspo::v1::Scheduler::NewStub((*runtime)->scheduler_channel());
-    return Submit(stub.get(), /*watch=*/true, /*cancel_on_signal=*/true);
+    return Submit(stub.get(), /*watch=*/true, /*cancel_on_signal=*/true, /*in_process=*/true);
   }
 
   const std::string address = absl::GetFlag(FLAGS_scheduler);

@@ -7,6 +7,7 @@
 #include "absl/flags/usage.h"
 #include "cpu_optimizer_service/optimizer_service.h"
 #include "glog/logging.h"
+#include "runtime/cpu_blas.h"
 #include "runtime/grpc_flags.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50062",
@@ -19,6 +20,11 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
+  if (const auto& blas = lspo::runtime::CpuBlas(); blas.warning.empty()) {
+    LOG(INFO) << "CPU BLAS: " << blas.Line();
+  } else {
+    LOG(WARNING) << "CPU BLAS: " << blas.Line();
+  }
   lspo::optimizer::OptimizerCore core;
   lspo::optimizer::OptimizerService service(&core);
   lspo::runtime::ServerOptions server;

@@ -8,6 +8,7 @@
 #include "absl/flags/usage.h"
 #include "glog/logging.h"
 #include "gpu_worker/worker_service.h"
+#include "runtime/cpu_blas.h"
 #include "runtime/grpc_flags.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50061",
@@ -20,6 +21,11 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
+  if (const auto& blas = lspo::runtime::CpuBlas(); blas.warning.empty()) {
+    LOG(INFO) << "CPU BLAS: " << blas.Line();
+  } else {
+    LOG(WARNING) << "CPU BLAS: " << blas.Line();
+  }
   lspo::worker::WorkerCore core;
   lspo::worker::WorkerService service(&core);
   lspo::runtime::ServerOptions server;

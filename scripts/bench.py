@@ -328,7 +328,9 @@ def main():
     env["load_before"] = load
 
     # 1. Kernels and data plane.
-    kb = bench_index(run_kernels(args.threads, args.quick, os.path.join(work, "kernels.json")))
+    kdata = run_kernels(args.threads, args.quick, os.path.join(work, "kernels.json"))
+    env["cpu_blas"] = kdata.get("context", {}).get("cpu_blas", "?")  # runtime/cpu_blas.h
+    kb = bench_index(kdata)
     stream = {k: kb[f"BM_Stream{k}"]["bytes_per_second"] for k in ("Copy", "Triad", "Rmw")}
     env["stream_gbs"] = {k: v / 1e9 for k, v in stream.items()}
     bw = stream["Rmw"]
@@ -513,6 +515,7 @@ def write_doc(path, res, grpc_rt):
              f"{env['cores']} cores, {env['threads']} threads, GPU: {env['gpu']}")
     L.append(f"- load average before/after: {env['load_before']:.2f} / "
              f"{env.get('load_after', 0):.2f}; run time {env.get('seconds', 0):.0f} s")
+    L.append(f"- CPU BLAS (LibTorch's fp32 GEMMs): {env.get('cpu_blas', '?')}")
     s = env["stream_gbs"]
     L.append(f"- STREAM (same binary, same threads): copy {s['Copy']:.2f} GB/s, triad "
              f"{s['Triad']:.2f} GB/s, in-place rmw {s['Rmw']:.2f} GB/s (the Adam limit)\n")
