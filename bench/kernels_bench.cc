@@ -364,6 +364,29 @@ BENCHMARK_DEFINE_F(ProjectorFixture, ApplyOurs)(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * m * n * 8);
 }
+// The fused apply into bf16 weights: stochastic rounding (4 bytes per element: W read and
+// written) and compensated (8: W and its residual C).
+BENCHMARK_DEFINE_F(ProjectorFixture, ApplyOursBf16Stochastic)(benchmark::State& state) {
+  torch::NoGradGuard no_grad;
+  at::Tensor w16 = w.to(at::kBFloat16);
+  uint64_t seed = 1;
+  for (auto _ : state) {
+    lspo::lsp::ApplyStepFused(w16, nullptr, p, dd, q, 1.0, lspo::lsp::Rounding::kStochastic,
+                              seed++);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * m * n * 4);
+}
+BENCHMARK_DEFINE_F(ProjectorFixture, ApplyOursBf16Compensated)(benchmark::State& state) {
+  torch::NoGradGuard no_grad;
+  at::Tensor w16 = w.to(at::kBFloat16);
+  at::Tensor c16 = at::zeros_like(w16);
+  for (auto _ : state) {
+    lspo::lsp::ApplyStepCompensated(w16, c16, p, dd, q, 1.0);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * m * n * 8);
+}
 BENCHMARK_DEFINE_F(ProjectorFixture, ApplyDense)(benchmark::State& state) {
   torch::NoGradGuard no_grad;
   for (auto _ : state) {
@@ -401,6 +424,10 @@ BENCHMARK_REGISTER_F(ProjectorFixture, ApplyOurs)->Apply([](benchmark::internal:
 BENCHMARK_REGISTER_F(ProjectorFixture, ApplyDense)->Apply([](benchmark::internal::Benchmark* b) {
   ProjectorArgs(b, false);
 });
+BENCHMARK_REGISTER_F(ProjectorFixture, ApplyOursBf16Stochastic)
+    ->Apply([](benchmark::internal::Benchmark* b) { ProjectorArgs(b, true); });
+BENCHMARK_REGISTER_F(ProjectorFixture, ApplyOursBf16Compensated)
+    ->Apply([](benchmark::internal::Benchmark* b) { ProjectorArgs(b, true); });
 
 // ---------------------------------------------------------------------------------------------
 // Data plane.

@@ -497,7 +497,7 @@ absl::Status RunPlan(const PlanCommand& cmd, std::FILE* out) {
       absl::StrAppend(&line, a.largest_d > 0 ? absl::StrCat("; largest lsp.d ", a.largest_d)
                                              : std::string("; no lsp.d fits"));
       if (a.fits_with_nearest_rounding) {
-        absl::StrAppend(&line, "; fits with lsp.apply_rounding: nearest");
+        absl::StrAppend(&line, "; fits with lsp.apply_rounding: stochastic or nearest");
       }
     }
     std::fprintf(out, "%s\n", line.c_str());

@@ -16,6 +16,11 @@
 
 namespace lspo::worker {
 
+namespace {
+// Separates the apply's rounding noise from the projector draws of the same seed.
+constexpr uint64_t kApplyNoiseSalt = 0x5eed0a991e5ull;
+}  // namespace
+
 absl::StatusOr<lspo::v1::ArenaLayout> LspPath::BuildLayout(const WorkerJob& job) {
   const auto& lsp = job.spec.lsp();
   ASSIGN_OR_RETURN(std::vector<lsp::MatrixSubspace> subspaces,
@@ -120,11 +125,17 @@ absl::Status LspPath::Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor&
     ASSIGN_OR_RETURN(d, job->offload->UploadAsync(i / model::kLinearsPerLayer, d.data_ptr(),
                                                   d.nbytes(), at::kFloat, d.sizes()));
   }
+  // One fused pass over W: decay, the step and the rounding (lsp::ApplyStepFused).
   if (!comp_.empty()) {
-    lsp::ApplyStepCompensated(w, comp_[i], p_[i], d, q_[i], decay);
+    lsp::ApplyStepFused(w, &comp_[i], p_[i], d, q_[i], decay, lsp::Rounding::kCompensated, 0);
   } else {
-    if (decay != 1.0) w.mul_(decay);
-    lsp::ApplyStep(w, p_[i], d, q_[i]);
+    const bool stochastic =
+        job->spec.lsp().apply_rounding() == lspo::v1::APPLY_ROUNDING_STOCHASTIC;
+    // The noise depends only on the job's seed, the step and the matrix: resumes and data-
+    // parallel ranks round alike.
+    lsp::ApplyStepFused(w, nullptr, p_[i], d, q_[i], decay,
+                        stochastic ? lsp::Rounding::kStochastic : lsp::Rounding::kNearest,
+                        lsp::ProjectorSeed(job->spec.seed() ^ kApplyNoiseSalt, i, step));
   }
   if (job->cuda) RETURN_IF_ERROR(job->offload->ReleaseStaging());
   return absl::OkStatus();

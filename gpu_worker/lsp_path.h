@@ -2,7 +2,7 @@
 // autograd node (lsp/lsp_linear.h), whose backward hands S = P^T G Q (d_p, d_q) fp32 to a sink
 // that sums it over the step's micro-batches; S goes to the optimizer service through the
 // arena, and the step D (d_p, d_q) fp32 comes back and lands as W <- (1 - lr wd) W + P D Q^T
-// (lsp::ApplyStep). Each matrix's (d_p, d_q) and identity sides come from lsp/subspace.h
+// in one fused pass with the spec's rounding (lsp::ApplyStepFused). Each matrix's (d_p, d_q) and identity sides come from lsp/subspace.h
 // (lsp.d or lsp.d_ratio, and lsp.narrow), resolved once when the arena is laid out. The
 // projectors P (m, d_p) and Q (n, d_q) are fitted by the projector check (calibration.h),
 // which reaches them through LspPathOf. Internal to gpu_worker/.

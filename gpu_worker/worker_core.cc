@@ -311,7 +311,7 @@ absl::Status CheckJobFitsDevice(const JobSpec& spec, bool cuda) {
     absl::StrAppend(&advice, "; lsp.d ", fit.largest_d, " fits at this micro-batch");
   }
   if (fit.fits_with_nearest_rounding) {
-    absl::StrAppend(&advice, "; the job fits with lsp.apply_rounding: nearest (no residuals)");
+    absl::StrAppend(&advice, "; the job fits with lsp.apply_rounding: stochastic or nearest (no residuals)");
   }
   return absl::ResourceExhaustedError(absl::StrFormat(
       "the job will not fit: its memory plan in mode %s needs %.2f GiB of %s memory (%s, ...) "
@@ -793,7 +793,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
     const bool lsp_mode =
         spec.mode() == lspo::v1::MODE_LSP || spec.mode() == lspo::v1::MODE_UNSPECIFIED;
     const bool galore_offload = spec.mode() == lspo::v1::MODE_GALORE && spec.galore().offload();
-    if ((lsp_mode && spec.lsp().apply_rounding() != lspo::v1::APPLY_ROUNDING_NEAREST) ||
+    if ((lsp_mode && offload::KeepsApplyResidual(spec)) ||
         galore_offload) {
       RETURN_IF_ERROR(offload::TorchCall("compensation residuals", [&]() -> absl::Status {
         at::NoGradGuard no_grad;

@@ -11,6 +11,7 @@
 #include <string>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
+#include "lsp/apply_kernel.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
 
@@ -91,20 +93,25 @@ constexpr int64_t kRowGrain = 8;    // rows per task in the gathers / dots
 
 std::atomic<bool> g_force_aten{false};
 
-// CUDA tensors: the project's kernels (lsp/cuda: cuSPARSE SpMM for X P, a fused row kernel
-// for W += P E) when LSPO_CUDA_KERNELS=custom (or SetCudaKernels(true)); else ATen index ops.
-// Default: ATen, until the custom path has been timed against it on a GPU (docs/gpu.md).
+// CUDA tensors: 1 = the project's kernels for everything (lsp/cuda: cuSPARSE SpMM for X P and
+// dY P, the fused apply); 0 = ATen index ops for everything; 2 = the default: the fused apply,
+// ATen for the compression (cuSPARSE there until it has been timed against ATen on a GPU,
+// docs/gpu.md). From LSPO_CUDA_KERNELS (custom / aten / unset) or SetCudaKernels.
 std::atomic<int> g_cuda_kernels{-1};  // -1 = not read from the environment yet.
 
-bool UseCudaKernels() {
+int CudaKernelChoice() {
   int v = g_cuda_kernels.load(std::memory_order_relaxed);
   if (v < 0) {
     const char* env = std::getenv("LSPO_CUDA_KERNELS");
-    v = (env != nullptr && std::string(env) == "custom") ? 1 : 0;
+    const std::string s = env != nullptr ? env : "";
+    v = s == "custom" ? 1 : s == "aten" ? 0 : 2;
     g_cuda_kernels.store(v);
   }
-  return v == 1;
+  return v;
 }
+
+// The compression's kernels (ProjectRows, CompressFactored) on CUDA.
+bool UseCudaKernels() { return CudaKernelChoice() == 1; }
 
 // out (d, K) += P^T X for X (rows, K). Parallel over column blocks of K.
 template <typename T>
@@ -202,23 +209,6 @@ void RowsTimesPCpu(const TIn* x, int64_t n_tok, int64_t rows, const int64_t* idx
         TAcc* o = out + (ts + t) * d;
         for (int64_t c = 0; c < d; ++c) o[c] = acc[c * tb + t];
       }
-    }
-  });
-}
-
-// W (m, n) += P E row by row for E (d, n) fp32, without an (m, n) temporary: each task forms
-// one row of P E in a private fp32 buffer (same summation order as GatherCpu) and adds it to W
-// with one rounding into TW (fp32: exact same bits as W.add_(GatherCpu(...))).
-template <typename TW>
-void ApplyRowsCpu(TW* w, int64_t m, int64_t n, const float* e, const int64_t* idx,
-                  const float* val, int64_t r) {
-  ParallelFor(m, kRowGrain, [&](int64_t i0, int64_t i1) {
-    std::vector<float> acc(static_cast<size_t>(n));
-    for (int64_t i = i0; i < i1; ++i) {
-      float* __restrict a = acc.data();
-      CombineRows(e, n, idx + i * r, val + i * r, r, a);
-      TW* __restrict wi = w + i * n;
-      for (int64_t c = 0; c < n; ++c) wi[c] = static_cast<TW>(static_cast<float>(wi[c]) + a[c]);
     }
   });
 }
@@ -726,81 +716,136 @@ at::Tensor StepTimesQt(const at::Tensor& D, const SparseProjector& Q) {
 }
 }  // namespace
 
-void ApplyStep(at::Tensor& W, const SparseProjector& P, const at::Tensor& D,
-               const SparseProjector& Q) {
-  CheckOperand(W, "ApplyStep", "W");
+namespace {
+
+// The kernels' storage code of a weight dtype; false for dtypes they do not take (fp64).
+bool KernelDtype(at::ScalarType t, WeightDtype* out) {
+  switch (t) {
+    case at::kFloat:
+      *out = WeightDtype::kFloat32;
+      return true;
+    case at::kBFloat16:
+      *out = WeightDtype::kBFloat16;
+      return true;
+    case at::kHalf:
+      *out = WeightDtype::kFloat16;
+      return true;
+    default:
+      return false;
+  }
+}
+
+// CUDA applies use the fused kernel unless the ATen kernels were chosen (lsp.kernels: aten).
+bool UseCudaFusedApply() {
+  return CudaKernelChoice() != 0 && !g_force_aten.load(std::memory_order_relaxed);
+}
+
+// Stores the sum t (m, n) (fp32, or fp64 for fp64 W) into W (and C) with `rounding`: the ATen
+// path's last stage, the same rule as the kernels (stochastic: lsp::RoundStochastic on the
+// host, then one copy back).
+void RoundInto(at::Tensor& W, at::Tensor* C, at::Tensor t, Rounding rounding, uint64_t seed) {
+  WeightDtype dtype;
+  const bool sixteen = KernelDtype(W.scalar_type(), &dtype) && dtype != WeightDtype::kFloat32;
+  if (!sixteen || rounding == Rounding::kNearest) {
+    W.copy_(t);
+    return;
+  }
+  if (rounding == Rounding::kCompensated) {
+    W.copy_(t);                                // one rounding into W's dtype
+    C->copy_(t.sub_(W.to(t.scalar_type())));   // what that rounding dropped
+    return;
+  }
+  const at::Tensor host = t.to(at::kCPU, at::kFloat).contiguous();
+  at::Tensor bits = at::empty(host.sizes(), host.options().dtype(at::kShort));
+  const absl::Status st = RoundStochastic(host.data_ptr<float>(),
+                                          reinterpret_cast<uint16_t*>(bits.data_ptr<int16_t>()),
+                                          host.numel(), dtype, seed);
+  CHECK(st.ok()) << "ApplyStepFused: " << st;
+  W.copy_(bits.view(W.scalar_type()).to(W.device()));
+}
+
+}  // namespace
+
+void ApplyStepFused(at::Tensor& W, at::Tensor* C, const SparseProjector& P, const at::Tensor& D,
+                    const SparseProjector& Q, double decay, Rounding rounding, uint64_t seed) {
+  CheckOperand(W, "ApplyStepFused", "W");
   CHECK(W.size(0) == P.rows && W.size(1) == Q.rows)
-      << "ApplyStep: W " << W.sizes() << " vs P rows " << P.rows << ", Q rows " << Q.rows;
-  CHECK(W.device() == D.device()) << "ApplyStep: W on " << W.device() << ", D on " << D.device();
+      << "ApplyStepFused: W " << W.sizes() << " vs P rows " << P.rows << ", Q rows " << Q.rows;
+  CHECK(W.device() == D.device()) << "ApplyStepFused: W on " << W.device() << ", D on "
+                                  << D.device();
+  CHECK(D.size(0) == P.d && D.size(1) == Q.d)
+      << "ApplyStepFused: D " << D.sizes() << " vs (P.d, Q.d) = (" << P.d << ", " << Q.d << ")";
+  WeightDtype dtype;
+  const bool kernel_dtype = KernelDtype(W.scalar_type(), &dtype);
+  if (rounding == Rounding::kCompensated) {
+    CHECK(kernel_dtype && dtype != WeightDtype::kFloat32)
+        << "ApplyStepFused: compensated rounding needs bf16 or fp16 W, got " << W.scalar_type();
+    CHECK(C != nullptr && C->defined() && C->sizes() == W.sizes() &&
+          C->scalar_type() == W.scalar_type() && C->device() == W.device() &&
+          C->is_contiguous())
+        << "ApplyStepFused: C must match W " << W.sizes() << " " << W.scalar_type();
+  }
   torch::NoGradGuard no_grad;
-  const at::ScalarType ct = AccumType(W.scalar_type());
-  if (P.dense || Q.dense) {
-    // GaLore-Offload's dense projectors: one GEMM (ExpandStep's dense path), one rounding.
-    const at::Tensor delta = ExpandStep(P, D.to(ct), Q);  // (m, n) in ct
-    if (W.scalar_type() == ct) {
-      W.add_(delta);
-    } else {
-      W.copy_(W.to(ct).add_(delta));
-    }
+  const bool sparse = !P.dense && !Q.dense;
+  const bool fused = sparse && kernel_dtype && W.is_contiguous();
+  at::Tensor* c = rounding == Rounding::kCompensated ? C : nullptr;
+  if (fused && W.device().is_cpu() && !g_force_aten.load(std::memory_order_relaxed)) {
+    const at::Tensor e = StepTimesQt(D, Q);  // (dP, n) fp32
+    const at::Tensor idx = P.index.contiguous();
+    const at::Tensor val = P.value.to(at::kFloat).contiguous();
+    FusedApplyArgs args;
+    args.w = W.data_ptr();
+    args.c = c != nullptr ? c->data_ptr() : nullptr;
+    args.dtype = dtype;
+    args.m = W.size(0);
+    args.n = W.size(1);
+    args.e = e.data_ptr<float>();
+    args.d = P.d;
+    args.p_index = idx.data_ptr<int64_t>();
+    args.p_value = val.data_ptr<float>();
+    args.r = P.r;
+    args.decay = static_cast<float>(decay);
+    args.rounding = rounding;
+    args.seed = seed;
+    const absl::Status st = FusedApplyCpu(args);
+    CHECK(st.ok()) << "ApplyStepFused: " << st;
     return;
   }
 #if LSPO_HAS_CUDA_KERNELS
-  if (W.is_cuda() && W.is_contiguous() && UseCudaKernels() &&
-      (W.scalar_type() == at::kFloat || W.scalar_type() == at::kBFloat16)) {
-    // Same two stages as the CPU path: E = D Q^T (dP, n) by ATen gathers, then the fused row
-    // kernel W += P E (one rounding into W's dtype, no (m, n) temporary).
-    const at::Tensor e = StepTimesQt(D, Q);                                     // (dP, n)
-    const at::Tensor idx = P.index.to(at::kInt).contiguous();                   // (m, r) int32
-    const at::Tensor val = P.value.to(at::kFloat).contiguous();                 // (m, r)
-    const int rc = cuda::ApplyRows(W.data_ptr(), W.scalar_type() == at::kBFloat16, W.size(0),
-                                   W.size(1), idx.data_ptr<int32_t>(), val.data_ptr<float>(),
-                                   P.r, e.data_ptr<float>(), /*stream=*/nullptr);
-    TORCH_CHECK(rc == 0, "lsp::ApplyStep: CUDA error ", rc);
+  if (fused && W.is_cuda() && UseCudaFusedApply()) {
+    const at::Tensor e = StepTimesQt(D, Q);                       // (dP, n) fp32 on the device
+    const at::Tensor idx = P.index.to(at::kInt).contiguous();     // (m, r) int32
+    const at::Tensor val = P.value.to(at::kFloat).contiguous();   // (m, r)
+    const int rc = cuda::ApplyFused(W.data_ptr(), c != nullptr ? c->data_ptr() : nullptr,
+                                    static_cast<int>(dtype), W.size(0), W.size(1),
+                                    e.data_ptr<float>(), idx.data_ptr<int32_t>(),
+                                    val.data_ptr<float>(), P.r, static_cast<float>(decay),
+                                    static_cast<int>(rounding), seed, /*stream=*/nullptr);
+    TORCH_CHECK(rc == 0, "lsp::ApplyStepFused: CUDA error ", rc);
     return;
   }
 #endif
-  if (W.device().is_cpu() && W.is_contiguous() && !g_force_aten.load(std::memory_order_relaxed) &&
-      (W.scalar_type() == at::kFloat || W.scalar_type() == at::kBFloat16)) {
-    // Fused CPU path: E = D Q^T (dP, n) once, then W += P E row by row (no (m, n) temporary).
-    const at::Tensor e = StepTimesQt(D, Q);  // (dP, n)
-    const at::Tensor idx = P.index.contiguous();
-    const at::Tensor val = P.value.to(at::kFloat).contiguous();
-    if (W.scalar_type() == at::kFloat) {
-      ApplyRowsCpu<float>(W.data_ptr<float>(), W.size(0), W.size(1), e.data_ptr<float>(),
-                          idx.data_ptr<int64_t>(), val.data_ptr<float>(), P.r);
-    } else {
-      ApplyRowsCpu<at::BFloat16>(W.data_ptr<at::BFloat16>(), W.size(0), W.size(1),
-                                 e.data_ptr<float>(), idx.data_ptr<int64_t>(),
-                                 val.data_ptr<float>(), P.r);
-    }
+  // ATen: t = decay (W + C) + P D Q^T in fp32 (fp64 for fp64 W), then one rounding.
+  const at::ScalarType ct = AccumType(W.scalar_type());
+  at::Tensor kept = W.to(ct);
+  if (c != nullptr) kept = kept.add(c->to(ct));
+  if (decay != 1.0) kept = kept.mul(decay);
+  at::Tensor t = ExpandStep(P, D.to(ct), Q).add_(kept);  // (m, n) in ct
+  if (W.scalar_type() == ct) {
+    W.copy_(t);
     return;
   }
-  const at::Tensor delta = ExpandStep(P, D.to(ct), Q);  // (m, n) fp32 (fp64 for fp64 W)
-  if (W.scalar_type() == ct) {
-    W.add_(delta);
-  } else {
-    W.copy_(W.to(ct).add_(delta));  // one rounding into bf16/fp16
-  }
+  RoundInto(W, c, std::move(t), rounding, seed);
+}
+
+void ApplyStep(at::Tensor& W, const SparseProjector& P, const at::Tensor& D,
+               const SparseProjector& Q) {
+  ApplyStepFused(W, nullptr, P, D, Q, 1.0, Rounding::kNearest, 0);
 }
 
 void ApplyStepCompensated(at::Tensor& W, at::Tensor& C, const SparseProjector& P,
                           const at::Tensor& D, const SparseProjector& Q, double decay) {
-  CheckOperand(W, "ApplyStepCompensated", "W");
-  CHECK(W.scalar_type() == at::kBFloat16 || W.scalar_type() == at::kHalf)
-      << "ApplyStepCompensated: W is " << W.scalar_type() << "; expected bf16 or fp16";
-  CHECK(C.defined() && C.sizes() == W.sizes() && C.scalar_type() == W.scalar_type() &&
-        C.device() == W.device())
-      << "ApplyStepCompensated: C must match W " << W.sizes() << " " << W.scalar_type();
-  CHECK(W.size(0) == P.rows && W.size(1) == Q.rows)
-      << "ApplyStepCompensated: W " << W.sizes() << " vs P rows " << P.rows << ", Q rows "
-      << Q.rows;
-  torch::NoGradGuard no_grad;
-  at::Tensor t = ExpandStep(P, D.to(at::kFloat), Q);          // (m, n) fp32 = P D Q^T
-  at::Tensor kept = W.to(at::kFloat).add_(C.to(at::kFloat));  // (m, n) fp32 = W + C
-  if (decay != 1.0) kept.mul_(decay);
-  t.add_(kept);                                               // decay (W + C) + P D Q^T
-  W.copy_(t);                                                 // one rounding into W's dtype
-  C.copy_(t.sub_(W.to(at::kFloat)));                          // what that rounding dropped
+  ApplyStepFused(W, &C, P, D, Q, decay, Rounding::kCompensated, 0);
 }
 
 at::Tensor RoundWithResidual(at::Tensor& W, const at::Tensor& master) {

@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "lsp/rounding.h"
 
 namespace lspo::lsp {
 
@@ -126,20 +127,35 @@ at::Tensor CompressDense(const at::Tensor& G, const SparseProjector& P, const Sp
 // Returns (P.rows, Q.rows) fp32 (fp64 if D is fp64). Cost O(n d r + m n r).
 at::Tensor ExpandStep(const SparseProjector& P, const at::Tensor& D, const SparseProjector& Q);
 
-// W <- W + P D Q^T in place (docs/method.md "Apply on the GPU before the layer's next forward").
-// W: (m, n) fp32/bf16/fp16/fp64, any device. The sum is formed in fp32 (fp64 for fp64 W) and
-// rounded to W's dtype once (no double rounding of the step into bf16).
+// The fused apply (docs/method.md "Apply on the GPU before the layer's next forward"), in place:
+//   W <- round(decay (W + C) + P D Q^T),  C <- what the rounding dropped (compensated only).
+// E = D Q^T (d_p, n) is formed once (small), then one pass over W reads and writes each
+// element once (and C's): lsp/apply_kernel.h on the CPU, lsp::cuda::ApplyFused on CUDA, per
+// element in fp32 in the order given there (fp64 W: the ATen path in fp64, nothing rounded).
+// W: (m, n) fp32/bf16/fp16/fp64, contiguous, any device; C: nullptr, or (m, n) like W for
+// Rounding::kCompensated (required then, 16-bit W only). P (m, d_p), D (d_p, d_q) any floating
+// dtype on W's device, Q (n, d_q). decay: the decoupled weight-decay factor 1 - lr * wd (1 =
+// none), applied to W (+ C) before the step is added (AdamW, Loshchilov & Hutter 2019).
+// rounding: how the fp32 sum is stored into 16-bit W (lsp/rounding.h; fp32 W stores it as is);
+// seed: the noise seed of kStochastic (the same seed gives the same bits on the CPU and CUDA).
+// Dense projectors (GaLore-Offload) form P D Q^T by GEMMs, then round alike. CUDA: the fused
+// kernel runs on the legacy default stream whenever the project's kernels are built, unless
+// LSPO_CUDA_KERNELS=aten (the ATen apply, for comparison). Mismatched operands are programmer
+// errors (CHECKed).
+void ApplyStepFused(at::Tensor& W, at::Tensor* C, const SparseProjector& P, const at::Tensor& D,
+                    const SparseProjector& Q, double decay, Rounding rounding, uint64_t seed);
+
+// W <- W + P D Q^T: ApplyStepFused with decay 1 and round-to-nearest (one rounding into W's
+// dtype, no double rounding of the step into bf16).
 void ApplyStep(at::Tensor& W, const SparseProjector& P, const at::Tensor& D,
                const SparseProjector& Q);
 
 // W <- round(decay (W + C) + P D Q^T), C <- the rounding residual, for 16-bit W (bf16/fp16):
-// compensated (Kahan) summation of the steps into low-precision weights, so that updates
-// smaller than half a ulp of W are carried in C instead of being lost. W + C tracks the fp32
-// master W0 + sum P D Q^T (decayed alike) to fp32 rounding; |W - W_master| stays within half
-// a ulp of W plus the rounding of C into its dtype (2^-9 of C's size per step). Formed in
-// fp32: t = decay (W + C) + P D Q^T (m, n); W = round(t); C = round(t - W).
-// W, C: (m, n) bf16 or fp16, one dtype and device, contiguous. P (m, d_p), D (d_p, d_q),
-// Q (n, d_q) as ApplyStep. Mismatched operands are programmer errors (CHECKed).
+// ApplyStepFused with Rounding::kCompensated, i.e. compensated (Kahan) summation of the steps
+// into low-precision weights, so that updates smaller than half a ulp of W are carried in C
+// instead of being lost. W + C tracks the fp32 master W0 + sum P D Q^T (decayed alike) to fp32
+// rounding; |W - W_master| stays within half a ulp of W plus the rounding of C into its dtype
+// (2^-9 of C's size per step). W, C: (m, n) bf16 or fp16, one dtype and device, contiguous.
 void ApplyStepCompensated(at::Tensor& W, at::Tensor& C, const SparseProjector& P,
                           const at::Tensor& D, const SparseProjector& Q, double decay);
 
@@ -178,12 +194,12 @@ at::Tensor CrossGram(const at::Tensor& index_a, const at::Tensor& value_a, int64
 // Test hook: true routes every kernel through the generic ATen index ops (the CUDA path) even
 // on the CPU, so tests can compare both execution paths. Process-wide; default false.
 void SetForceAtenKernels(bool force);
-// CUDA tensors: true = the project's kernels (lsp/cuda/sparse_kernels.h: cuSPARSE SpMM for
-// ProjectRows/CompressFactored, a fused row kernel for ApplyStep, int32 positions), false =
-// ATen index ops. Initialised from the environment (LSPO_CUDA_KERNELS=custom -> true; default
-// false until the custom path has been timed on a GPU, docs/gpu.md). Process-wide. Without a
-// CUDA toolkit at build time the kernels are absent (CudaKernelsAvailable() false) and the
-// setting has no effect.
+// CUDA tensors: true = the project's kernels everywhere (lsp/cuda/sparse_kernels.h: cuSPARSE
+// SpMM for ProjectRows/CompressFactored, the fused apply, int32 positions), false = ATen index
+// ops everywhere. Initialised from the environment: LSPO_CUDA_KERNELS=custom / aten; unset =
+// the fused apply with ATen's compression (cuSPARSE until it has been timed against ATen on a
+// GPU, docs/gpu.md). Process-wide. Without a CUDA toolkit at build time the kernels are absent
+// (CudaKernelsAvailable() false) and the setting has no effect.
 void SetCudaKernels(bool custom);
 bool CudaKernelsAvailable();
 }  // namespace internal

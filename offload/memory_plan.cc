@@ -89,6 +89,11 @@ void AddOffloadTerms(MemoryPlan* plan, const lspo::v1::ArenaLayout& layout, int6
 
 }  // namespace
 
+bool KeepsApplyResidual(const lspo::v1::JobSpec& spec) {
+  const lspo::v1::ApplyRounding r = spec.lsp().apply_rounding();
+  return r == lspo::v1::APPLY_ROUNDING_UNSPECIFIED || r == lspo::v1::APPLY_ROUNDING_COMPENSATED;
+}
+
 const char* PlanModeName(PlanMode mode) {
   switch (mode) {
     case PlanMode::kLsp:
@@ -199,7 +204,7 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
       // gpu_worker/lsp_path.h s_accum_; device_offload.h kStagingSlots upload buffers (CUDA).
       Add(&plan.device_static, "S accumulators (fp32)", 4 * subspace);
       if (cuda) Add(&plan.device_static, "upload staging (4 slots)", 4 * 4 * max_dd);
-      if (bf16 && spec.lsp().apply_rounding() != lspo::v1::APPLY_ROUNDING_NEAREST) {
+      if (bf16 && KeepsApplyResidual(spec)) {
         Add(&plan.device_static, "compensation residuals (bf16)", 2 * p_lin);
       }
       ASSIGN_OR_RETURN(
@@ -360,8 +365,7 @@ absl::StatusOr<FitAnswer> FitOnDevice(const JobSpec& spec, const model::LlamaCon
     }
     if (ckpt) a.largest_micro_batch_checkpointing = mb;
   }
-  if (mode == PlanMode::kLsp && !a.fits &&
-      spec.lsp().apply_rounding() != lspo::v1::APPLY_ROUNDING_NEAREST) {
+  if (mode == PlanMode::kLsp && !a.fits && KeepsApplyResidual(spec)) {
     JobSpec s = spec;
     s.mutable_lsp()->set_apply_rounding(lspo::v1::APPLY_ROUNDING_NEAREST);
     a.fits_with_nearest_rounding = fits_with(s);

@@ -137,6 +137,11 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const lspo::v1::JobSpec& spec,
 // The largest micro-batch FitOnDevice tries.
 inline constexpr int32_t kMaxPlannedMicroBatch = 4096;
 
+// Whether an lsp worker with 16-bit weights keeps a 16-bit compensation residual per trained
+// weight: lsp.apply_rounding compensated or unset (the default); nearest and stochastic keep
+// none. The planner and the worker both decide by this.
+bool KeepsApplyResidual(const lspo::v1::JobSpec& spec);
+
 // The answer to "does it fit in `device_bytes`": for each field, 0 when nothing fits.
 struct FitAnswer {
   bool fits = false;                              // the job as specified

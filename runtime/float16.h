@@ -80,6 +80,35 @@ LSPO_FLOAT16_INLINE uint16_t Fp32ToBf16(float f) {
   return static_cast<uint16_t>(rounded >> 16);
 }
 
+// Branch-free twins of Fp16ToFp32 / Fp32ToFp16 with the same bits for every input (checked
+// exhaustively for f16 -> f32 and on every f32 exponent for f32 -> f16 in
+// tests/lsp/apply_kernel_test.cc): only selects, shifts, integer adds and one fp32 add or
+// multiply, so that a loop of them vectorises (the fused apply's fp16 weights).
+// f16 -> f32: exponent and mantissa shifted into place and rebiased (15 -> 127), with 112 more
+// for an all-ones exponent (inf / NaN, payload kept); subnormals are em * 2^-24, exact in f32.
+LSPO_FLOAT16_INLINE float Fp16ToFp32Branchless(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t em = h & 0x7fffu;
+  const uint32_t normal = (em << 13) + (112u << 23) + (em >= 0x7c00u ? (112u << 23) : 0u);
+  const float sub = static_cast<float>(static_cast<int32_t>(em)) * 5.9604644775390625e-8f;
+  return BitsToFloat(sign | (em < 0x400u ? FloatBits(sub) : normal));
+}
+// f32 -> f16, round to nearest, ties to even: normal values rebias (127 -> 15) and round the 13
+// dropped bits (a carry into the exponent, up to inf, is correct); below 2^-14, |f| + 0.5
+// rounds |f| to a multiple of 2^-24 (the ulp of 0.5) in the FPU's default rounding mode and the
+// sum's low bits are that multiple; inf and overflow give inf, NaN a quiet NaN with its payload.
+LSPO_FLOAT16_INLINE uint16_t Fp32ToFp16Branchless(float f) {
+  const uint32_t x = FloatBits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t a = x & 0x7fffffffu;
+  const uint32_t normal = (a - (112u << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
+  const uint32_t sub = FloatBits(BitsToFloat(a) + 0.5f) - 0x3f000000u;
+  const uint32_t special = a > 0x7f800000u ? (0x7e00u | ((a >> 13) & 0x3ffu)) : 0x7c00u;
+  uint32_t h = a < 0x38800000u ? sub : normal;
+  h = a >= 0x47800000u ? special : h;
+  return static_cast<uint16_t>(sign | h);
+}
+
 }  // namespace lspo::runtime
 
 #endif  // LSPO_RUNTIME_FLOAT16_H_

@@ -535,7 +535,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   if (!v1::ApplyRounding_IsValid(lsp.apply_rounding())) {
     return bad("lsp.apply_rounding", static_cast<int>(lsp.apply_rounding()),
-               "use compensated or nearest");
+               "use compensated, nearest or stochastic");
   }
   if (lsp.alpha() <= 0) return bad("lsp.alpha", lsp.alpha(), "alpha must be > 0");
   if (lsp.check_freq() < 0) return bad("lsp.check_freq", lsp.check_freq(), "must be >= 0");

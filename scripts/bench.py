@@ -393,11 +393,16 @@ def main():
 
     # Compress / apply rows.
     for key, b in sorted(kb.items()):
-        mm = re.match(r"ProjectorFixture/(Compress|Apply)Ours/m:(\d+)/n:(\d+)/d:(\d+)/r:(\d+)", key)
+        mm = re.match(r"ProjectorFixture/(Compress|Apply)Ours(Bf16Stochastic|Bf16Compensated)?"
+                      r"/m:(\d+)/n:(\d+)/d:(\d+)/r:(\d+)", key)
         if not mm:
             continue
-        op, m, n, d, r = mm.group(1), *map(int, mm.groups()[1:])
+        op, variant = mm.group(1), mm.group(2)
+        m, n, d, r = map(int, mm.groups()[2:])
         dense = kb.get(f"ProjectorFixture/{op}Dense/m:{m}/n:{n}/d:{d}/r:4")
+        if variant:  # bf16 W: the dense peer is the fp32 one; the bound is the row's own bytes
+            op = {"Bf16Stochastic": "Apply_bf16_stochastic",
+                  "Bf16Compensated": "Apply_bf16_compensated"}[variant]
         t_ours = seconds(b)
         t_dense = seconds(dense) if dense else None
         moved = b["bytes_per_second"] * t_ours
@@ -547,7 +552,9 @@ def write_doc(path, res, grpc_rt):
 
     table("adam_", "CPU Adam (params/s; ratio = ours / peer)")
     table("compress/", "Compress S = PᵀGQ from X and dY (µs; ratio = dense / ours, >1 = faster)")
-    table("apply/", "Apply W += P D Qᵀ (µs; ratio = dense / ours)")
+    table("apply/", "Apply W += P D Qᵀ, fp32 W (µs; ratio = dense / ours)")
+    table("apply_bf16_stochastic/", "Apply into bf16 W, stochastic rounding (µs; ratio = fp32 dense / ours)")
+    table("apply_bf16_compensated/", "Apply into bf16 W, compensated rounding (µs; ratio = fp32 dense / ours)")
     table("arena_", "Data plane: arena slot")
     table("layer_round_trip", "Data plane: per-layer offload → CPU update → upload")
     table("control_plane", "Control plane")

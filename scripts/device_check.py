@@ -421,7 +421,7 @@ def memory_model(run):
     mats = matrices(shape)
     linear = layers * sum(m * n for m, n in mats)
     weights = 2 * linear + 4 * (param_count(shape) - linear)
-    residuals = 0 if run.get("apply_rounding") == "nearest" else 2 * linear
+    residuals = 0 if run.get("apply_rounding") in ("nearest", "stochastic") else 2 * linear
     projectors = layers * sum((m + n) * r * (8 + 4) for m, n in mats)
     sd = layers * len(mats) * 4 * d * d + 4 * 4 * d * d
     return {"weights_bytes": weights, "residual_bytes": residuals,

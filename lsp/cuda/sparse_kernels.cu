@@ -1,8 +1,11 @@
 #include "lsp/cuda/sparse_kernels.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cusparse.h>
+
+#include "lsp/rounding.h"
 
 namespace lspo::lsp::cuda {
 namespace {
@@ -47,34 +50,88 @@ __global__ void ApplyKernel(float* w, int64_t m, int64_t n, const int32_t* pi, c
   }
 }
 
-// W[i, j] += sum_{a<r} Pv[i, a] E[Pi[i, a], j] for E (d, n) fp32 row-major; one thread per
-// element, x over columns (coalesced reads of E's rows and of W), grid-stride over rows.
-template <typename T>
-__device__ inline float ToF(T v);
-template <>
-__device__ inline float ToF<float>(float v) { return v; }
-template <>
-__device__ inline float ToF<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ inline T FromF(float v);
-template <>
-__device__ inline float FromF<float>(float v) { return v; }
-template <>
-__device__ inline __nv_bfloat16 FromF<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+// The fused apply (lsp/apply_kernel.h's per-element formula, in the same order, fp32, no
+// contraction into FMA: __fmul_rn / __fadd_rn). Storage: S::T with Load/Round below.
+struct DevF32 {
+  using T = float;
+  __device__ static float Load(const T* p, int64_t k) { return p[k]; }
+};
+struct DevBf16 {
+  using T = uint16_t;
+  __device__ static float Load(const T* p, int64_t k) {
+    return __uint_as_float(static_cast<uint32_t>(p[k]) << 16);
+  }
+  __device__ static uint16_t Nearest(float t) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(t));
+  }
+  __device__ static uint16_t Stochastic(float t, uint32_t noise) {
+    return Bf16Stochastic(__float_as_uint(t), noise);
+  }
+};
+struct DevF16 {
+  using T = uint16_t;
+  __device__ static float Load(const T* p, int64_t k) {
+    return __half2float(__ushort_as_half(p[k]));
+  }
+  __device__ static uint16_t Nearest(float t) { return __half_as_ushort(__float2half_rn(t)); }
+  // As lsp/apply_kernel.cc's Fp16Stochastic.
+  __device__ static uint16_t Stochastic(float t, uint32_t noise) {
+    const uint16_t near = Nearest(t);
+    const float nf = __half2float(__ushort_as_half(near));
+    if (nf == t || !isfinite(t) || !isfinite(nf)) return near;
+    const uint16_t other = Fp16Neighbour(near, nf < t);
+    const float of = __half2float(__ushort_as_half(other));
+    if (!isfinite(of)) return near;
+    const bool near_is_lo = nf < of;
+    const float lo = near_is_lo ? nf : of;
+    const float hi = near_is_lo ? of : nf;
+    const bool take_hi = NoiseUniform(noise) < __fdiv_rn(__fsub_rn(t, lo), __fsub_rn(hi, lo));
+    return take_hi == near_is_lo ? other : near;
+  }
+};
 
-template <typename T>
-__global__ void ApplyRowsKernel(T* w, int64_t m, int64_t n, const int32_t* pi, const float* pv,
-                                int64_t r, const float* e) {
+// One thread per element: x over columns (coalesced W, C and E rows), grid-stride over rows;
+// P's row (r pairs) is the same for a whole block (broadcast loads).
+template <typename S, int kRound>
+__global__ void ApplyFusedKernel(typename S::T* w, typename S::T* cres, int64_t m, int64_t n,
+                                 const float* e, const int32_t* pi, const float* pv, int64_t r,
+                                 float decay, uint64_t seed) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (j >= n) return;
   for (int64_t i = blockIdx.y; i < m; i += gridDim.y) {
-    float acc = 0.f;
-    for (int64_t a = 0; a < r; ++a) {
-      acc += pv[i * r + a] * e[static_cast<int64_t>(pi[i * r + a]) * n + j];
+    float acc = __fmul_rn(pv[i * r], e[static_cast<int64_t>(pi[i * r]) * n + j]);
+    for (int64_t k = 1; k < r; ++k) {
+      acc = __fadd_rn(acc, __fmul_rn(pv[i * r + k], e[static_cast<int64_t>(pi[i * r + k]) * n + j]));
     }
-    T* out = w + i * n + j;
-    *out = FromF<T>(ToF<T>(*out) + acc);  // One rounding into T.
+    const int64_t at = i * n + j;
+    if constexpr (kRound == static_cast<int>(Rounding::kCompensated)) {
+      const float kept = __fmul_rn(__fadd_rn(S::Load(w, at), S::Load(cres, at)), decay);
+      const float t = __fadd_rn(kept, acc);
+      const uint16_t wr = S::Nearest(t);
+      w[at] = wr;
+      cres[at] = S::Nearest(__fsub_rn(t, S::Load(&wr, 0)));
+    } else if constexpr (sizeof(typename S::T) == 4) {
+      w[at] = __fadd_rn(__fmul_rn(S::Load(w, at), decay), acc);
+    } else if constexpr (kRound == static_cast<int>(Rounding::kStochastic)) {
+      const float t = __fadd_rn(__fmul_rn(S::Load(w, at), decay), acc);
+      w[at] = S::Stochastic(t, RoundingNoise(seed, static_cast<uint32_t>(at)));
+    } else {
+      w[at] = S::Nearest(__fadd_rn(__fmul_rn(S::Load(w, at), decay), acc));
+    }
   }
+}
+
+template <typename S, int kRound>
+int LaunchApplyFused(void* w, void* c, int64_t m, int64_t n, const float* e,
+                     const int32_t* pi, const float* pv, int64_t r, float decay, uint64_t seed,
+                     cudaStream_t stream) {
+  dim3 block(256);
+  dim3 grid(static_cast<unsigned>((n + 255) / 256),
+            static_cast<unsigned>(m < 65535 ? m : 65535));
+  ApplyFusedKernel<S, kRound><<<grid, block, 0, stream>>>(
+      static_cast<typename S::T*>(w), static_cast<typename S::T*>(c), m, n, e, pi, pv, r, decay,
+      seed);
+  return static_cast<int>(cudaGetLastError());
 }
 
 // One cuSPARSE handle per host thread and device-visible context (creating one costs ~ms).
@@ -169,21 +226,49 @@ int ApplyStep(float* w, int64_t m, int64_t n, const int32_t* p_index, const floa
   return static_cast<int>(cudaGetLastError());
 }
 
-int ApplyRows(void* w, bool w_bf16, int64_t m, int64_t n, const int32_t* p_index,
-              const float* p_value, int64_t r, const float* e, void* stream_ptr) {
+int ApplyFused(void* w, void* c, int dtype, int64_t m, int64_t n, const float* e,
+               const int32_t* p_index, const float* p_value, int64_t r, float decay,
+               int rounding, uint64_t seed, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (m <= 0 || n <= 0) return 0;
-  dim3 block(256);
-  dim3 grid(static_cast<unsigned>((n + 255) / 256),
-            static_cast<unsigned>(m < 65535 ? m : 65535));
-  if (w_bf16) {
-    ApplyRowsKernel<__nv_bfloat16><<<grid, block, 0, stream>>>(
-        static_cast<__nv_bfloat16*>(w), m, n, p_index, p_value, r, e);
-  } else {
-    ApplyRowsKernel<float><<<grid, block, 0, stream>>>(static_cast<float*>(w), m, n, p_index,
-                                                       p_value, r, e);
+  if (w == nullptr || e == nullptr || p_index == nullptr || p_value == nullptr || r < 1) {
+    return static_cast<int>(cudaErrorInvalidValue);
   }
-  return static_cast<int>(cudaGetLastError());
+  constexpr int kNear = static_cast<int>(Rounding::kNearest);
+  constexpr int kComp = static_cast<int>(Rounding::kCompensated);
+  constexpr int kStoch = static_cast<int>(Rounding::kStochastic);
+  if (rounding == kComp && (c == nullptr || dtype == 0)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  switch (dtype) {
+    case 0:
+      return LaunchApplyFused<DevF32, kNear>(w, c, m, n, e, p_index, p_value, r, decay, seed,
+                                             stream);
+    case 1:
+      if (rounding == kComp) {
+        return LaunchApplyFused<DevBf16, kComp>(w, c, m, n, e, p_index, p_value, r, decay, seed,
+                                                stream);
+      }
+      if (rounding == kStoch) {
+        return LaunchApplyFused<DevBf16, kStoch>(w, c, m, n, e, p_index, p_value, r, decay,
+                                                 seed, stream);
+      }
+      return LaunchApplyFused<DevBf16, kNear>(w, c, m, n, e, p_index, p_value, r, decay, seed,
+                                              stream);
+    case 2:
+      if (rounding == kComp) {
+        return LaunchApplyFused<DevF16, kComp>(w, c, m, n, e, p_index, p_value, r, decay, seed,
+                                               stream);
+      }
+      if (rounding == kStoch) {
+        return LaunchApplyFused<DevF16, kStoch>(w, c, m, n, e, p_index, p_value, r, decay, seed,
+                                                stream);
+      }
+      return LaunchApplyFused<DevF16, kNear>(w, c, m, n, e, p_index, p_value, r, decay, seed,
+                                             stream);
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
 }
 
 }  // namespace lspo::lsp::cuda

@@ -32,13 +32,17 @@ int ApplyStep(float* w, int64_t m, int64_t n, const int32_t* p_index, const floa
               const int32_t* q_index, const float* q_value, const float* d_step, int64_t d,
               int64_t r, void* stream);
 
-// The second stage of the two-stage apply (the CPU path's order, lsp/projector.cc): with
-// E = D Q^T (d, n) fp32 row-major already formed, W (m, n) row-major, fp32 (w_bf16 false) or
-// bf16 (w_bf16 true), gets W[i, j] += sum_{a<r} Pv[i, a] E[Pi[i, a], j], summed in fp32 and
-// rounded into W's dtype once. P is (m, r) int32 positions + fp32 values. O(m n r) reads of E.
-int ApplyRows(void* w, bool w_bf16, int64_t m, int64_t n, const int32_t* p_index,
-              const float* p_value, int64_t r, const float* e, void* stream);
-
+// The fused apply, lsp/apply_kernel.h's contract and per-element formula on the device:
+// W <- round(decay (W + C) + P E), C <- what the rounding dropped (compensated only), with
+// E = D Q^T (d, n) fp32 already formed, W (and C) (m, n) row-major in dtype 0 = fp32, 1 = bf16,
+// 2 = fp16 (lsp::WeightDtype), rounding an lsp::Rounding (ignored for fp32 W), seed the noise
+// seed of stochastic rounding (lsp::RoundingNoise: the CPU kernel draws the same noise, so
+// bf16 results agree bit for bit). One read and one write of W (and C) per element.
+// Returns cudaErrorInvalidValue for null operands, r < 1, an unknown dtype, or compensated
+// rounding without C or with fp32 W; else the launch status.
+int ApplyFused(void* w, void* c, int dtype, int64_t m, int64_t n, const float* e,
+               const int32_t* p_index, const float* p_value, int64_t r, float decay,
+               int rounding, uint64_t seed, void* stream);
 }  // namespace lspo::lsp::cuda
 
 #endif  // LSPO_LSP_CUDA_SPARSE_KERNELS_H_

@@ -133,6 +133,19 @@ TEST(ResumeTest, LspBf16CompensatedResumedAtStep3MatchesTheUninterruptedRunBitwi
   });
 }
 
+// bf16 worker weights with stochastic rounding and weight decay: the rounding noise is a hash
+// of (seed, step, matrix, element), so the resumed run draws the noise of the uninterrupted one
+// and is bitwise the same.
+TEST(ResumeTest, LspBf16StochasticResumedAtStep3MatchesTheUninterruptedRunBitwise) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  ExpectExactResume(v1::MODE_LSP, [](v1::JobSpec* s) {
+    s->set_weight_dtype(v1::WEIGHT_DTYPE_BF16);
+    s->mutable_lsp()->set_apply_rounding(v1::APPLY_ROUNDING_STOCHASTIC);
+    s->mutable_optim()->set_lr(1e-4);
+    s->mutable_optim()->set_weight_decay(0.1);
+  });
+}
+
 // A refit moves the subspace Adam moments into the new subspace (paper Alg. 1):
 // M' = (P'^T P) M (Q^T Q'), V' = (P'^T P)^2 V (Q^T Q')^2. Two runs share their first two
 // steps; run B refits at step 2 (before its checkpoint), run A does not. B's moments at step 2

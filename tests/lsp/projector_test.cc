@@ -313,6 +313,40 @@ TEST(ApplyStepCompensated, StaysWithinOneUlpOfTheMasterAtEveryStep) {
   EXPECT_GT(near_ulps, 2.0);
 }
 
+// The same 200 steps with stochastic rounding (no residual): unbiased, so the decay that round-
+// to-nearest loses (each step's 1e-4 of W is far below half a ulp) shows up in expectation. The
+// systematic part of the drift, mean over elements of sign(master) (W - master) in ulps, is
+// near 0 (nearest: ~+2.5 ulps, the decay never applied); the price is a random walk of the
+// individual weights (printed: several ulps after 200 steps).
+TEST(ApplyStepFused, StochasticRoundingKeepsTheDecayInExpectation) {
+  const int64_t m = 48, n = 80, d = 8, r = 2;
+  const SparseProjector P = MakeProjector(m, d, r, 31), Q = MakeProjector(n, d, r, 32);
+  torch::manual_seed(8);
+  at::Tensor master = (torch::randn({m, n}) * 0.05).to(at::kDouble);  // (m, n) fp64
+  at::Tensor sr = master.to(at::kBFloat16);
+  at::Tensor near = sr.clone();
+  double worst = 0;
+  for (int t = 1; t <= 200; ++t) {
+    const at::Tensor D = torch::randn({d, d}) * 1e-6;  // P D Q^T ~ 1e-5 per element
+    const double decay = (t % 2 == 0) ? 1.0 - 1e-4 : 1.0;
+    master = master * decay + DenseF64(P).mm(D.to(at::kDouble)).mm(DenseF64(Q).t());
+    ApplyStepFused(sr, nullptr, P, D, Q, decay, Rounding::kStochastic, 1000 + t);
+    ApplyStepFused(near, nullptr, P, D, Q, decay, Rounding::kNearest, 0);
+    worst = std::max(worst, MaxDriftUlps(sr, master));
+  }
+  const at::Tensor rm = master.to(at::kBFloat16).to(at::kDouble).abs().clamp_min(1e-30);
+  const at::Tensor ulp = at::pow(2.0, (std::get<1>(at::frexp(rm)) - 8).to(at::kDouble));
+  auto bias = [&](const at::Tensor& w) {
+    return (master.sign() * (w.to(at::kDouble) - master) / ulp).mean().item<double>();
+  };
+  const double sr_bias = bias(sr), near_bias = bias(near);
+  std::printf("stochastic: systematic drift %+.3f ulp, worst %.3g ulp over 200 steps; nearest: "
+              "systematic %+.3f ulp, final %.3g ulp\n",
+              sr_bias, worst, near_bias, MaxDriftUlps(near, master));
+  EXPECT_LT(std::fabs(sr_bias), 0.5);
+  EXPECT_GT(near_bias, 1.5);
+}
+
 TEST(MaxDriftUlps, CountsRepresentableSteps) {
   const at::Tensor m = at::tensor({1.0, 0.75, -2.0, 0.0}, at::kFloat);
   at::Tensor w = m.to(at::kBFloat16);
@@ -420,6 +454,50 @@ TEST_P(KernelTest, ExpandAndApplyStepMatchDense) {
   ApplyStep(wb, P_, D, Q_);
   EXPECT_EQ(wb.scalar_type(), at::kBFloat16);
   EXPECT_TRUE(at::equal(wb, want_b));
+}
+
+// ApplyStepFused: the decay is the same as decaying W first (fp32, bit for bit), and each
+// rounding of 16-bit W agrees between the fused CPU kernel and the ATen path (the same noise;
+// an element may differ only where the two paths' fp32 sums differ in the last bit).
+TEST_P(KernelTest, FusedApplyAgreesWithTheUnfusedUpdate) {
+  const Shape s = S();
+  const at::Tensor D = torch::randn({s.d, s.d}) * 1e-3;  // (d, d)
+  const at::Tensor w0 = torch::randn({s.m, s.n}) * 0.02;
+  at::Tensor fused = w0.clone();
+  ApplyStepFused(fused, nullptr, P_, D, Q_, 0.99, Rounding::kNearest, 0);
+  at::Tensor unfused = w0.clone();
+  unfused.mul_(0.99);
+  ApplyStep(unfused, P_, D, Q_);
+  EXPECT_TRUE(at::equal(fused, unfused));
+
+  const bool aten = std::get<1>(GetParam());
+  for (at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    for (Rounding rd : {Rounding::kNearest, Rounding::kCompensated, Rounding::kStochastic}) {
+      SCOPED_TRACE(testing::Message() << dt << " rounding " << static_cast<int>(rd));
+      auto run = [&](bool force_aten) {
+        internal::SetForceAtenKernels(force_aten);
+        at::Tensor w = w0.to(dt);
+        at::Tensor c = (w0 - w.to(at::kFloat)).to(dt);
+        ApplyStepFused(w, rd == Rounding::kCompensated ? &c : nullptr, P_, D, Q_, 0.999, rd, 5);
+        internal::SetForceAtenKernels(aten);
+        return std::make_pair(w, c);
+      };
+      const auto [w_loop, c_loop] = run(false);
+      const auto [w_aten, c_aten] = run(true);
+      const int64_t differ = w_loop.ne(w_aten).sum().item<int64_t>();
+      EXPECT_LE(differ, w0.numel() / 1000) << "elements that differ of " << w0.numel();
+      // Wherever they differ, by one ulp at most.
+      const at::Tensor gap = (w_loop.to(at::kDouble) - w_aten.to(at::kDouble)).abs();
+      const double ulp = dt == at::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+      EXPECT_TRUE(gap.le(w_aten.to(at::kDouble).abs() * 2 * ulp + 1e-7).all().item<bool>());
+      if (rd == Rounding::kCompensated) {
+        // W + C of both paths: the same sum to C's rounding.
+        EXPECT_LT(RelErr(w_loop.to(at::kFloat) + c_loop.to(at::kFloat),
+                         w_aten.to(at::kDouble) + c_aten.to(at::kDouble)),
+                  1e-6);
+      }
+    }
+  }
 }
 
 TEST_P(KernelTest, RelativeBiasMatchesDenseFormula) {

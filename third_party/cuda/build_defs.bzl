@@ -13,7 +13,7 @@ def if_cuda(if_true, if_false = []):
     """Returns if_true when the CUDA toolkit was found, else if_false."""
     return if_true if HAS_CUDA else if_false
 
-def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None, **kwargs):
+def cuda_library(name, srcs, hdrs = [], deps = [], nvcc_inputs = [], visibility = None, **kwargs):
     """A cc_library from .cu files compiled by nvcc (-Xcompiler -fPIC) into a static archive.
 
     Links cudart and cuSPARSE. Keep torch out of these files (nvcc + torch headers: 30-75 s).
@@ -24,6 +24,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None, **kwargs):
       srcs: .cu files.
       hdrs: headers of the library (also inputs of nvcc; included relative to the repo root).
       deps: further cc_library deps of the wrapper.
+      nvcc_inputs: further files nvcc reads (headers of other packages, exported there).
       visibility: of the cc_library.
       **kwargs: passed to the cc_library (e.g. testonly).
     """
@@ -36,7 +37,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None, **kwargs):
     archive = "lib%s_nvcc.a" % name
     native.genrule(
         name = name + "_nvcc",
-        srcs = srcs + hdrs,
+        srcs = srcs + hdrs + nvcc_inputs,
         outs = [archive],
         cmd = " ".join([
             NVCC,

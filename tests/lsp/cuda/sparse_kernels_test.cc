@@ -4,12 +4,15 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "lsp/apply_kernel.h"
+#include "runtime/float16.h"
 
 namespace lspo::lsp::cuda {
 namespace {
@@ -111,68 +114,108 @@ TEST(CudaSparseKernelsTest, ApplyStepMatchesFloat64Reference) {
   }
 }
 
-// ApplyRows on fp32 and bf16 W against a float64 reference of W + P E (E = D Q^T given).
-void CheckApplyRows(bool bf16) {
+// ApplyFused on the device against the CPU kernel (lsp::FusedApplyCpu, the same per-element
+// formula without FMA contraction and the same noise): bit for bit, for every storage dtype
+// and rounding, with weight decay; plus a float64 reference of the fp32 case.
+void CheckApplyFused(WeightDtype dtype, Rounding rounding) {
   const int64_t m = 300, n = 517, d = 48, r = 6;  // n not a multiple of the block size
-  std::mt19937 rng(bf16 ? 23 : 19);
+  std::mt19937 rng(19 + static_cast<int>(dtype) * 3 + static_cast<int>(rounding));
   Proj p = RandomProj(m, d, r, rng);
   std::normal_distribution<float> nd;
+  const int64_t bytes = dtype == WeightDtype::kFloat32 ? 4 : 2;
   std::vector<float> w(m * n), e(d * n);
   for (auto& v : w) v = 0.05f * nd(rng);
   for (auto& v : e) v = 0.01f * nd(rng);
-  std::vector<uint16_t> w16(m * n);
-  if (bf16) {
+  std::vector<uint8_t> w_bytes(m * n * bytes), c_bytes(m * n * bytes, 0);
+  if (dtype == WeightDtype::kFloat32) {
+    std::memcpy(w_bytes.data(), w.data(), w_bytes.size());
+  } else {
+    auto* w16 = reinterpret_cast<uint16_t*>(w_bytes.data());
+    auto* c16 = reinterpret_cast<uint16_t*>(c_bytes.data());
     for (int64_t k = 0; k < m * n; ++k) {
-      uint32_t bits;
-      std::memcpy(&bits, &w[k], 4);
-      w16[k] = static_cast<uint16_t>(bits >> 16);  // Truncate: exact bf16 inputs.
-      bits = static_cast<uint32_t>(w16[k]) << 16;
-      std::memcpy(&w[k], &bits, 4);
+      const bool bf16 = dtype == WeightDtype::kBFloat16;
+      w16[k] = bf16 ? runtime::Fp32ToBf16(w[k]) : runtime::Fp32ToFp16(w[k]);
+      const float back = bf16 ? runtime::Bf16ToFp32(w16[k]) : runtime::Fp16ToFp32(w16[k]);
+      c16[k] = bf16 ? runtime::Fp32ToBf16(w[k] - back) : runtime::Fp32ToFp16(w[k] - back);
     }
   }
-  void* dw = bf16 ? static_cast<void*>(ToDevice(w16)) : static_cast<void*>(ToDevice(w));
+  const bool comp = rounding == Rounding::kCompensated;
+  const float decay = 0.999f;
+  const uint64_t seed = 0x1234abcd5678ull;
+  // The CPU kernel's result.
+  std::vector<uint8_t> cpu_w = w_bytes, cpu_c = c_bytes;
+  std::vector<int64_t> index64(p.index.begin(), p.index.end());
+  FusedApplyArgs args;
+  args.w = cpu_w.data();
+  args.c = comp ? cpu_c.data() : nullptr;
+  args.dtype = dtype;
+  args.m = m;
+  args.n = n;
+  args.e = e.data();
+  args.d = d;
+  args.p_index = index64.data();
+  args.p_value = p.value.data();
+  args.r = r;
+  args.decay = decay;
+  args.rounding = rounding;
+  args.seed = seed;
+  ASSERT_TRUE(FusedApplyCpu(args).ok());
+  // The device's.
+  uint8_t* dw = ToDevice(w_bytes);
+  uint8_t* dc = ToDevice(c_bytes);
   int32_t* dpi = ToDevice(p.index);
   float* dpv = ToDevice(p.value);
   float* de = ToDevice(e);
-  ASSERT_EQ(ApplyRows(dw, bf16, m, n, dpi, dpv, r, de, nullptr), 0);
-  std::vector<float> out(m * n);
-  if (bf16) {
-    ASSERT_EQ(cudaMemcpy(w16.data(), dw, m * n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (int64_t k = 0; k < m * n; ++k) {
-      uint32_t bits = static_cast<uint32_t>(w16[k]) << 16;
-      std::memcpy(&out[k], &bits, 4);
-    }
-  } else {
-    ASSERT_EQ(cudaMemcpy(out.data(), dw, m * n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-  double err2 = 0, ref2 = 0;
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      double ref = w[i * n + j];
-      for (int64_t a = 0; a < r; ++a) {
-        ref += static_cast<double>(p.value[i * r + a]) * e[p.index[i * r + a] * n + j];
+  ASSERT_EQ(ApplyFused(dw, comp ? dc : nullptr, static_cast<int>(dtype), m, n, de, dpi, dpv, r,
+                       decay, static_cast<int>(rounding), seed, nullptr),
+            0);
+  std::vector<uint8_t> gpu_w(w_bytes.size()), gpu_c(c_bytes.size());
+  ASSERT_EQ(cudaMemcpy(gpu_w.data(), dw, gpu_w.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(gpu_c.data(), dc, gpu_c.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  int64_t differ = 0;
+  for (size_t k = 0; k < gpu_w.size(); ++k) differ += gpu_w[k] != cpu_w[k];
+  for (size_t k = 0; comp && k < gpu_c.size(); ++k) differ += gpu_c[k] != cpu_c[k];
+  EXPECT_EQ(differ, 0) << "bytes that differ between the CUDA and CPU applies";
+  if (dtype == WeightDtype::kFloat32) {
+    const float* out = reinterpret_cast<const float*>(gpu_w.data());
+    double err2 = 0, ref2 = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double ref = static_cast<double>(w[i * n + j]) * decay;
+        for (int64_t a = 0; a < r; ++a) {
+          ref += static_cast<double>(p.value[i * r + a]) * e[p.index[i * r + a] * n + j];
+        }
+        err2 += (out[i * n + j] - ref) * (out[i * n + j] - ref);
+        ref2 += ref * ref;
       }
-      ASSERT_TRUE(std::isfinite(out[i * n + j])) << i << "," << j;
-      err2 += (out[i * n + j] - ref) * (out[i * n + j] - ref);
-      ref2 += ref * ref;
+    }
+    EXPECT_LT(std::sqrt(err2 / ref2), 1e-6);
+  }
+  for (void* ptr : {static_cast<void*>(dw), static_cast<void*>(dc), static_cast<void*>(dpi),
+                    static_cast<void*>(dpv), static_cast<void*>(de)}) {
+    cudaFree(ptr);
+  }
+}
+
+TEST(CudaSparseKernelsTest, ApplyFusedMatchesTheCpuKernelBitForBit) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: kernels compiled, not run";
+  CheckApplyFused(WeightDtype::kFloat32, Rounding::kNearest);
+  for (WeightDtype dt : {WeightDtype::kBFloat16, WeightDtype::kFloat16}) {
+    for (Rounding rd : {Rounding::kNearest, Rounding::kCompensated, Rounding::kStochastic}) {
+      SCOPED_TRACE(testing::Message() << "dtype " << static_cast<int>(dt) << " rounding "
+                                      << static_cast<int>(rd));
+      CheckApplyFused(dt, rd);
     }
   }
-  // fp32: far under 1e-5; bf16: one rounding of each output (2^-9 relative at most).
-  EXPECT_LT(std::sqrt(err2 / ref2), bf16 ? 4e-3 : 1e-6);
-  cudaFree(dw);
-  cudaFree(dpi);
-  cudaFree(dpv);
-  cudaFree(de);
 }
 
-TEST(CudaSparseKernelsTest, ApplyRowsFp32MatchesFloat64Reference) {
+TEST(CudaSparseKernelsTest, ApplyFusedRejectsCompensatedWithoutResidual) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: kernels compiled, not run";
-  CheckApplyRows(false);
-}
-
-TEST(CudaSparseKernelsTest, ApplyRowsBf16MatchesFloat64Reference) {
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device: kernels compiled, not run";
-  CheckApplyRows(true);
+  EXPECT_EQ(ApplyFused(reinterpret_cast<void*>(16), nullptr, 1, 4, 4,
+                       reinterpret_cast<const float*>(16), reinterpret_cast<const int32_t*>(16),
+                       reinterpret_cast<const float*>(16), 1, 1.0f,
+                       static_cast<int>(Rounding::kCompensated), 0, nullptr),
+            static_cast<int>(cudaErrorInvalidValue));
 }
 
 }  // namespace
