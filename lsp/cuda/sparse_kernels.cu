@@ -240,32 +240,30 @@ int ApplyFused(void* w, void* c, int dtype, int64_t m, int64_t n, const float* e
   if (rounding == kComp && (c == nullptr || dtype == 0)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
+  // One launch per (storage, rounding); fp32 W has nothing to round.
+  auto launch = [&](auto storage) -> int {
+    using S = decltype(storage);
+    if constexpr (sizeof(typename S::T) == 4) {
+      return LaunchApplyFused<S, kNear>(w, c, m, n, e, p_index, p_value, r, decay, seed, stream);
+    } else {
+      if (rounding == kComp) {
+        return LaunchApplyFused<S, kComp>(w, c, m, n, e, p_index, p_value, r, decay, seed,
+                                          stream);
+      }
+      if (rounding == kStoch) {
+        return LaunchApplyFused<S, kStoch>(w, c, m, n, e, p_index, p_value, r, decay, seed,
+                                           stream);
+      }
+      return LaunchApplyFused<S, kNear>(w, c, m, n, e, p_index, p_value, r, decay, seed, stream);
+    }
+  };
   switch (dtype) {
     case 0:
-      return LaunchApplyFused<DevF32, kNear>(w, c, m, n, e, p_index, p_value, r, decay, seed,
-                                             stream);
+      return launch(DevF32{});
     case 1:
-      if (rounding == kComp) {
-        return LaunchApplyFused<DevBf16, kComp>(w, c, m, n, e, p_index, p_value, r, decay, seed,
-                                                stream);
-      }
-      if (rounding == kStoch) {
-        return LaunchApplyFused<DevBf16, kStoch>(w, c, m, n, e, p_index, p_value, r, decay,
-                                                 seed, stream);
-      }
-      return LaunchApplyFused<DevBf16, kNear>(w, c, m, n, e, p_index, p_value, r, decay, seed,
-                                              stream);
+      return launch(DevBf16{});
     case 2:
-      if (rounding == kComp) {
-        return LaunchApplyFused<DevF16, kComp>(w, c, m, n, e, p_index, p_value, r, decay, seed,
-                                               stream);
-      }
-      if (rounding == kStoch) {
-        return LaunchApplyFused<DevF16, kStoch>(w, c, m, n, e, p_index, p_value, r, decay, seed,
-                                                stream);
-      }
-      return LaunchApplyFused<DevF16, kNear>(w, c, m, n, e, p_index, p_value, r, decay, seed,
-                                             stream);
+      return launch(DevF16{});
     default:
       return static_cast<int>(cudaErrorInvalidValue);
   }
