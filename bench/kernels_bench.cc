@@ -9,7 +9,9 @@
 //                            bytes per parameter: fp32 grad 4 + m 8 + v 8 + master 8 = 28,
 //                            bf16 grad 2 + m 8 + v 8 + master 8 + bf16 out 2 = 28
 //   Compress / Apply         vs the dense torch equivalent (mm with the densified projector);
-//                            bytes: compress reads X (N, n) and dY (N, m) fp32 once; apply
+//                            bytes: compress reads X (N, n) and dY (N, m) fp32 once (and
+//                            does 2 N d^2 FLOPs for S = (dY P)^T (X Q): the bound is the
+//                            larger of the two times, BM_FmaPeak the compute limit); apply
 //                            reads and writes W (m, n) fp32 once
 //   Arena slot               write + read through a POSIX shared-memory slot vs private memcpy
 //   Layer round trip         one decoder layer's offload -> CPU update -> upload through the
@@ -342,8 +344,9 @@ class ProjectorFixture : public benchmark::Fixture {
 BENCHMARK_DEFINE_F(ProjectorFixture, CompressOurs)(benchmark::State& state) {
   torch::NoGradGuard no_grad;
   for (auto _ : state) {
-    const at::Tensor xq = lspo::lsp::ProjectRows(x, q);       // (N, d)
-    at::Tensor s = lspo::lsp::CompressFactored(dy, xq, p);    // (d, d)
+    // As the LSP linear does: (X Q)^T in the forward, S from dY in the backward.
+    const at::Tensor xq_t = lspo::lsp::ProjectRowsTransposed(x, {&q})[0];  // (d, N)
+    at::Tensor s = lspo::lsp::CompressFactored(dy, xq_t.t(), p);         // (d, d)
     benchmark::DoNotOptimize(s.data_ptr());
   }
   state.SetBytesProcessed(state.iterations() * kTokens * (m + n) * 4);

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
+#include "runtime/cpu_clones.h"
 #include "runtime/float16.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
@@ -90,16 +91,9 @@ __attribute__((always_inline)) inline void AdamBody(const StepScalars& s, float 
 
 // One function per (gradient dtype, mode) so that GCC can clone each for AVX-512, AVX2+FMA and
 // baseline x86-64 and pick one at load time (ifunc). Non-x86 builds get the plain loop.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define LSPO_ADAM_CLONES \
-  __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
-#else
-#define LSPO_ADAM_CLONES
-#endif
 
 #define LSPO_DEFINE_ADAM_CHUNK(NAME, LOAD, GRADT, ACC, BF16OUT)                              \
-  LSPO_ADAM_CLONES void NAME(const StepScalars& s, float grad_scale, const GRADT* grad,      \
+  LSPO_CPU_CLONES void NAME(const StepScalars& s, float grad_scale, const GRADT* grad,      \
                              float* m, float* v, float* out, uint16_t* out_bf16,             \
                              int64_t begin, int64_t end) {                                   \
     AdamBody<LOAD, GRADT, ACC, BF16OUT>(s, grad_scale, grad, m, v, out, out_bf16, begin,     \
@@ -139,11 +133,11 @@ __attribute__((always_inline)) inline void StatsBody(const GradT* __restrict x, 
   *sum_sq = total;
   *any_bad = bad != 0;
 }
-LSPO_ADAM_CLONES void StatsF32(const float* x, int64_t begin, int64_t end, double* sum_sq,
+LSPO_CPU_CLONES void StatsF32(const float* x, int64_t begin, int64_t end, double* sum_sq,
                                bool* any_bad) {
   StatsBody<Fp32Grad, float>(x, begin, end, sum_sq, any_bad);
 }
-LSPO_ADAM_CLONES void StatsBf16(const uint16_t* x, int64_t begin, int64_t end, double* sum_sq,
+LSPO_CPU_CLONES void StatsBf16(const uint16_t* x, int64_t begin, int64_t end, double* sum_sq,
                                 bool* any_bad) {
   StatsBody<Bf16Grad, uint16_t>(x, begin, end, sum_sq, any_bad);
 }

@@ -5,10 +5,13 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "lsp/rounding.h"
+#include "lsp/simd_transpose.h"
+#include "runtime/cpu_clones.h"
 #include "runtime/float16.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
@@ -136,16 +139,9 @@ LSPO_APPLY_INLINE void RowsBody(const FusedApplyArgs& a, int64_t i0, int64_t i1)
 
 // One function per (storage, rounding) so that GCC clones each for AVX-512, AVX2 and baseline
 // x86-64 and picks one at load time, as lsp/adam.cc does.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define LSPO_APPLY_CLONES \
-  __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
-#else
-#define LSPO_APPLY_CLONES
-#endif
 
 #define LSPO_DEFINE_APPLY_ROWS(NAME, STORAGE, ROUND)                                  \
-  LSPO_APPLY_CLONES void NAME(const FusedApplyArgs& a, int64_t i0, int64_t i1) {      \
+  LSPO_CPU_CLONES void NAME(const FusedApplyArgs& a, int64_t i0, int64_t i1) {      \
     RowsBody<STORAGE, ROUND>(a, i0, i1);                                              \
   }
 LSPO_DEFINE_APPLY_ROWS(RowsF32, F32, Rounding::kNearest)
@@ -199,6 +195,70 @@ absl::Status FusedApplyCpu(const FusedApplyArgs& a) {
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, a.m, kRowGrain),
                     [&](const tbb::blocked_range<int64_t>& range) {
                       rows(a, range.begin(), range.end());
+                    });
+  return absl::OkStatus();
+}
+
+namespace {
+
+constexpr int64_t kColTile = 16;  // columns of E per tile of StepTimesQtCpu
+
+// out[0, len) = v[0] * rows[idx[0]][0, len) + ... + v[r-1] * rows[idx[r-1]][0, len), in that
+// order, each product rounded before its add (the compiler vectorises the unit-stride loops).
+LSPO_CPU_CLONES void CombineDtRows(const float* __restrict dt, int64_t stride,
+                                   const int64_t* __restrict idx, const float* __restrict v,
+                                   int64_t r, int64_t len, float* __restrict out) {
+  const float* __restrict row = dt + idx[0] * stride;
+  const float v0 = v[0];
+  for (int64_t a = 0; a < len; ++a) out[a] = v0 * row[a];
+  for (int64_t k = 1; k < r; ++k) {
+    const float* __restrict rk = dt + idx[k] * stride;
+    const float vk = v[k];
+    for (int64_t a = 0; a < len; ++a) out[a] += vk * rk[a];
+  }
+}
+
+// Columns [j0, j0 + jb) of E from their rows of E^T in et (jb, ld): by 16 x 16 register
+// transposes for full blocks, scalar otherwise.
+void StoreColumns(const float* et, int64_t ld, int64_t j0, int64_t jb, int64_t d_p, int64_t n,
+                  float* e) {
+  int64_t a0 = 0;
+#if LSPO_SIMD_TRANSPOSE16
+  if (jb == kColTile && simd::HasAvx512()) {
+    for (; a0 + 16 <= d_p; a0 += 16) simd::TransposeBlock16(et + a0, ld, e + a0 * n + j0, n);
+  }
+#endif
+  for (int64_t a = a0; a < d_p; ++a) {
+    for (int64_t jj = 0; jj < jb; ++jj) e[a * n + j0 + jj] = et[jj * ld + a];
+  }
+}
+
+}  // namespace
+
+absl::Status StepTimesQtCpu(const float* dt, int64_t d_p, int64_t d_q, const int64_t* q_index,
+                            const float* q_value, int64_t n, int64_t r, float* e) {
+  if (dt == nullptr || q_index == nullptr || q_value == nullptr || e == nullptr) {
+    return absl::InvalidArgumentError("StepTimesQtCpu: D^T, Q's index and value, E must be given");
+  }
+  if (d_p <= 0 || d_q <= 0 || n <= 0 || r < 1 || r > d_q) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "StepTimesQtCpu: d_p=%d d_q=%d n=%d r=%d; expected positive sizes and 1 <= r <= d_q",
+        d_p, d_q, n, r));
+  }
+  const int64_t tiles = (n + kColTile - 1) / kColTile;
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, tiles, 4),
+                    [&](const tbb::blocked_range<int64_t>& range) {
+                      std::vector<float> et(static_cast<size_t>(kColTile * d_p));  // (16, d_p)
+                      for (int64_t tile = range.begin(); tile < range.end(); ++tile) {
+                        const int64_t j0 = tile * kColTile;
+                        const int64_t jb = std::min(kColTile, n - j0);
+                        for (int64_t jj = 0; jj < jb; ++jj) {
+                          const int64_t j = j0 + jj;
+                          CombineDtRows(dt, d_p, q_index + j * r, q_value + j * r, r, d_p,
+                                        et.data() + jj * d_p);
+                        }
+                        StoreColumns(et.data(), d_p, j0, jb, d_p, n, e);
+                      }
                     });
   return absl::OkStatus();
 }

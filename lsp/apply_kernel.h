@@ -54,6 +54,19 @@ struct FusedApplyArgs {
 // P's indices are trusted (validated when the projector was built, SparseProjector::Validate).
 absl::Status FusedApplyCpu(const FusedApplyArgs& args);
 
+// E = D Q^T (d_p, n) fp32 row-major, the first stage of the fused apply, from Dt = D^T
+// (d_q, d_p) fp32 row-major and Q's (n, r) index / value. Per element, in fp32 with no fused
+// multiply-add: E[a, j] = q_value[j, 0] * Dt[q_index[j, 0], a], then + q_value[j, k] *
+// Dt[q_index[j, k], a] for k = 1 .. r - 1 ascending (the order of lsp::GatherRows, so E has
+// the bits of the ATen path's gather). Method: per tile of 16 columns j, the 16 rows of E^T
+// are summed from rows of Dt (unit stride), then written into E by 16 x 16 register
+// transposes. Reads Dt (cache-resident) r times per column, writes E once. TBB over column
+// tiles; the result does not depend on the thread count. Errors (nothing written):
+// kInvalidArgument for null pointers, non-positive sizes or r outside [1, d_q]. Q's indices
+// are trusted (each in [0, d_q)).
+absl::Status StepTimesQtCpu(const float* dt, int64_t d_p, int64_t d_q, const int64_t* q_index,
+                            const float* q_value, int64_t n, int64_t r, float* e);
+
 // Stochastic rounding of `count` fp32 values t (a whole matrix, row-major, element k numbered
 // k as in the fused apply) into 16-bit bits `out` of `dtype` (bf16 or fp16) with the noise of
 // `seed`: the same bits the fused applies (CPU and CUDA) write for the same sums. The fallback

@@ -34,33 +34,50 @@ struct LspLinearBackward : public torch::autograd::Node {
   std::string name() const override { return "LspLinearBackward"; }
 
   torch::autograd::SavedVariable weight;  // W (m, n) fp32
-  at::Tensor xq;                           // X Q (N, d_q) fp32
+  at::Tensor xq;                           // X Q (N, d_q) fp32, a view of (X Q)^T
   SparseProjector p;                       // P (m, d_p)
   int64_t linear_index = 0;
   std::shared_ptr<LspLinears::SinkHolder> sink;
 };
 
-// y = x W^T recorded with an LspLinearBackward node. x2d (N, n), w (m, n) -> (N, m).
+// y = x W^T recorded with an LspLinearBackward node. x2d (N, n), w (m, n) -> (N, m);
+// xq_t: (X Q)^T (d_q, N) fp32 when a sink is set (the backward's operand), else undefined.
 at::Tensor LspLinearForward(const at::Tensor& x2d, const at::Tensor& w, int64_t linear_index,
-                            const SparseProjector& p, const SparseProjector& q,
+                            const SparseProjector& p, at::Tensor xq_t,
                             const std::shared_ptr<LspLinears::SinkHolder>& sink) {
-  at::Tensor y;   // (N, m)
-  at::Tensor xq;  // (N, d)
+  at::Tensor y;  // (N, m)
   {
     at::NoGradGuard no_grad;
     y = at::mm(x2d, w.t());
-    if (sink->sink) xq = ProjectRows(x2d, q);
   }
   auto node = std::shared_ptr<LspLinearBackward>(new LspLinearBackward(),
                                                  torch::autograd::deleteNode);
   node->weight = torch::autograd::SavedVariable(w, /*is_output=*/false);
-  node->xq = xq;
+  node->sink = xq_t.defined() ? sink : nullptr;
+  if (xq_t.defined()) node->xq = xq_t.t();  // (N, d_q) view; the GEMM reads it in place
   node->p = p;
   node->linear_index = linear_index;
-  node->sink = xq.defined() ? sink : nullptr;
   node->set_next_edges(torch::autograd::collect_next_edges(x2d));
   torch::autograd::create_gradient_edge(y, std::move(node));
   return y;
+}
+
+// The linears of linear i's layer that take the same input as i, i first, then the later ones
+// in the model's call order (q -> k, v; gate -> up). Others: {i}.
+std::vector<int64_t> LaterSharers(int64_t i) {
+  using model::LinearKind;
+  const int64_t kind = i % model::kLinearsPerLayer;
+  if (kind == static_cast<int64_t>(LinearKind::kQ)) return {i, i + 1, i + 2};  // q, k, v
+  if (kind == static_cast<int64_t>(LinearKind::kGate)) return {i, i + 1};      // gate, up
+  return {i};
+}
+
+// True when a and b are the same values: one storage, offset, sizes, strides and version.
+bool SameInput(const at::Tensor& a, int64_t a_version, const at::Tensor& b) {
+  return a.defined() && b.defined() && a.is_alias_of(b) &&
+         a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() &&
+         a.strides() == b.strides() && a.scalar_type() == b.scalar_type() &&
+         b._version() == a_version;
 }
 
 }  // namespace
@@ -89,6 +106,7 @@ absl::Status LspLinears::SetProjectors(int64_t i, SparseProjector P, SparseProje
         "), Q (", Q.rows, ", ", Q.d, ")"));
   }
   s.pq = std::make_pair(std::move(P), std::move(Q));
+  shared_ = SharedInput();  // projections taken with the old projectors are not reused
   return absl::OkStatus();
 }
 
@@ -112,11 +130,40 @@ void LspLinears::SetSink(CompressedGradSink sink) { sink_->sink = std::move(sink
 
 at::Tensor LspLinears::Forward(const at::Tensor& x2d, const at::Tensor& w, int64_t i) {
   const Slot& s = slots_[static_cast<size_t>(i)];
-  if (s.pq.has_value()) return LspLinearForward(x2d, w, i, s.pq->first, s.pq->second, sink_);
-  LOG_FIRST_N(WARNING, 8) << "LspLinears: linear " << s.name
-                          << " has no projectors; treated as frozen (call SetProjectors first)";
-  return at::mm(x2d, w.t());  // (N, m); dX still flows, W gets no gradient
-
+  if (!s.pq.has_value()) {
+    LOG_FIRST_N(WARNING, 8) << "LspLinears: linear " << s.name
+                            << " has no projectors; treated as frozen (call SetProjectors first)";
+    return at::mm(x2d, w.t());  // (N, m); dX still flows, W gets no gradient
+  }
+  at::Tensor xq_t;  // (d_q, N)
+  if (sink_->sink) {
+    at::NoGradGuard no_grad;
+    auto hit = shared_.xq_t.find(i);
+    if (hit != shared_.xq_t.end() && SameInput(shared_.x, shared_.version, x2d)) {
+      xq_t = std::move(hit->second);
+      shared_.xq_t.erase(hit);
+    } else {
+      // One pass over X for i and the later linears of its layer that read the same X.
+      std::vector<int64_t> members;
+      std::vector<const SparseProjector*> qs;
+      for (int64_t j : LaterSharers(i)) {
+        if (j >= static_cast<int64_t>(slots_.size())) break;
+        const Slot& sj = slots_[static_cast<size_t>(j)];
+        if (!sj.pq.has_value() || sj.n != s.n) continue;
+        members.push_back(j);
+        qs.push_back(&sj.pq->second);
+      }
+      std::vector<at::Tensor> outs = ProjectRowsTransposed(x2d, qs);
+      xq_t = std::move(outs[0]);
+      shared_ = SharedInput();
+      if (members.size() > 1) {
+        shared_.x = x2d;
+        shared_.version = x2d._version();
+        for (size_t k = 1; k < members.size(); ++k) shared_.xq_t[members[k]] = std::move(outs[k]);
+      }
+    }
+  }
+  return LspLinearForward(x2d, w, i, s.pq->first, std::move(xq_t), sink_);
 }
 
 absl::Status LspLinears::To(const at::Device& device) {
@@ -129,6 +176,7 @@ absl::Status LspLinears::To(const at::Device& device) {
                                        : std::nullopt);
     }
     for (size_t k = 0; k < slots_.size(); ++k) slots_[k].pq = std::move(moved[k]);
+    shared_ = SharedInput();
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(absl::StrCat("cannot move the projectors to device '",
                                                    device.str(), "': ",

@@ -6,8 +6,10 @@
 // lsp/subspace.h gives the matrix a one-sided or per-matrix subspace), r non-zeros per row.
 //
 // For y = x W^T with upstream gradient dY (N, m) the weight gradient is G = dY^T X (m, n).
-// The forward saves XQ = X Q (N, d_q); the backward computes dX = dY W and
-// S = (dY P)^T XQ = P^T G Q (d_p, d_q) fp32 (lsp::CompressFactored), hands S to the sink and
+// The forward saves XQ = X Q (N, d_q) (kept token-minor as (X Q)^T, lsp::ProjectRowsTransposed;
+// the linears that read one input, q|k|v and gate|up, get theirs from one pass over X); the
+// backward computes dX = dY W and S = (dY P)^T XQ = P^T G Q (d_p, d_q) fp32
+// (lsp::CompressFactored), hands S to the sink and
 // returns NO weight gradient: G is never materialised. The backward node runs even when
 // nothing upstream is trainable (e.g. layer 0 with a frozen embedding), so loss.backward()
 // works with every parameter frozen. W must not be modified in place between a forward and its
@@ -22,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -84,7 +87,17 @@ class LspLinears : public model::LinearImpl {
     int64_t m = 0, n = 0;
     std::optional<std::pair<SparseProjector, SparseProjector>> pq;
   };
+  // X Q of the linears after the current one that read the same input (k and v after q, up
+  // after gate), computed in the same pass over X as the current one's and taken by their own
+  // Forward when x2d is still the same tensor (same storage, view and version); replaced by
+  // the next group's. Holds X, so X's memory cannot be reused while it waits.
+  struct SharedInput {
+    at::Tensor x;        // the shared (N, n) input
+    int64_t version = 0;  // its version counter when the projections were taken
+    std::map<int64_t, at::Tensor> xq_t;  // linear index -> (X Q)^T (d_q, N) fp32
+  };
   std::vector<Slot> slots_;
+  SharedInput shared_;
   std::shared_ptr<SinkHolder> sink_ = std::make_shared<SinkHolder>();
 };
 

@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "lsp/apply_kernel.h"
+#include "lsp/project_kernel.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
 
@@ -177,40 +178,21 @@ void RowDotsCpu(const T* a, const int64_t* idx, const T* b, int64_t rows, int64_
   });
 }
 
-// out (N, d) = X P for X (N, rows) in any float type, accumulated in TAcc. Parallel over
-// token tiles: each tile of kTokenTile tokens is transposed into a private (rows, tile) buffer
-// (cache-resident), then every non-zero of P adds v * X^T[i, tile] to row idx of a (d, tile)
-// accumulator, a unit-stride axpy the compiler vectorises; the tile is written back as (tile,
-// d). Per output element the sum runs over (i, j) in ascending order, as in a row-at-a-time
-// loop, so the result does not depend on the tiling or the thread count.
-constexpr int64_t kTokenTile = 64;
-template <typename TIn, typename TAcc>
-void RowsTimesPCpu(const TIn* x, int64_t n_tok, int64_t rows, const int64_t* idx,
-                   const TAcc* val, int64_t r, int64_t d, TAcc* out) {
-  ParallelFor(n_tok, kTokenTile, [&](int64_t t0, int64_t t1) {
-    std::vector<TAcc> xt(static_cast<size_t>(rows * kTokenTile));
-    std::vector<TAcc> acc(static_cast<size_t>(d * kTokenTile));
-    for (int64_t ts = t0; ts < t1; ts += kTokenTile) {
-      const int64_t tb = std::min(kTokenTile, t1 - ts);
-      for (int64_t t = 0; t < tb; ++t) {
-        const TIn* xr = x + (ts + t) * rows;
-        for (int64_t i = 0; i < rows; ++i) xt[i * tb + t] = static_cast<TAcc>(xr[i]);
-      }
-      std::fill(acc.begin(), acc.begin() + d * tb, TAcc(0));
-      for (int64_t i = 0; i < rows; ++i) {
-        const TAcc* __restrict xi = xt.data() + i * tb;
-        for (int64_t j = 0; j < r; ++j) {
-          const TAcc v = val[i * r + j];
-          TAcc* __restrict o = acc.data() + idx[i * r + j] * tb;
-          for (int64_t t = 0; t < tb; ++t) o[t] += v * xi[t];
-        }
-      }
-      for (int64_t t = 0; t < tb; ++t) {
-        TAcc* o = out + (ts + t) * d;
-        for (int64_t c = 0; c < d; ++c) o[c] = acc[c * tb + t];
-      }
-    }
-  });
+// The kernels' storage code of a weight or input dtype; false for dtypes they do not take (fp64).
+bool KernelDtype(at::ScalarType t, WeightDtype* out) {
+  switch (t) {
+    case at::kFloat:
+      *out = WeightDtype::kFloat32;
+      return true;
+    case at::kBFloat16:
+      *out = WeightDtype::kBFloat16;
+      return true;
+    case at::kHalf:
+      *out = WeightDtype::kFloat16;
+      return true;
+    default:
+      return false;
+  }
 }
 
 bool UseCpuLoops(const at::Tensor& t) {
@@ -330,43 +312,73 @@ class GatherRowsFn : public torch::autograd::Function<GatherRowsFn> {
   }
 };
 
-// X P for X (N, rows) -> (N, d) in `acc` (fp32/fp64). CPU loops when nothing needs a gradient,
-// else the differentiable scatter on X^T.
-at::Tensor RowsTimesP(const at::Tensor& X, const SparseProjector& P, at::ScalarType acc) {
-  const bool needs_grad =
-      at::GradMode::is_enabled() && (X.requires_grad() || P.value.requires_grad());
-  if (X.device().is_cpu() && !needs_grad && !g_force_aten.load(std::memory_order_relaxed)) {
-    const at::Tensor x = X.contiguous();
-    const at::Tensor idx = P.index.contiguous();
-    const at::Tensor val = P.value.to(acc).contiguous();
-    at::Tensor out = at::empty({x.size(0), P.d}, x.options().dtype(acc));  // (N, d)
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "RowsTimesP", [&] {
-      if (acc == at::kDouble) {
-        RowsTimesPCpu<scalar_t, double>(x.data_ptr<scalar_t>(), x.size(0), x.size(1),
-                                        idx.data_ptr<int64_t>(), val.data_ptr<double>(), P.r,
-                                        P.d, out.data_ptr<double>());
-      } else {
-        RowsTimesPCpu<scalar_t, float>(x.data_ptr<scalar_t>(), x.size(0), x.size(1),
-                                       idx.data_ptr<int64_t>(), val.data_ptr<float>(), P.r, P.d,
-                                       out.data_ptr<float>());
+// (X P)^T (P.d, N) contiguous in `acc` (fp32/fp64) for X (N, rows) and each projector of
+// `ps` (all with P.rows == rows). CPU, fp32 accumulation, nothing needing a gradient: one
+// token-tiled pass over X for all of them (lsp/project_kernel.h); a dense projector by one
+// BLAS GEMM. Otherwise per projector: the CUDA kernel (LSPO_CUDA_KERNELS=custom) or the
+// differentiable scatter on X^T (ATen index ops; the CPU loops for fp64).
+std::vector<at::Tensor> RowsTimesPT(const at::Tensor& X,
+                                    const std::vector<const SparseProjector*>& ps,
+                                    at::ScalarType acc) {
+  bool needs_grad = false;
+  for (const SparseProjector* p : ps) needs_grad = needs_grad || p->value.requires_grad();
+  needs_grad = at::GradMode::is_enabled() && (needs_grad || X.requires_grad());
+  std::vector<at::Tensor> outs(ps.size());
+  WeightDtype x_dtype;
+  if (X.device().is_cpu() && !needs_grad && !g_force_aten.load(std::memory_order_relaxed) &&
+      acc == at::kFloat && KernelDtype(X.scalar_type(), &x_dtype)) {
+    const at::Tensor x = X.contiguous();  // (N, rows)
+    std::vector<ProjectTarget> targets;
+    std::vector<at::Tensor> keep;         // contiguous index / value operands
+    for (size_t k = 0; k < ps.size(); ++k) {
+      const SparseProjector& P = *ps[k];
+      if (P.dense) {  // (d, N) = P^T X^T by BLAS
+        outs[k] = at::mm(P.value.to(at::kFloat).t(), x.to(at::kFloat).t()).contiguous();
+        continue;
       }
-    });
-    return out;
+      outs[k] = at::empty({P.d, x.size(0)}, x.options().dtype(at::kFloat));
+      keep.push_back(P.index.contiguous());
+      keep.push_back(P.value.to(at::kFloat).contiguous());
+      ProjectTarget t;
+      t.index = keep[keep.size() - 2].data_ptr<int64_t>();
+      t.value = keep.back().data_ptr<float>();
+      t.d = P.d;
+      t.r = P.r;
+      t.out = outs[k].data_ptr<float>();
+      targets.push_back(t);
+    }
+    if (!targets.empty()) {
+      ProjectArgs args;
+      args.x = x.data_ptr();
+      args.dtype = x_dtype;
+      args.n_tok = x.size(0);
+      args.rows = x.size(1);
+      args.targets = targets.data();
+      args.n_targets = static_cast<int64_t>(targets.size());
+      const absl::Status st = ProjectTokensCpu(args);
+      CHECK(st.ok()) << st;  // the operands were checked by the callers
+    }
+    return outs;
   }
+  for (size_t k = 0; k < ps.size(); ++k) {
+    const SparseProjector& P = *ps[k];
 #if LSPO_HAS_CUDA_KERNELS
-  if (X.is_cuda() && !needs_grad && acc == at::kFloat && UseCudaKernels()) {
-    const at::Tensor x = X.to(at::kFloat).contiguous();           // (N, rows)
-    const at::Tensor idx = P.index.to(at::kInt).contiguous();     // (rows, r) int32
-    const at::Tensor val = P.value.to(at::kFloat).contiguous();   // (rows, r)
-    at::Tensor out = at::empty({x.size(0), P.d}, x.options());    // (N, d)
-    const int rc = cuda::ProjectRows(x.data_ptr<float>(), x.size(0), x.size(1),
-                                     idx.data_ptr<int32_t>(), val.data_ptr<float>(), P.d, P.r,
-                                     out.data_ptr<float>(), /*stream=*/nullptr);
-    TORCH_CHECK(rc == 0, "lsp::ProjectRows: CUDA/cuSPARSE error ", rc);
-    return out;
-  }
+    if (X.is_cuda() && !needs_grad && acc == at::kFloat && UseCudaKernels()) {
+      const at::Tensor x = X.to(at::kFloat).contiguous();           // (N, rows)
+      const at::Tensor idx = P.index.to(at::kInt).contiguous();     // (rows, r) int32
+      const at::Tensor val = P.value.to(at::kFloat).contiguous();   // (rows, r)
+      at::Tensor out = at::empty({x.size(0), P.d}, x.options());    // (N, d)
+      const int rc = cuda::ProjectRows(x.data_ptr<float>(), x.size(0), x.size(1),
+                                       idx.data_ptr<int32_t>(), val.data_ptr<float>(), P.d, P.r,
+                                       out.data_ptr<float>(), /*stream=*/nullptr);
+      TORCH_CHECK(rc == 0, "lsp::ProjectRows: CUDA/cuSPARSE error ", rc);
+      outs[k] = out.t().contiguous();
+      continue;
+    }
 #endif
-  return internal::ScatterRows(X.to(acc).t().contiguous(), P.index, P.value, P.d).t();
+    outs[k] = internal::ScatterRows(X.to(acc).t().contiguous(), P.index, P.value, P.d);
+  }
+  return outs;
 }
 
 }  // namespace
@@ -646,7 +658,20 @@ at::Tensor ProjectRows(const at::Tensor& X, const SparseProjector& P) {
   CheckOperand(X, "ProjectRows", "X");
   CheckProjector(P, "ProjectRows", "P", X);
   CHECK_EQ(X.size(1), P.rows) << "ProjectRows: X " << X.sizes() << " vs P rows " << P.rows;
-  return RowsTimesP(X, P, AccumType(X.scalar_type())).to(X.scalar_type()).contiguous();
+  return RowsTimesPT(X, {&P}, AccumType(X.scalar_type()))[0].t().to(X.scalar_type()).contiguous();
+}
+
+std::vector<at::Tensor> ProjectRowsTransposed(const at::Tensor& X,
+                                              const std::vector<const SparseProjector*>& Ps) {
+  CheckOperand(X, "ProjectRowsTransposed", "X");
+  CHECK(!Ps.empty()) << "ProjectRowsTransposed: no projectors";
+  for (const SparseProjector* P : Ps) {
+    CHECK(P != nullptr) << "ProjectRowsTransposed: null projector";
+    CheckProjector(*P, "ProjectRowsTransposed", "P", X);
+    CHECK_EQ(X.size(1), P->rows) << "ProjectRowsTransposed: X " << X.sizes() << " vs P rows "
+                                 << P->rows;
+  }
+  return RowsTimesPT(X, Ps, AccumType(X.scalar_type()));
 }
 
 at::Tensor CompressFactored(const at::Tensor& dY, const at::Tensor& XQ,
@@ -661,8 +686,8 @@ at::Tensor CompressFactored(const at::Tensor& dY, const at::Tensor& XQ,
   const at::ScalarType ct = (dY.scalar_type() == at::kDouble && XQ.scalar_type() == at::kDouble)
                                 ? at::kDouble
                                 : at::kFloat;
-  const at::Tensor dyp = RowsTimesP(dY, P, ct);  // (N, d_p) = dY P
-  return dyp.t().mm(XQ.to(ct));                  // (d_p, d_q) = (dY P)^T (X Q)
+  const at::Tensor dyp_t = RowsTimesPT(dY, {&P}, ct)[0];  // (d_p, N) = (dY P)^T
+  return dyp_t.mm(XQ.to(ct));                              // (d_p, d_q) = (dY P)^T (X Q)
 }
 
 at::Tensor CompressDense(const at::Tensor& G, const SparseProjector& P, const SparseProjector& Q) {
@@ -709,31 +734,25 @@ at::Tensor ExpandStep(const SparseProjector& P, const at::Tensor& D, const Spars
 
 namespace {
 // E = D Q^T (P.d, n) fp32 contiguous, by gathering rows of D^T: the first stage of the fused
-// apply W += P E (CPU loops and the CUDA row kernel alike).
+// apply W += P E (CPU loops and the CUDA row kernel alike). On the CPU one kernel forms E in
+// place of the gather and its transpose (lsp/apply_kernel.h StepTimesQtCpu, the same bits).
 at::Tensor StepTimesQt(const at::Tensor& D, const SparseProjector& Q) {
   const at::Tensor dt = D.to(at::kFloat).t().contiguous();        // (dQ, dP)
+  if (dt.device().is_cpu() && !g_force_aten.load(std::memory_order_relaxed)) {
+    const at::Tensor idx = Q.index.contiguous();
+    const at::Tensor val = Q.value.to(at::kFloat).contiguous();
+    at::Tensor e = at::empty({D.size(0), Q.rows}, dt.options());  // (dP, n)
+    const absl::Status st =
+        StepTimesQtCpu(dt.data_ptr<float>(), D.size(0), D.size(1), idx.data_ptr<int64_t>(),
+                       val.data_ptr<float>(), Q.rows, Q.r, e.data_ptr<float>());
+    CHECK(st.ok()) << "StepTimesQt: " << st;
+    return e;
+  }
   return GatherKernel(dt, Q.index, Q.value).t().contiguous();    // (dP, n)
 }
 }  // namespace
 
 namespace {
-
-// The kernels' storage code of a weight dtype; false for dtypes they do not take (fp64).
-bool KernelDtype(at::ScalarType t, WeightDtype* out) {
-  switch (t) {
-    case at::kFloat:
-      *out = WeightDtype::kFloat32;
-      return true;
-    case at::kBFloat16:
-      *out = WeightDtype::kBFloat16;
-      return true;
-    case at::kHalf:
-      *out = WeightDtype::kFloat16;
-      return true;
-    default:
-      return false;
-  }
-}
 
 // CUDA applies use the fused kernel unless the ATen kernels were chosen (lsp.kernels: aten).
 bool UseCudaFusedApply() {

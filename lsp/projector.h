@@ -31,6 +31,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -110,10 +111,24 @@ inline uint64_t ProjectorSeed(uint64_t base, int64_t linear, int64_t draw) {
 // P.value (when grad mode is on and either requires grad, the ATen path is taken).
 at::Tensor ProjectRows(const at::Tensor& X, const SparseProjector& P);
 
+// (X P)^T for every projector of Ps over one input X: the token-minor layout the compression
+// consumes (S = (dY P)^T (X Q) is then one GEMM with no transpose copy), and one pass over X
+// for all the projectors of linears that share an input (q|k|v, gate|up). X: (N, rows) any
+// floating dtype, any device; every P: P.rows == X.size(1). Returns, per P, (P.d, N)
+// contiguous fp32 (fp64 for fp64 X). On the CPU with fp32 accumulation: the token-tiled kernel
+// of lsp/project_kernel.h (sums over X's features in ascending order, products rounded before
+// each add: deterministic, the same bits for any thread count); a dense projector by a BLAS
+// GEMM. Elsewhere each P separately, as ProjectRows. Differentiable as ProjectRows. Empty Ps
+// or mismatched operands are programmer errors (CHECKed).
+std::vector<at::Tensor> ProjectRowsTransposed(const at::Tensor& X,
+                                              const std::vector<const SparseProjector*>& Ps);
+
 // The compressed weight gradient of a linear layer without materialising G (docs/method.md):
 //   S = P^T G Q with G = dY^T X, computed as S = (dY P)^T (X Q).
 // dY: (N, m) any floating dtype (cast to fp32 before the projection); XQ: (N, d_q) = X Q from
-// ProjectRows (any floating dtype); P: (m, d_p). Returns (d_p, d_q) fp32 (fp64 if dY and XQ
+// ProjectRows, or the transposed view .t() of ProjectRowsTransposed's (d_q, N) (any floating
+// dtype, any strides: the GEMM reads it in place); P: (m, d_p). dY P is formed token-minor
+// (ProjectRowsTransposed), then S = (dY P)^T (X Q) by one GEMM. Returns (d_p, d_q) fp32 (fp64 if dY and XQ
 // are both fp64). Cost O(N m r + N d_p d_q).
 at::Tensor CompressFactored(const at::Tensor& dY, const at::Tensor& XQ, const SparseProjector& P);
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/lsp/host_projector.h"
 #include "lsp/rounding.h"
 #include "runtime/float16.h"
 #include "tbb/global_control.h"
@@ -25,25 +26,10 @@ using runtime::Fp32ToBf16;
 using runtime::Fp32ToFp16;
 
 // A random (m, d) projector with r distinct columns per row and N(0, 1/r) values.
-struct Proj {
-  std::vector<int64_t> index;
-  std::vector<float> value;
-};
+using Proj = HostProjector;
 
 Proj RandomProj(int64_t rows, int64_t d, int64_t r, std::mt19937& rng) {
-  Proj p;
-  std::normal_distribution<float> nd(0.f, 1.f / std::sqrt(static_cast<float>(r)));
-  std::vector<int64_t> cols(d);
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t c = 0; c < d; ++c) cols[c] = c;
-    for (int64_t k = 0; k < r; ++k) {  // partial Fisher-Yates: r distinct columns
-      std::uniform_int_distribution<int64_t> pick(k, d - 1);
-      std::swap(cols[k], cols[pick(rng)]);
-      p.index.push_back(cols[k]);
-      p.value.push_back(nd(rng));
-    }
-  }
-  return p;
+  return RandomHostProjector(rows, d, r, rng);
 }
 
 float Load(const std::vector<uint16_t>& v, int64_t k, WeightDtype dt) {

@@ -420,6 +420,38 @@ TEST_P(KernelTest, CompressFactoredMatchesDenseGradient) {
   EXPECT_LT(RelErr(got_bf16, want), 1e-2);
 }
 
+TEST_P(KernelTest, ProjectRowsTransposedSharesOnePassAndMatchesDense) {
+  // Q and a second projector of the same input (as q|k|v share X): each output is (X Q)^T,
+  // equal to its own call bit for bit, and the backward's S from the transposed layout equals
+  // the dense P^T dY^T X Q.
+  const SparseProjector Q2 = MakeProjector(S().n, std::max<int64_t>(1, S().d / 2),
+                                           std::min<int64_t>(S().r, std::max<int64_t>(1, S().d / 2)),
+                                           303);
+  const std::vector<at::Tensor> both = ProjectRowsTransposed(X_, {&Q_, &Q2});
+  ASSERT_EQ(both.size(), 2u);
+  const at::Tensor x64 = X_.to(at::kDouble);
+  for (int k = 0; k < 2; ++k) {
+    const SparseProjector& q = k == 0 ? Q_ : Q2;
+    const at::Tensor want = x64.mm(DenseF64(q)).t();  // (d, N)
+    ASSERT_EQ(both[k].sizes(), want.sizes());
+    EXPECT_TRUE(both[k].is_contiguous());
+    EXPECT_EQ(both[k].scalar_type(), at::kFloat);
+    EXPECT_LT(RelErr(both[k], want), 1e-5);
+    EXPECT_TRUE(at::equal(both[k], ProjectRowsTransposed(X_, {&q})[0])) << k;
+  }
+  const at::Tensor g = dY_.to(at::kDouble).t().mm(x64);                   // (m, n)
+  const at::Tensor want_s = DenseF64(P_).t().mm(g).mm(DenseF64(Q_));      // (d, d)
+  EXPECT_LT(RelErr(CompressFactored(dY_, both[0].t(), P_), want_s), 1e-5);
+  // fp64 input stays fp64; 16-bit input is read exactly and accumulated in fp32.
+  const at::Tensor t64 = ProjectRowsTransposed(x64, {&Q_})[0];
+  EXPECT_EQ(t64.scalar_type(), at::kDouble);
+  EXPECT_LT(RelErr(t64, x64.mm(DenseF64(Q_)).t()), 1e-12);
+  const at::Tensor xh = X_.to(at::kHalf);
+  const at::Tensor th = ProjectRowsTransposed(xh, {&Q_})[0];
+  EXPECT_EQ(th.scalar_type(), at::kFloat);
+  EXPECT_LT(RelErr(th, xh.to(at::kDouble).mm(DenseF64(Q_)).t()), 1e-5);
+}
+
 TEST_P(KernelTest, CompressDenseMatchesDense) {
   const at::Tensor g = torch::randn({S().m, S().n});  // (m, n)
   const at::Tensor want = DenseF64(P_).t().mm(g.to(at::kDouble)).mm(DenseF64(Q_));

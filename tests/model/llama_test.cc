@@ -517,6 +517,50 @@ TEST_F(TinyLlamaTest, LspCompressedGradientEqualsProjectedDenseGradient) {
   EXPECT_TRUE(got.empty());
 }
 
+TEST_F(TinyLlamaTest, SharedInputProjectionIsReusedOnlyForTheSameValues) {
+  // q's forward projects X for q, k and v in one pass. k reuses it only when its input is the
+  // same tensor, unchanged; another tensor with the same values, or the same tensor changed in
+  // place, is projected afresh. Checked through S = P^T dY^T X Q against float64.
+  auto lsp_linears = std::make_shared<lsp::LspLinears>(*model_);
+  std::vector<Projectors> proj;
+  for (int64_t i = 0; i < 3; ++i) {
+    const at::Tensor& w = model_->LinearWeight(i);
+    auto P = lsp::SparseProjector::Random(w.size(0), 8, 4, 300 + i);
+    auto Q = lsp::SparseProjector::Random(w.size(1), 8, 4, 400 + i);
+    ASSERT_TRUE(P.ok() && Q.ok());
+    proj.push_back({*P, *Q});
+    ASSERT_TRUE(lsp_linears->SetProjectors(i, *P, *Q).ok());
+  }
+  std::map<int64_t, at::Tensor> got;
+  lsp_linears->SetSink([&](int64_t i, const at::Tensor& S) { got[i] = S; });
+  const int64_t n = model_->LinearWeight(0).size(1);
+  const auto s_ref = [&](int64_t i, const at::Tensor& x, const at::Tensor& dy) {
+    const Projectors& pq = proj[static_cast<size_t>(i)];
+    return pq.P.Dense().to(at::kDouble).t().mm(dy.to(at::kDouble).t()).mm(
+        x.to(at::kDouble)).mm(pq.Q.Dense().to(at::kDouble));  // (d, d)
+  };
+  torch::manual_seed(5);
+  at::Tensor x = torch::randn({6, n});
+  const at::Tensor w0 = model_->LinearWeight(0), w1 = model_->LinearWeight(1);
+  // (1) Same tensor: k takes q's pass. (2) A copy: fresh. (3) Changed in place: fresh.
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);
+    got.clear();
+    at::Tensor xk = x;
+    const at::Tensor y0 = lsp_linears->Forward(x, w0, 0);
+    if (variant == 1) xk = x.clone() * 2;
+    if (variant == 2) {
+      at::NoGradGuard no_grad;
+      x.mul_(3);  // after q's forward, before k's: k must see the new values
+    }
+    const at::Tensor y1 = lsp_linears->Forward(xk, w1, 1);
+    const at::Tensor dy0 = torch::randn(y0.sizes()), dy1 = torch::randn(y1.sizes());
+    torch::autograd::backward({y1, y0}, {dy1, dy0});
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_LT(MaxAbsDiff(got[1], s_ref(1, xk, dy1)), 1e-4);
+  }
+}
+
 TEST_F(TinyLlamaTest, MixedModesPerLinear) {
   // Only layer 1's down_proj is trained with LSP; layer 0's q_proj densely; rest frozen.
   auto P = lsp::SparseProjector::Random(64, 8, 2, 5);
