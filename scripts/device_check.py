@@ -25,11 +25,17 @@ Subcommands (each prints what it did; exit 0 on success, 1 on failure, 2 on usag
       Prints a ctest -R regular expression that selects every test run by one of the given
       executables (for builds whose CUDA tests carry no "cuda" label); nothing if none.
 
+  peers-args DIR
+      Prints, per model of DIR/manifest.json (execution order), "key<TAB>weight<TAB>arguments"
+      for scripts/device_peers.py: the same shape, vocabulary, micro-batch, seq_len and steps.
+
   aggregate DIR
-      Reads DIR/manifest.json, DIR/status.tsv, DIR/runs/<run>/metrics.jsonl and the CUDA test
-      and build status files, writes RESULTS (default DIR/../../results.json, i.e. OUT_DIR)
-      and prints a table: per model x mode the mean step seconds (step 1 excluded), tokens/s,
-      peak GPU memory, PCIe GB/s both directions, and the lsp/native and zero/lsp ratios.
+      Reads DIR/manifest.json, DIR/status.tsv, DIR/runs/<run>/metrics.jsonl, the peers'
+      DIR/peers-<model>.json and the CUDA test and build status files, writes RESULTS (default
+      DIR/../../results.json, i.e. OUT_DIR) and prints a table: per model x mode the mean step
+      seconds (step 1 excluded), tokens/s, peak GPU memory, PCIe GB/s both directions; the
+      peers' steps; and the ratios of the GPU-speed issue's targets (lsp/native, lsp/plain
+      PyTorch, torchao/lsp, zero+overlap/lsp).
 """
 import datetime
 import json
@@ -122,8 +128,9 @@ MODES = [  # name, TrainingMode, schedule, lsp.kernels
     ("native", "MODE_NATIVE", "", ""),
     ("zero", "MODE_ZERO", "serial", ""),
     ("zero-overlap", "MODE_ZERO", "overlap", ""),
-    ("lsp", "MODE_LSP", "overlap", "aten"),
-    # The same with the project's CUDA kernels (lsp/cuda) instead of ATen index ops.
+    # The default kernels: the fused apply (lsp/cuda ApplyFused), ATen's compression.
+    ("lsp", "MODE_LSP", "overlap", ""),
+    # Every project kernel: cuSPARSE compression too (lsp.kernels custom).
     ("lsp-custom", "MODE_LSP", "overlap", "custom"),
 ]
 
@@ -224,7 +231,7 @@ def make_specs(args):
     spec_dir = os.path.join(out, "specs")
     os.makedirs(spec_dir, exist_ok=True)
     manifest = {"smoke": smoke, "device": device, "steps": steps, "seq_len": seq_len, "r": r,
-                "runs": []}
+                "runs": [], "models": []}
     lines = []
     cap_mb = _env_int("LSPO_DC_CAP_MB", 4096)
     for m in models:
@@ -234,6 +241,12 @@ def make_specs(args):
         min_mn = min(min(mn) for mn in matrices(shape))
         if m["d"] >= min_mn:
             raise ValueError(f"{m['key']}: d = {m['d']} must be < min(m, n) = {min_mn}")
+        h, i, n, a, kv = shape
+        manifest["models"].append(dict(key=m["key"], weight=m["weight"], micro_batch_size=m["mb"],
+                                       peer_args=["--hidden", h, "--intermediate", i,
+                                                  "--layers", n, "--heads", a, "--kv-heads", kv,
+                                                  "--vocab", VOCAB, "--micro-batch", m["mb"],
+                                                  "--seq-len", seq_len, "--steps", steps]))
         runs = [(mode, enum, schedule, kernels, 0) for mode, enum, schedule, kernels in MODES]
         if device == "cuda" and m["key"] == "llama-1.1b" and cap_mb > 0:
             runs += [(mode, enum, schedule, "", cap_mb) for mode, enum, schedule in CAP_MODES]
@@ -509,25 +522,43 @@ def aggregate(detail, results_path):
                 peak - mm["static_bytes"] if peak is not None else None)
             res["memory_model"] = mm
         runs.append(res)
+    peers = {}
+    for model in dict.fromkeys(r["model"] for r in runs):
+        try:
+            with open(os.path.join(detail, f"peers-{model}.json")) as f:
+                peers[model] = json.load(f)
+        except (OSError, ValueError):
+            pass
     comparisons = {}
     for model in dict.fromkeys(r["model"] for r in runs):
         by = {r["mode"]: r for r in runs if r["model"] == model and r["status"] == "ok"}
         t = {m: by[m]["mean_step_seconds"] if m in by else None
              for m in ("native", "zero", "zero-overlap", "lsp", "lsp-custom")}
+        pt = {k: v.get("step_s") for k, v in peers.get(model, {}).get("peers", {}).items()
+              if v.get("status") == "ok"}
         c = {"lsp_over_native_step": _ratio(t["lsp"], t["native"]),
              "lsp_custom_over_native_step": _ratio(t["lsp-custom"], t["native"]),
              "lsp_custom_over_lsp_step": _ratio(t["lsp-custom"], t["lsp"]),
              "zero_over_lsp_step": _ratio(t["zero"], t["lsp"]),
-             "zero_overlap_over_lsp_step": _ratio(t["zero-overlap"], t["lsp"])}
+             "zero_overlap_over_lsp_step": _ratio(t["zero-overlap"], t["lsp"]),
+             "lsp_over_plain_pytorch_step": _ratio(t["lsp"], pt.get("torch")),
+             "lsp_over_transformers_step": _ratio(t["lsp"], pt.get("hf")),
+             "torchao_offload_over_lsp_step": _ratio(pt.get("torchao"), t["lsp"]),
+             "native_over_plain_pytorch_step": _ratio(t["native"], pt.get("torch"))}
         d = next((r["d"] for r in runs if r["model"] == model), None)
-        c["targets"] = {
-            "lsp_step_le_1.10x_native": (c["lsp_over_native_step"] <= 1.10
-                                         if c["lsp_over_native_step"] is not None else None),
-            "lsp_ge_2x_faster_than_zero_overlap": (
-                c["zero_overlap_over_lsp_step"] >= 2.0
-                if c["zero_overlap_over_lsp_step"] is not None else None),
+
+        def met(v, ok):
+            return ok(v) if v is not None else None
+        c["targets"] = {  # the GPU-speed issue's, stated for the ~1.1B shape at d 256, r 8
+            "lsp_le_0.85x_native": met(c["lsp_over_native_step"], lambda v: v <= 0.85),
+            "lsp_le_1.0x_plain_pytorch": met(c["lsp_over_plain_pytorch_step"],
+                                             lambda v: v <= 1.0),
+            "torchao_offload_ge_1.5x_lsp": met(c["torchao_offload_over_lsp_step"],
+                                               lambda v: v >= 1.5),
+            "zero_overlap_ge_2.5x_lsp": met(c["zero_overlap_over_lsp_step"],
+                                            lambda v: v >= 2.5),
             "d": d,
-            "note": "the 1.10x target is stated for d = 256" if d != 256 else "",
+            "note": "the targets are stated for d = 256" if d != 256 else "",
         }
         comparisons[model] = c
     results = {
@@ -553,6 +584,7 @@ def aggregate(detail, results_path):
                         "copies); likewise h2d_gbps",
         },
         "runs": runs,
+        "peers": peers,
         "comparisons": comparisons,
     }
     tmp = results_path + ".partial"
@@ -570,12 +602,23 @@ def aggregate(detail, results_path):
                       _num(r["h2d_gbps"], ".1f")])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+    for model, rep in peers.items():
+        for name, p in rep.get("peers", {}).items():
+            if p.get("status") == "ok":
+                peak = (f", peak {p['peak_device_gib']:.2f} GiB" if "peak_device_gib" in p
+                        else "")
+                lines.append(f"peer {model} {name}: {p['step_s']:.3f} s/step{peak}"
+                             f" ({p.get('model', '')}; {p.get('precision', '')})")
+            else:
+                lines.append(f"peer {model} {name}: {p.get('status')} ({p.get('why', '')})")
     for model, c in comparisons.items():
-        lines.append(f"{model}: lsp/native step {_num(c['lsp_over_native_step'], '.2f')}x"
-                     f" (target <= 1.10 at d = 256; d = {c['targets']['d']}),"
-                     f" zero/lsp {_num(c['zero_over_lsp_step'], '.2f')}x,"
+        lines.append(f"{model} (d = {c['targets']['d']}): lsp/native "
+                     f"{_num(c['lsp_over_native_step'], '.2f')}x (target <= 0.85),"
+                     f" lsp/plain PyTorch {_num(c['lsp_over_plain_pytorch_step'], '.2f')}x"
+                     f" (<= 1.0), torchao offload/lsp "
+                     f"{_num(c['torchao_offload_over_lsp_step'], '.2f')}x (>= 1.5),"
                      f" zero+overlap/lsp {_num(c['zero_overlap_over_lsp_step'], '.2f')}x"
-                     f" (target >= 2)")
+                     f" (>= 2.5), zero/lsp {_num(c['zero_over_lsp_step'], '.2f')}x")
     capped = [r for r in runs if r["device_memory_limit_mb"]]
     if capped:
         lines.append(f"under a {capped[0]['device_memory_limit_mb']} MiB device cap (micro-batch 1,"
@@ -590,6 +633,16 @@ def aggregate(detail, results_path):
 
 
 # ------------------------------------------------------------------------------------------
+
+def peers_args(detail):
+    """One line per model of DIR/manifest.json, in execution order:
+    "key<TAB>weight<TAB>device_peers.py arguments (space-separated)"."""
+    with open(os.path.join(detail, "manifest.json")) as f:
+        manifest = json.load(f)
+    models = sorted(manifest.get("models", []), key=lambda m: RUN_ORDER.get(m["key"], 9))
+    return "\n".join(f"{m['key']}\t{m['weight']}\t--device {manifest['device']} "
+                     + " ".join(str(v) for v in m["peer_args"]) for m in models)
+
 
 def _parse_specs_args(argv):
     args = {"smoke": False, "gguf": ""}
@@ -622,6 +675,8 @@ def main(argv):
             print("\n".join(cuda_targets(rest[0])))
         elif cmd == "cuda-regex" and len(rest) >= 2:
             print(cuda_regex(rest[0], set(rest[1:])))
+        elif cmd == "peers-args" and len(rest) == 1:
+            print(peers_args(rest[0]))
         elif cmd == "aggregate" and len(rest) in (1, 2):
             detail = rest[0]
             results = rest[1] if len(rest) == 2 else os.path.join(detail, "..", "..",
