@@ -121,7 +121,7 @@ void LoraAdapter::Attach(model::LlamaModel* model) {
 
 at::Tensor LoraAdapter::Forward(const at::Tensor& x2d, const at::Tensor& w,
                                 int64_t linear_index) {
-  at::Tensor y = at::mm(x2d, w.t());  // (N, m)
+  at::Tensor y = model::UpcastLinear(x2d, w);  // (N, m); no upcast copy of 16-bit W kept
   if (!targets(linear_index)) return y;
   const at::Tensor& a = A(linear_index);  // (r, n)
   const at::Tensor& b = B(linear_index);  // (m, r)

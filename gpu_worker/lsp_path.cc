@@ -49,20 +49,36 @@ absl::Status LspPath::AttachGradients(WorkerJob* job) {
   p_.resize(job->linears.size());
   q_.resize(job->linears.size());
   s_accum_.resize(job->linears.size());
-  RETURN_IF_ERROR(offload::TorchCall("allocating the S accumulators", [&]() -> absl::Status {
-    for (size_t i = 0; i < s_accum_.size(); ++i) {
-      const auto& slot = job->layout.linears(static_cast<int>(i));
-      s_accum_[i] = at::zeros({slot.d_p(), slot.d_q()},
-                              at::TensorOptions().dtype(at::kFloat).device(job->device));
-    }
-    return absl::OkStatus();
-  }));
+  // One micro-batch per step: each S is the step's, kept as formed (until it is published
+  // and the next step begins) instead of summed into an accumulator held for the whole job.
+  persistent_s_ = job->spec.grad_accum() > 1;
+  if (persistent_s_) {
+    RETURN_IF_ERROR(offload::TorchCall("allocating the S accumulators", [&]() -> absl::Status {
+      for (size_t i = 0; i < s_accum_.size(); ++i) {
+        const auto& slot = job->layout.linears(static_cast<int>(i));
+        s_accum_[i] = at::zeros({slot.d_p(), slot.d_q()},
+                                at::TensorOptions().dtype(at::kFloat).device(job->device));
+      }
+      return absl::OkStatus();
+    }));
+  }
   auto& model = *job->model;
   linears_ = std::make_shared<lsp::LspLinears>(model);
+  linears_->SetDenseCompression(job->spec.lsp().compression() == lspo::v1::COMPRESSION_DENSE);
   model.SetLinearImpl(linears_);
   model.SetLinearMode(model::LinearMode::kCustom);
+  // CUDA: each S's formation bracketed by compute-stream events (StepMetrics
+  // device_phase_seconds["compress"], "gpu" spans of the timeline).
+  linears_->SetCompressBeginHook([job](int64_t i) {
+    if (job->offload) job->offload->MarkComputeBegin(i / model::kLinearsPerLayer, "compress");
+  });
   linears_->SetSink([this, job](int64_t i, const at::Tensor& s) {
-    s_accum_[i].add_(s);
+    if (job->offload) job->offload->MarkComputeEnd(i / model::kLinearsPerLayer, "compress");
+    if (persistent_s_) {
+      s_accum_[i].add_(s);
+    } else {
+      s_accum_[i] = s;  // a fresh (d_p, d_q) fp32 tensor of this backward (lsp_linear.h)
+    }
     if (job->publish_step > 0 && !job->publish_failed) {
       PublishGradient(job, i, s_accum_[i], job->publish_step);
     }
@@ -85,7 +101,13 @@ absl::Status LspPath::CheckReady(const WorkerJob& job) const {
 }
 
 void LspPath::ZeroGrads(WorkerJob* job) {
-  for (auto& s : s_accum_) s.zero_();
+  for (auto& s : s_accum_) {
+    if (persistent_s_) {
+      s.zero_();
+    } else {
+      s = at::Tensor();  // the last step's S, published: freed
+    }
+  }
 }
 
 double LspPath::WorkerDecay(const lspo::v1::JobSpec& spec, double lr) const {
@@ -97,7 +119,9 @@ absl::StatusOr<at::Tensor> LspPath::GradientSlot(const WorkerJob& job, int64_t i
 }
 
 at::Tensor LspPath::DeviceSnapshot(const at::Tensor& grad) const {
-  // S is accumulated in place by later micro-batches: always a copy.
+  // An accumulator is summed into in place by later micro-batches: a copy. An S kept as formed
+  // is never written again (the next step replaces the handle): itself.
+  if (!persistent_s_) return grad.to(at::kFloat).contiguous();
   return grad.to(at::kFloat).clone(at::MemoryFormat::Contiguous);
 }
 

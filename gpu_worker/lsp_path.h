@@ -74,7 +74,12 @@ class LspPath : public OffloadPath {
   std::vector<lsp::SparseProjector> p_, q_;
   // The model's LinearImpl; null when the linears compute densely (GaLore-Offload).
   std::shared_ptr<lsp::LspLinears> linears_;
-  std::vector<at::Tensor> s_accum_;  // Per linear, (d_p, d_q) fp32, summed over micro-batches.
+  // Per linear, (d_p, d_q) fp32: with grad_accum > 1 (persistent_s_) an accumulator summed
+  // over the step's micro-batches and zeroed per step; with one micro-batch per step the S of
+  // the step's backward itself (undefined between steps), so no accumulator lives on the
+  // device for the whole job.
+  std::vector<at::Tensor> s_accum_;
+  bool persistent_s_ = true;
   std::vector<at::Tensor> comp_;     // Per linear, (m, n) bf16/fp16 residuals; empty = none.
   bool fitted_ = false;
 };

@@ -130,7 +130,12 @@ absl::Status OffloadPath::ApplyUpdate(WorkerJob* job, int64_t i, uint32_t step, 
   const double t1 = MonotonicSeconds();
   job->wait_seconds += t1 - t0;
   at::NoGradGuard no_grad;
+  // CUDA: the apply's device time, after the host's wait for the update (StepMetrics
+  // device_phase_seconds["apply"], "gpu" spans of the timeline).
+  const int64_t layer = i / model::kLinearsPerLayer;
+  if (job->offload) job->offload->MarkComputeBegin(layer, "apply");
   RETURN_IF_ERROR(Land(job, i, step, job->model->LinearWeight(i), decay));
+  if (job->offload) job->offload->MarkComputeEnd(layer, "apply");
   job->offload_seconds += MonotonicSeconds() - t1;
   return absl::OkStatus();
 }

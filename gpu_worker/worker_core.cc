@@ -705,7 +705,11 @@ absl::Status RecordStepEnd(WorkerJob* job, lspo::v1::StepMetrics* metrics) {
   if (job->offload) {
     std::vector<lspo::v1::LayerEvent> gpu_events;
     ASSIGN_OR_RETURN(StepTransfers tr, job->offload->EndStep(&gpu_events));
-    for (auto& e : gpu_events) job->events.push_back(std::move(e));
+    auto& phases = *metrics->mutable_device_phase_seconds();
+    for (auto& e : gpu_events) {
+      if (e.actor() == "gpu") phases[e.what()] += e.end() - e.start();
+      job->events.push_back(std::move(e));
+    }
     metrics->set_d2h_bytes(tr.d2h_bytes);
     metrics->set_d2h_seconds(tr.d2h_seconds);
     metrics->set_h2d_bytes(tr.h2d_bytes);

@@ -18,9 +18,12 @@ struct LspLinearBackward : public torch::autograd::Node {
     const at::Tensor& dy = grads[0];  // (N, m)
     at::Tensor dx;                    // (N, n)
     if (dy.defined()) {
-      at::Tensor w = weight.unpack();  // (m, n); throws if W was modified after the forward
-      if (task_should_compute_output(0)) dx = at::mm(dy, w);
+      // W (m, n) as stored (16-bit weights are upcast here, not kept upcast since the
+      // forward); throws if W was modified after the forward.
+      at::Tensor w = weight.unpack();
+      if (task_should_compute_output(0)) dx = at::mm(dy, w.to(dy.scalar_type()));
       if (sink != nullptr && sink->sink) {
+        if (sink->on_compress_begin) sink->on_compress_begin(linear_index);
         at::Tensor s = CompressFactored(dy, xq, p);  // (d_p, d_q) fp32
         sink->sink(linear_index, s);
       }
@@ -33,7 +36,7 @@ struct LspLinearBackward : public torch::autograd::Node {
   }
   std::string name() const override { return "LspLinearBackward"; }
 
-  torch::autograd::SavedVariable weight;  // W (m, n) fp32
+  torch::autograd::SavedVariable weight;  // W (m, n) as stored (fp32, bf16 or fp16)
   at::Tensor xq;                           // X Q (N, d_q) fp32, a view of (X Q)^T
   SparseProjector p;                       // P (m, d_p)
   int64_t linear_index = 0;
@@ -48,7 +51,7 @@ at::Tensor LspLinearForward(const at::Tensor& x2d, const at::Tensor& w, int64_t 
   at::Tensor y;  // (N, m)
   {
     at::NoGradGuard no_grad;
-    y = at::mm(x2d, w.t());
+    y = at::mm(x2d, w.to(x2d.scalar_type()).t());  // an upcast of 16-bit W lives only here
   }
   auto node = std::shared_ptr<LspLinearBackward>(new LspLinearBackward(),
                                                  torch::autograd::deleteNode);
@@ -106,6 +109,8 @@ absl::Status LspLinears::SetProjectors(int64_t i, SparseProjector P, SparseProje
         "), Q (", Q.rows, ", ", Q.d, ")"));
   }
   s.pq = std::make_pair(std::move(P), std::move(Q));
+  s.p_dense.reset();
+  dense_groups_.clear();
   shared_ = SharedInput();  // projections taken with the old projectors are not reused
   return absl::OkStatus();
 }
@@ -128,12 +133,63 @@ absl::Status LspLinears::ValidateReady(const model::LlamaModel& model) const {
 
 void LspLinears::SetSink(CompressedGradSink sink) { sink_->sink = std::move(sink); }
 
+void LspLinears::SetCompressBeginHook(std::function<void(int64_t)> hook) {
+  sink_->on_compress_begin = std::move(hook);
+}
+
+void LspLinears::SetDenseCompression(bool dense) {
+  dense_ = dense;
+  for (Slot& s : slots_) s.p_dense.reset();
+  dense_groups_.clear();
+  shared_ = SharedInput();
+}
+
+std::vector<at::Tensor> LspLinears::ProjectGroup(const at::Tensor& x2d, int64_t i,
+                                                 std::vector<int64_t>* members) {
+  const Slot& s = slots_[static_cast<size_t>(i)];
+  members->clear();
+  for (int64_t j : LaterSharers(i)) {
+    if (j >= static_cast<int64_t>(slots_.size())) break;
+    const Slot& sj = slots_[static_cast<size_t>(j)];
+    if (!sj.pq.has_value() || sj.n != s.n) continue;
+    // Dense: an identity Q stays sparse (X itself), alone.
+    if (dense_ && sj.pq->second.identity != s.pq->second.identity) continue;
+    members->push_back(j);
+  }
+  if (!dense_ || s.pq->second.identity) {
+    std::vector<const SparseProjector*> qs;
+    for (int64_t j : *members) qs.push_back(&slots_[static_cast<size_t>(j)].pq->second);
+    return ProjectRowsTransposed(x2d, qs);
+  }
+  DenseGroup& g = dense_groups_[i];
+  if (g.members != *members || !g.q_cat.defined()) {
+    std::vector<at::Tensor> dense;
+    g.members = *members;
+    g.offsets.clear();
+    int64_t width = 0;
+    for (int64_t j : *members) {
+      g.offsets.push_back(width);
+      dense.push_back(slots_[static_cast<size_t>(j)].pq->second.Dense());  // (n, d_q) fp32
+      width += dense.back().size(1);
+    }
+    g.q_cat = at::cat(dense, 1).contiguous();  // (n, sum d_q)
+  }
+  // (sum d_q, N) = Q_cat^T X^T, one GEMM; each member's rows are a contiguous block.
+  const at::Tensor all = at::mm(g.q_cat.t(), x2d.to(at::kFloat).t()).contiguous();
+  std::vector<at::Tensor> outs;
+  for (size_t k = 0; k < members->size(); ++k) {
+    const int64_t d_q = slots_[static_cast<size_t>((*members)[k])].pq->second.d;
+    outs.push_back(all.narrow(0, g.offsets[k], d_q));
+  }
+  return outs;
+}
+
 at::Tensor LspLinears::Forward(const at::Tensor& x2d, const at::Tensor& w, int64_t i) {
   const Slot& s = slots_[static_cast<size_t>(i)];
   if (!s.pq.has_value()) {
     LOG_FIRST_N(WARNING, 8) << "LspLinears: linear " << s.name
                             << " has no projectors; treated as frozen (call SetProjectors first)";
-    return at::mm(x2d, w.t());  // (N, m); dX still flows, W gets no gradient
+    return model::UpcastLinear(x2d, w);  // (N, m); dX still flows, W gets no gradient
   }
   at::Tensor xq_t;  // (d_q, N)
   if (sink_->sink) {
@@ -145,15 +201,7 @@ at::Tensor LspLinears::Forward(const at::Tensor& x2d, const at::Tensor& w, int64
     } else {
       // One pass over X for i and the later linears of its layer that read the same X.
       std::vector<int64_t> members;
-      std::vector<const SparseProjector*> qs;
-      for (int64_t j : LaterSharers(i)) {
-        if (j >= static_cast<int64_t>(slots_.size())) break;
-        const Slot& sj = slots_[static_cast<size_t>(j)];
-        if (!sj.pq.has_value() || sj.n != s.n) continue;
-        members.push_back(j);
-        qs.push_back(&sj.pq->second);
-      }
-      std::vector<at::Tensor> outs = ProjectRowsTransposed(x2d, qs);
+      std::vector<at::Tensor> outs = ProjectGroup(x2d, i, &members);
       xq_t = std::move(outs[0]);
       shared_ = SharedInput();
       if (members.size() > 1) {
@@ -163,7 +211,14 @@ at::Tensor LspLinears::Forward(const at::Tensor& x2d, const at::Tensor& w, int64
       }
     }
   }
-  return LspLinearForward(x2d, w, i, s.pq->first, std::move(xq_t), sink_);
+  Slot& slot = slots_[static_cast<size_t>(i)];
+  if (dense_ && !slot.pq->first.identity && !slot.p_dense.has_value()) {
+    absl::StatusOr<SparseProjector> pd = SparseProjector::FromDense(slot.pq->first.Dense());
+    CHECK(pd.ok()) << slot.name << ": " << pd.status();  // P was validated when installed
+    slot.p_dense = *std::move(pd);
+  }
+  const SparseProjector& p = slot.p_dense.has_value() ? *slot.p_dense : slot.pq->first;
+  return LspLinearForward(x2d, w, i, p, std::move(xq_t), sink_);
 }
 
 absl::Status LspLinears::To(const at::Device& device) {
@@ -175,7 +230,11 @@ absl::Status LspLinears::To(const at::Device& device) {
                                              s.pq->first.To(device), s.pq->second.To(device)))
                                        : std::nullopt);
     }
-    for (size_t k = 0; k < slots_.size(); ++k) slots_[k].pq = std::move(moved[k]);
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      slots_[k].pq = std::move(moved[k]);
+      slots_[k].p_dense.reset();
+    }
+    dense_groups_.clear();
     shared_ = SharedInput();
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(absl::StrCat("cannot move the projectors to device '",

@@ -58,6 +58,14 @@ class LspLinears : public model::LinearImpl {
   absl::Status SetProjectors(int64_t i, SparseProjector P, SparseProjector Q);
   bool HasProjectors(int64_t i) const;
 
+  // Dense compression (JobSpec lsp.compression: dense): X Q and dY P by GEMMs with the
+  // projectors densified, (m, d_p) and (n, d_q) fp32 on the projectors' device, made once per
+  // SetProjectors / To (4 (m d_p + n d_q) bytes per linear); the linears that share an input
+  // (q|k|v, gate|up) get X Q from one GEMM with their dense Q's side by side. An identity side
+  // stays as it is. false (the default): the sparse kernels. Takes effect at the next forward.
+  void SetDenseCompression(bool dense);
+  bool dense_compression() const { return dense_; }
+
   // kFailedPrecondition naming the first kCustom linear of `model` without projectors.
   absl::Status ValidateReady(const model::LlamaModel& model) const;
 
@@ -69,9 +77,12 @@ class LspLinears : public model::LinearImpl {
   // other inputs may skip linears). Set it before the forward: a forward recorded with no sink
   // set computes neither XQ nor S (dX still flows).
   void SetSink(CompressedGradSink sink);
+  // Called in the backward just before linear i's S is formed (then the sink, with S): lets
+  // a CUDA worker bracket the compression with events. Empty (the default): nothing.
+  void SetCompressBeginHook(std::function<void(int64_t linear_index)> hook);
 
-  // model::LinearImpl: x2d (N, n) fp32, w (m, n) fp32 -> y (N, m) fp32, recorded with the LSP
-  // backward node.
+  // model::LinearImpl: x2d (N, n) fp32, w (m, n) as stored (fp32/bf16/fp16) -> y (N, m) fp32,
+  // recorded with the LSP backward node (which keeps W as stored, no upcast copy).
   at::Tensor Forward(const at::Tensor& x2d, const at::Tensor& w, int64_t linear_index) override;
   // Moves every installed projector. kInvalidArgument naming the device; nothing moved then.
   absl::Status To(const at::Device& device) override;
@@ -79,6 +90,7 @@ class LspLinears : public model::LinearImpl {
   // Shared between this object and the backward nodes it recorded.
   struct SinkHolder {
     CompressedGradSink sink;
+    std::function<void(int64_t linear_index)> on_compress_begin;  // may be empty
   };
 
  private:
@@ -86,7 +98,22 @@ class LspLinears : public model::LinearImpl {
     std::string name;
     int64_t m = 0, n = 0;
     std::optional<std::pair<SparseProjector, SparseProjector>> pq;
+    // Dense compression: P densified (SparseProjector::FromDense), made at the first forward
+    // that needs it; dropped by SetProjectors / To.
+    std::optional<SparseProjector> p_dense;
   };
+  // Dense compression: the dense Q's of a group of linears sharing an input, side by side,
+  // (n, sum of d_q), keyed by the group's first member; offsets[k] the first column of
+  // members[k]. Dropped by SetProjectors / To.
+  struct DenseGroup {
+    std::vector<int64_t> members;
+    std::vector<int64_t> offsets;
+    at::Tensor q_cat;
+  };
+  // X Q^T for linear i and the later linears of its layer that read the same input: (d_q, N)
+  // fp32 per member, members[0] == i.
+  std::vector<at::Tensor> ProjectGroup(const at::Tensor& x2d, int64_t i,
+                                       std::vector<int64_t>* members);
   // X Q of the linears after the current one that read the same input (k and v after q, up
   // after gate), computed in the same pass over X as the current one's and taken by their own
   // Forward when x2d is still the same tensor (same storage, view and version); replaced by
@@ -98,6 +125,8 @@ class LspLinears : public model::LinearImpl {
   };
   std::vector<Slot> slots_;
   SharedInput shared_;
+  bool dense_ = false;
+  std::map<int64_t, DenseGroup> dense_groups_;
   std::shared_ptr<SinkHolder> sink_ = std::make_shared<SinkHolder>();
 };
 

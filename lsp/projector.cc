@@ -313,10 +313,11 @@ class GatherRowsFn : public torch::autograd::Function<GatherRowsFn> {
 };
 
 // (X P)^T (P.d, N) contiguous in `acc` (fp32/fp64) for X (N, rows) and each projector of
-// `ps` (all with P.rows == rows). CPU, fp32 accumulation, nothing needing a gradient: one
-// token-tiled pass over X for all of them (lsp/project_kernel.h); a dense projector by one
-// BLAS GEMM. Otherwise per projector: the CUDA kernel (LSPO_CUDA_KERNELS=custom) or the
-// differentiable scatter on X^T (ATen index ops; the CPU loops for fp64).
+// `ps` (all with P.rows == rows). A dense projector: one GEMM (BLAS / cuBLAS), any device.
+// CPU, fp32 accumulation, nothing needing a gradient: one token-tiled pass over X for all the
+// sparse ones (lsp/project_kernel.h). Otherwise per projector: the CUDA kernel
+// (LSPO_CUDA_KERNELS=custom) or the differentiable scatter on X^T (ATen index ops; the CPU
+// loops for fp64).
 std::vector<at::Tensor> RowsTimesPT(const at::Tensor& X,
                                     const std::vector<const SparseProjector*>& ps,
                                     at::ScalarType acc) {
@@ -324,6 +325,15 @@ std::vector<at::Tensor> RowsTimesPT(const at::Tensor& X,
   for (const SparseProjector* p : ps) needs_grad = needs_grad || p->value.requires_grad();
   needs_grad = at::GradMode::is_enabled() && (needs_grad || X.requires_grad());
   std::vector<at::Tensor> outs(ps.size());
+  bool all_dense = true;
+  for (size_t k = 0; k < ps.size(); ++k) {
+    if (ps[k]->dense) {  // (d, N) = P^T X^T by one GEMM (BLAS / cuBLAS), any device
+      outs[k] = at::mm(ps[k]->value.to(acc).t(), X.to(acc).t()).contiguous();
+    } else {
+      all_dense = false;
+    }
+  }
+  if (all_dense) return outs;
   WeightDtype x_dtype;
   if (X.device().is_cpu() && !needs_grad && !g_force_aten.load(std::memory_order_relaxed) &&
       acc == at::kFloat && KernelDtype(X.scalar_type(), &x_dtype)) {
@@ -332,10 +342,7 @@ std::vector<at::Tensor> RowsTimesPT(const at::Tensor& X,
     std::vector<at::Tensor> keep;         // contiguous index / value operands
     for (size_t k = 0; k < ps.size(); ++k) {
       const SparseProjector& P = *ps[k];
-      if (P.dense) {  // (d, N) = P^T X^T by BLAS
-        outs[k] = at::mm(P.value.to(at::kFloat).t(), x.to(at::kFloat).t()).contiguous();
-        continue;
-      }
+      if (P.dense) continue;
       outs[k] = at::empty({P.d, x.size(0)}, x.options().dtype(at::kFloat));
       keep.push_back(P.index.contiguous());
       keep.push_back(P.value.to(at::kFloat).contiguous());
@@ -362,6 +369,7 @@ std::vector<at::Tensor> RowsTimesPT(const at::Tensor& X,
   }
   for (size_t k = 0; k < ps.size(); ++k) {
     const SparseProjector& P = *ps[k];
+    if (P.dense) continue;
 #if LSPO_HAS_CUDA_KERNELS
     if (X.is_cuda() && !needs_grad && acc == at::kFloat && UseCudaKernels()) {
       const at::Tensor x = X.to(at::kFloat).contiguous();           // (N, rows)

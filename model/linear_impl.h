@@ -27,8 +27,11 @@ class LinearImpl {
   // y = x2d W^T for linear `linear_index`, recorded for backward. Called with grad mode
   // enabled; under at::NoGradGuard only when AppliesWithoutGrad() (otherwise the model
   // computes x2d W^T itself).
-  //   x2d (N, n) in the compute dtype (fp32), w (m, n) in the same dtype (an upcast copy when
-  //   the model stores bf16 weights) -> y (N, m) in that dtype.
+  //   x2d (N, n) in the compute dtype (fp32), w (m, n) the weight AS STORED (fp32, or bf16 /
+  //   fp16 when the model stores 16-bit weights) -> y (N, m) in x2d's dtype. An
+  //   implementation computes in x2d's dtype and must not keep an upcast copy of w for its
+  //   backward (4 bytes per parameter of activation memory): keep w itself and upcast it
+  //   again when the backward needs it (UpcastLinear does both for plain x W^T).
   // Must not throw for well-formed inputs (shapes are the model's own); c10::Error from
   // LibTorch (e.g. out of memory) propagates to the caller of the forward, as any op's would.
   virtual at::Tensor Forward(const at::Tensor& x2d, const at::Tensor& w,
@@ -44,6 +47,15 @@ class LinearImpl {
   // the device.
   virtual absl::Status To(const at::Device& device) = 0;
 };
+
+// y = x2d W^T in x2d's dtype, differentiable in x2d and (when it requires grad) in w, without
+// an upcast copy of w living until the backward: w (m, n) as stored (any floating dtype) is
+// cast to x2d's dtype for the forward's product and again for the backward's, and the
+// autograd node keeps w itself (free: the model holds it anyway). Same values as
+// at::mm(x2d, w.to(x2d.scalar_type()).t()) under autograd: dX = dY w, dW = (dY^T x2d) cast to
+// w's dtype. x2d (N, n), w (m, n) -> (N, m). When the dtypes agree it is that mm itself. The
+// backward throws c10::Error (as autograd does) if w was modified in place after the forward.
+at::Tensor UpcastLinear(const at::Tensor& x2d, const at::Tensor& w);
 
 }  // namespace lspo::model
 

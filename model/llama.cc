@@ -341,9 +341,9 @@ at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) co
 }
 
 at::Tensor LlamaModel::Linear(const at::Tensor& x, int64_t linear_index) {
-  const at::Tensor& stored = T(linear_slot_[static_cast<size_t>(linear_index)]);  // (m, n)
-  // bf16 storage: fp32 compute on an upcast copy (tracked by autograd in kDense).
-  const at::Tensor w = stored.scalar_type() == x.scalar_type() ? stored : stored.to(x.scalar_type());
+  const at::Tensor& w = T(linear_slot_[static_cast<size_t>(linear_index)]);  // (m, n) as stored
+  // 16-bit storage: compute in x's dtype (fp32) with W upcast on the fly, keeping W itself
+  // for the backward rather than an upcast copy (UpcastLinear; the LinearImpl contract).
   const int64_t m = w.size(0), n = w.size(1);
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape.back() = m;
@@ -359,7 +359,7 @@ at::Tensor LlamaModel::Linear(const at::Tensor& x, int64_t linear_index) {
                               << " is in kCustom mode without a LinearImpl; treated as frozen "
                                  "(call SetLinearImpl first)";
     }
-    y = at::mm(x2d, w.t());
+    y = UpcastLinear(x2d, w);
   }
   const int64_t bias_slot = bias_slot_[static_cast<size_t>(linear_index)];
   if (bias_slot >= 0) y = y + T(bias_slot).to(y.scalar_type());  // + b (m), frozen

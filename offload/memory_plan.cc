@@ -188,21 +188,35 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
   int64_t grads = 0;     // dense weight gradients the worker holds (w bytes each)
   int64_t subspace = 0;  // Σ d_p d_q (lsp) or Σ S elements (galore-offload)
   int64_t summed = p_lin;  // values a data-parallel step all-reduces (the gradients')
+  int64_t s_transient = 0;  // lsp, one micro-batch: the step's S, formed in the backward
   switch (mode) {
     case PlanMode::kLsp: {
       ASSIGN_OR_RETURN(std::vector<lsp::MatrixSubspace> subs,
                        ResolveJobSubspaces(linears, spec.lsp()));
-      int64_t proj = 0, max_dd = 0;
+      int64_t proj = 0, max_dd = 0, dense = 0;
       for (size_t i = 0; i < subs.size(); ++i) {
         subspace += subs[i].numel();
         max_dd = std::max(max_dd, subs[i].numel());
         // lsp/projector.h: int64 positions + fp32 values, (rows, r) per side.
         proj += 12 * (subs[i].p.rows * subs[i].p.r + subs[i].q.rows * subs[i].q.r);
+        // lsp.compression dense (lsp/lsp_linear.h): fp32 (rows, d) per non-identity side.
+        if (!subs[i].p.identity) dense += 4 * subs[i].p.rows * subs[i].p.dim;
+        if (!subs[i].q.identity) dense += 4 * subs[i].q.rows * subs[i].q.dim;
         if (i < static_cast<size_t>(kLinears)) extra[i] = subs[i].q.dim;  // X Q (N, d_q)
       }
       Add(&plan.device_static, absl::StrCat("projectors P, Q (r = ", spec.lsp().r(), ")"), proj);
-      // gpu_worker/lsp_path.h s_accum_; device_offload.h kStagingSlots upload buffers (CUDA).
-      Add(&plan.device_static, "S accumulators (fp32)", 4 * subspace);
+      if (spec.lsp().compression() == lspo::v1::COMPRESSION_DENSE) {
+        Add(&plan.device_static, "dense projectors (lsp.compression: dense, fp32)", dense);
+      }
+      // gpu_worker/lsp_path.h s_accum_: accumulators for the whole job only with grad_accum
+      // > 1; with one micro-batch each S lives from its backward to its publication (counted
+      // at the end of the backward, all of them: the serial schedule's case).
+      if (spec.grad_accum() > 1) {
+        Add(&plan.device_static, "S accumulators (fp32)", 4 * subspace);
+      } else {
+        s_transient = 4 * subspace;
+      }
+      // device_offload.h kStagingSlots upload buffers (CUDA).
       if (cuda) Add(&plan.device_static, "upload staging (4 slots)", 4 * 4 * max_dd);
       if (bf16 && KeepsApplyResidual(spec)) {
         Add(&plan.device_static, "compensation residuals (bf16)", 2 * p_lin);
@@ -301,8 +315,10 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
   int64_t layer_mn = 0;  // Σ m n of one layer
   for (int64_t k = 0; k < kLinears; ++k)
     layer_mn += linears[static_cast<size_t>(k)].m * linears[static_cast<size_t>(k)].n;
-  const int64_t upcast_per_layer = bf16 ? 4 * layer_mn : 0;
-  const int64_t layer = 4 * LayerSavedFloats(c, B, T, saves_input, extra) + upcast_per_layer;
+  // No fp32 upcast copies of 16-bit weights: every linear keeps W as stored for its backward
+  // (model::UpcastLinear, the LinearImpl contract). Up to 2026-12-06 each linear kept one
+  // (4 m n bytes), which the H200 run's peaks include (tests/offload/memory_plan_test.cc).
+  const int64_t layer = 4 * LayerSavedFloats(c, B, T, saves_input, extra);
   const int64_t rows = N;                      // loss rows (see the header)
   const int64_t loss_kept = 4 * rows * V;      // log-probabilities
   const int64_t final_norm = 4 * (N * H + N);  // last layer output, RMS statistics
@@ -317,7 +333,7 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
   plan.workspace = std::max(4 * 2 * rows * V, attn_ws);
   // End of the backward: every dense gradient, plus the largest matrix's fp32 gradient on its
   // way into a bf16 one.
-  plan.gradients_in_flight = grads > 0 ? w * grads + (bf16 ? 4 * max_mn : 0) : 0;
+  plan.gradients_in_flight = (grads > 0 ? w * grads + (bf16 ? 4 * max_mn : 0) : 0) + s_transient;
   const int64_t accum_grads = spec.grad_accum() > 1 ? w * grads : 0;
   const int64_t phase_start = plan.activations + plan.workspace + accum_grads;
   const int64_t phase_end = plan.gradients_in_flight + attn_ws;

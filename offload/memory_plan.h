@@ -20,8 +20,8 @@
 //       the two norm outputs, the o_proj input, the down_proj input
 //   + N Σ_{7 W} d_q              lsp instead saves X Q (N, d_q) per linear
 //   + N r per adapted linear      lora: X A^T
-// plus, when the weights are stored in bf16, each linear's fp32 upcast copy (4 m n bytes),
-// which the linear's backward node keeps. With activation checkpointing a layer keeps only its
+// (no fp32 upcast copy of 16-bit weights: the linears keep W as stored, model::UpcastLinear;
+// up to 2026-12-06 each kept one, 4 m n bytes). With activation checkpointing a layer keeps only its
 // input (N H floats) and one layer at a time is recomputed in the backward. The loss keeps the
 // log-probabilities of R rows (R V floats; R = N on CUDA, which runs lm_head over every row;
 // on the CPU only the rows in the loss, at most N: the plan takes N, exact for text and packed

@@ -87,16 +87,19 @@ void LayerCostModel::Observe(const std::vector<lspo::v1::LayerEvent>& events, do
     sum[k].assign(L, 0);
   }
   bool have_bwd = false, have_update = false;
-  // A worker on CUDA also reports device-clock spans (actor "gpu": forward/backward on the
-  // compute stream; actor "pcie": d2h/h2d copies). Its host spans then only time the
-  // enqueueing (and its "offload" runs from enqueue to landing), so use the device's.
+  // A worker on CUDA also reports device-clock spans (actor "gpu": forward/backward/apply on
+  // the compute stream, and compress inside backward; actor "pcie": d2h/h2d copies). Its host
+  // spans then only time the enqueueing (and its "offload" runs from enqueue to landing), so
+  // use the device's.
   const bool gpu = std::any_of(events.begin(), events.end(),
                                [](const lspo::v1::LayerEvent& e) { return e.actor() == "gpu"; });
   for (const auto& e : events) {
     if (e.layer() < 0 || e.layer() >= L) continue;
     std::string what = e.what();
     if (gpu) {
-      if ((what == "forward" || what == "backward") && e.actor() != "gpu") continue;
+      if ((what == "forward" || what == "backward" || what == "apply") && e.actor() != "gpu") {
+        continue;
+      }
       if (what == "offload") continue;
       if (what == "d2h") what = "offload";
     }

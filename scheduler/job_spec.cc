@@ -556,6 +556,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return bad("lsp.master_refresh", runtime::EnumShortName(lsp.master_refresh()),
                "use refit or never");
   }
+  if (!v1::Compression_IsValid(lsp.compression())) {
+    return bad("lsp.compression", static_cast<int>(lsp.compression()),
+               "use sparse, dense or leave it empty");
+  }
   if (!v1::CudaKernels_IsValid(lsp.kernels())) {
     return bad("lsp.kernels", lsp.kernels(), "use aten, custom or leave it empty");
   }
@@ -678,6 +682,7 @@ std::string TrainingFingerprint(lspo::v1::JobSpec spec) {
     lsp->clear_narrow();
   }
   if (lsp->apply_rounding() == lspo::v1::APPLY_ROUNDING_COMPENSATED) lsp->clear_apply_rounding();
+  if (lsp->compression() == lspo::v1::COMPRESSION_SPARSE) lsp->clear_compression();
   return runtime::ProtoToJson(spec);
 }
 

@@ -93,6 +93,13 @@ LineScalars TensorBoardScalars(const Json& line) {
     if (!perplexity_measured && absl::StartsWith(field, "perplexity")) continue;
     if (std::optional<double> v = Number(value, proto_line)) {
       out.scalars.push_back({Tag(kind, field), static_cast<float>(*v)});
+    } else if (proto_line && value.is_object()) {
+      // A map field (StepMetrics device_phase_seconds): one scalar per key, <tag>/<key>.
+      for (const auto& [key, item] : value.items()) {
+        if (std::optional<double> x = Number(item, true)) {
+          out.scalars.push_back({absl::StrCat(Tag(kind, field), "/", key), static_cast<float>(*x)});
+        }
+      }
     }
   }
   return out;

@@ -238,6 +238,29 @@ TEST(EmbeddedTest, NativeModeTrainsTheSameJob) {
   EXPECT_LT(w.last.evals(w.last.evals_size() - 1).loss(), w.last.evals(0).loss());
 }
 
+// lsp.compression: dense forms the same S as the sparse kernels (to fp32 rounding), so the same
+// job trains the same way: per-step losses agree to 1e-3 over 6 steps, and the planner names
+// the dense projectors' device bytes.
+TEST(EmbeddedTest, DenseCompressionTrainsLikeTheSparseKernels) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  std::map<int, double> loss[2];
+  for (int dense = 0; dense < 2; ++dense) {
+    v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(
+        testing_jobs::TempDir(dense ? "embedded-dense" : "embedded-sparse"), v1::MODE_LSP, 6);
+    spec.mutable_lsp()->set_compression(dense ? v1::COMPRESSION_DENSE : v1::COMPRESSION_SPARSE);
+    WatchResult w = SubmitAndWatch(stub.get(), spec);
+    ASSERT_EQ(w.last.state(), v1::SUCCEEDED) << w.last.error();
+    loss[dense] = testing_jobs::StepLosses(w);
+  }
+  ASSERT_EQ(loss[0].size(), 6u);
+  ASSERT_EQ(loss[1].size(), 6u);
+  for (const auto& [step, l] : loss[0]) {
+    EXPECT_NEAR(loss[1][step], l, 1e-3) << "step " << step;
+  }
+}
+
 // A subspace d wider than a matrix's narrow side (the tiny model's k_proj is 32 x 64, d = 40)
 // trains under lsp.narrow (default one_sided: P is the identity there) instead of failing;
 // contradictory subspace settings are refused at submission, naming the fields.
@@ -438,6 +461,12 @@ TEST(JobSpecTest, YamlAndJsonGiveTheSameSpecAndBadFieldsAreNamed) {
   EXPECT_NE(kernels.status().message().find("lsp.kernels"), std::string::npos)
       << kernels.status();
   EXPECT_NE(kernels.status().message().find("custom"), std::string::npos) << kernels.status();
+  auto compression = scheduler::ParseJobSpecYaml("lsp:\n  compression: blocked\n", "c.yaml");
+  EXPECT_EQ(compression.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(compression.status().message().find("lsp.compression"), std::string::npos)
+      << compression.status();
+  EXPECT_NE(compression.status().message().find("dense"), std::string::npos)
+      << compression.status();
   auto device = scheduler::ParseJobSpecYaml("device: tpu\n", "d.yaml");
   EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(device.status().message().find("device = 'tpu'"), std::string::npos)
@@ -482,13 +511,14 @@ TEST(JobSpecTest, ClosedSetsReadTheirShortNamesAndTheFullNames) {
   auto short_names = scheduler::ParseJobSpecYaml(
       "device: cpu\nschedule: serial\nweight_dtype: bf16\nmodel:\n  format: tiny-random\n"
       "data:\n  format: text\nlsp:\n  master_refresh: never\n  kernels: aten\n"
-      "optim:\n  schedule: cosine\n", "short.yaml");
+      "  compression: dense\noptim:\n  schedule: cosine\n", "short.yaml");
   ASSERT_TRUE(short_names.ok()) << short_names.status();
   auto full_names = scheduler::ParseJobSpecJson(
       R"({"device":"DEVICE_CPU","schedule":"STEP_SCHEDULE_SERIAL",)"
       R"("weight_dtype":"WEIGHT_DTYPE_BF16","model":{"format":"MODEL_FORMAT_TINY_RANDOM"},)"
       R"("data":{"format":"DATA_FORMAT_TEXT"},)"
-      R"("lsp":{"master_refresh":"MASTER_REFRESH_NEVER","kernels":"CUDA_KERNELS_ATEN"},)"
+      R"("lsp":{"master_refresh":"MASTER_REFRESH_NEVER","kernels":"CUDA_KERNELS_ATEN",)"
+      R"("compression":"COMPRESSION_DENSE"},)"
       R"("optim":{"schedule":"LR_SCHEDULE_COSINE"}})", "full.json");
   ASSERT_TRUE(full_names.ok()) << full_names.status();
   EXPECT_EQ(short_names->SerializeAsString(), full_names->SerializeAsString());
@@ -499,6 +529,7 @@ TEST(JobSpecTest, ClosedSetsReadTheirShortNamesAndTheFullNames) {
   EXPECT_EQ(short_names->data().format(), v1::DATA_FORMAT_TEXT);
   EXPECT_EQ(short_names->lsp().master_refresh(), v1::MASTER_REFRESH_NEVER);
   EXPECT_EQ(short_names->lsp().kernels(), v1::CUDA_KERNELS_ATEN);
+  EXPECT_EQ(short_names->lsp().compression(), v1::COMPRESSION_DENSE);
   EXPECT_EQ(short_names->optim().schedule(), v1::LR_SCHEDULE_COSINE);
   // An empty string is the unset value, as an empty string field was.
   auto empty = scheduler::ParseJobSpecYaml("device: \"\"\nlsp:\n  kernels: \"\"\n", "e.yaml");
@@ -573,6 +604,12 @@ TEST(JobSpecTest, AFingerprintWrittenWithStringFieldsStillMatches) {
   lsp->set_apply_rounding(v1::APPLY_ROUNDING_NEAREST);
   EXPECT_FALSE(scheduler::SameTraining(old_fingerprint, spec));
   lsp->set_apply_rounding(v1::APPLY_ROUNDING_UNSPECIFIED);
+  // lsp.compression: sparse is the default written out; dense rounds S differently.
+  lsp->set_compression(v1::COMPRESSION_SPARSE);
+  EXPECT_TRUE(scheduler::SameTraining(old_fingerprint, spec));
+  lsp->set_compression(v1::COMPRESSION_DENSE);
+  EXPECT_FALSE(scheduler::SameTraining(old_fingerprint, spec));
+  lsp->set_compression(v1::COMPRESSION_UNSPECIFIED);
   spec.mutable_optim()->set_schedule(v1::LR_SCHEDULE_COSINE);
   EXPECT_FALSE(scheduler::SameTraining(old_fingerprint, spec));
   EXPECT_EQ(scheduler::TrainingDifferences(old_fingerprint, spec),

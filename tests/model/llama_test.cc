@@ -561,6 +561,72 @@ TEST_F(TinyLlamaTest, SharedInputProjectionIsReusedOnlyForTheSameValues) {
   }
 }
 
+TEST_F(TinyLlamaTest, DenseCompressionGivesTheSparseKernelsS) {
+  // lsp.compression dense: GEMMs with the densified projectors (q|k|v and gate|up from one
+  // GEMM each) deliver every linear's S within fp32 rounding of the sparse kernels' S, in the
+  // same order; switching back gives the sparse kernels' bits again.
+  auto lsp_linears = InstallRandomProjectors(*model_);
+  model_->SetLinearMode(LinearMode::kCustom);
+  std::map<int64_t, at::Tensor> got[3];
+  std::vector<int64_t> order[2];
+  for (int run = 0; run < 3; ++run) {
+    lsp_linears->SetDenseCompression(run == 1);
+    EXPECT_EQ(lsp_linears->dense_compression(), run == 1);
+    lsp_linears->SetSink([&, run](int64_t i, const at::Tensor& S) {
+      got[run][i] = S.clone();
+      if (run < 2) order[run].push_back(i);
+    });
+    model_->CausalLmLoss(ids_, labels_).backward();
+    ASSERT_EQ(got[run].size(), 14u) << run;
+  }
+  EXPECT_EQ(order[0], order[1]);
+  int rounded_differently = 0;  // the GEMMs sum in another order: the dense path did run
+  for (int64_t i = 0; i < 14; ++i) {
+    const double scale = got[0][i].abs().max().item<double>();
+    EXPECT_LE(MaxAbsDiff(got[1][i], got[0][i]), 1e-5 * scale + 1e-12) << "linear " << i;
+    rounded_differently += !at::equal(got[1][i], got[0][i]);
+    EXPECT_TRUE(at::equal(got[2][i], got[0][i])) << "linear " << i;
+  }
+  EXPECT_GT(rounded_differently, 0);
+}
+
+TEST(UpcastLinearTest, MatchesAutogradOnAnUpcastCopyWithoutKeepingOne) {
+  // y = x W^T with W stored in bf16 / fp16: the values and both gradients are those of
+  // at::mm(x, W.to(fp32).t()) under autograd, bit for bit; and the node keeps W itself, not
+  // an upcast copy: changing W in place after the forward makes the backward throw, as it
+  // would not with a copy.
+  torch::manual_seed(3);
+  for (const at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dt));
+    const at::Tensor x0 = torch::randn({7, 24});
+    const at::Tensor w0 = (torch::randn({10, 24}) * 0.5).to(dt);
+    const at::Tensor dy = torch::randn({7, 10});
+    for (const bool train_w : {false, true}) {
+      at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(train_w);
+      at::Tensor xr = x0.clone().requires_grad_(true), wr = w0.clone().requires_grad_(train_w);
+      const at::Tensor y = UpcastLinear(x, w);
+      const at::Tensor yr = at::mm(xr, wr.to(at::kFloat).t());
+      EXPECT_EQ(y.scalar_type(), at::kFloat);
+      EXPECT_TRUE(at::equal(y, yr));
+      y.backward(dy);
+      yr.backward(dy);
+      EXPECT_TRUE(at::equal(x.grad(), xr.grad()));
+      if (train_w) {
+        EXPECT_EQ(w.grad().scalar_type(), dt);
+        EXPECT_TRUE(at::equal(w.grad(), wr.grad()));
+      }
+    }
+    at::Tensor x = x0.clone().requires_grad_(true);
+    at::Tensor w = w0.clone();
+    const at::Tensor y = UpcastLinear(x, w);
+    w.add_(1);  // the stored weight changes before the backward
+    EXPECT_THROW(y.backward(dy), c10::Error);
+  }
+  // Same dtypes: plain mm.
+  const at::Tensor a = torch::randn({3, 5}), b = torch::randn({4, 5});
+  EXPECT_TRUE(at::equal(UpcastLinear(a, b), at::mm(a, b.t())));
+}
+
 TEST_F(TinyLlamaTest, MixedModesPerLinear) {
   // Only layer 1's down_proj is trained with LSP; layer 0's q_proj densely; rest frozen.
   auto P = lsp::SparseProjector::Random(64, 8, 2, 5);

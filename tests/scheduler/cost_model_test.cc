@@ -119,12 +119,20 @@ TEST(CostModelTest, ACudaWorkersDeviceSpansReplaceItsHostSpans) {
   add(1, "d2h", "pcie", 3, 3.25);
   add(1, "update", "optimizer", 3.25, 3.75);
   add(0, "update", "optimizer", 4, 4.5);
+  // The apply: the host's span (enqueue) and the device's two matrices; compress spans inside
+  // the backward count nowhere.
+  add(1, "apply", "worker", 4.5, 4.51);
+  add(1, "apply", "gpu", 4.5, 4.55);
+  add(1, "apply", "gpu", 4.55, 4.6);
+  add(1, "compress", "gpu", 2.5, 2.6);
   model.Observe(events, /*gap=*/0);
   ASSERT_TRUE(model.ready());
   EXPECT_DOUBLE_EQ(model.times().fwd[0], 1.0);
   EXPECT_DOUBLE_EQ(model.times().bwd[1], 1.0);
   EXPECT_DOUBLE_EQ(model.times().offload[1], 0.25);  // the copy, not enqueue-to-landing
   EXPECT_DOUBLE_EQ(model.times().offload[0], 0.0);
+  EXPECT_NEAR(model.times().apply[1], 0.1, 1e-12);    // the device's, not the host's too
+  EXPECT_DOUBLE_EQ(model.times().apply[0], 0.0);
 }
 
 }  // namespace

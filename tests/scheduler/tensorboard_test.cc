@@ -223,7 +223,7 @@ TEST(TensorBoardScalarsTest, AStepLineGivesTrainTimeOffloadAndMemoryScalars) {
       "optimizer_peak_rss_bytes":"4151947264","split_layer":3,"step":1,
       "step_seconds":26.752440630999445,"tokens":"20","tokens_per_second":30.80092808598511,
       "update_seconds":0.0297947870049029,"wait_seconds":0,"worker_peak_rss_bytes":"3924799488",
-      "nonfinite":false})");
+      "device_phase_seconds":{"apply":0.125,"compress":0.5},"nonfinite":false})");
   const LineScalars s = TensorBoardScalars(line);
   EXPECT_EQ(s.step, 1);
   const std::map<std::string, float> want = {
@@ -248,6 +248,8 @@ TEST(TensorBoardScalarsTest, AStepLineGivesTrainTimeOffloadAndMemoryScalars) {
       {"time/update_s", 0.0297947870049029f},
       {"time/wait_s", 0.0f},
       {"memory/worker_peak_rss_bytes", 3924799488.0f},
+      {"time/device_phase_s/apply", 0.125f},  // a map field: one scalar per key
+      {"time/device_phase_s/compress", 0.5f},
   };
   EXPECT_EQ(TagValues(s), want);  // The boolean gives nothing.
   EXPECT_THAT(s.scalars, SizeIs(want.size()));
