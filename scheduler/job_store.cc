@@ -1,6 +1,7 @@
 #include "scheduler/job_store.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/proto_json.h"
 #include "runtime/file_io.h"
+#include "runtime/status_macros.h"
 
 namespace lspo::scheduler {
 namespace {
@@ -43,6 +45,49 @@ absl::StatusOr<JobStore> JobStore::Open(const std::string& state_dir) {
   }
   ::chmod(dir.c_str(), 0700);
   return JobStore(dir);
+}
+
+absl::StatusOr<JobStore> JobStore::OpenExclusive(const std::string& state_dir) {
+  std::error_code ec;
+  fs::create_directories(state_dir, ec);
+  if (ec || !fs::is_directory(state_dir)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "cannot create the state directory '", state_dir, "'",
+        ec ? absl::StrCat(": ", ec.message()) : std::string(), ": pass a writable --state_dir"));
+  }
+  const std::string path = state_dir + "/LOCK";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot open the state directory's lock '",
+                                                    path, "': ", std::strerror(errno),
+                                                    ": pass a writable --state_dir"));
+  }
+  auto lock = std::shared_ptr<const int>(new int(fd), [](const int* f) {
+    ::close(*f);  // releases the flock
+    delete f;
+  });
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char pid[32] = {0};
+    const ssize_t n = ::pread(fd, pid, sizeof(pid) - 1, 0);
+    std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string();
+    absl::StripAsciiWhitespace(&holder);
+    if (err == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the state directory '", state_dir, "' is in use by another lsp_scheduler",
+          holder.empty() ? std::string() : absl::StrCat(" (pid ", holder, ")"), ", which holds ",
+          path, ": stop it first, or pass another --state_dir"));
+    }
+    return absl::InternalError(
+        absl::StrCat("cannot lock '", path, "': ", std::strerror(err)));
+  }
+  const std::string me = absl::StrCat(::getpid(), "\n");
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) < 0) {
+    // The pid is for the message of a second scheduler only; the lock holds without it.
+  }
+  ASSIGN_OR_RETURN(JobStore store, Open(state_dir));
+  store.lock_ = std::move(lock);
+  return store;
 }
 
 absl::Status JobStore::Save(const lspo::v1::JobStatus& status) const {

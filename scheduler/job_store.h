@@ -8,6 +8,7 @@
 #ifndef LSPO_SCHEDULER_JOB_STORE_H_
 #define LSPO_SCHEDULER_JOB_STORE_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,15 @@ class JobStore {
   // Creates <state_dir>/jobs (mode 0700) if missing. Errors: kPermissionDenied / kInternal
   // naming the directory and the fix (--state_dir).
   static absl::StatusOr<JobStore> Open(const std::string& state_dir);
+
+  // Open, for the one scheduler that runs the jobs: first takes an exclusive advisory lock
+  // (flock) on <state_dir>/LOCK, held while this store or a copy of it lives and released by
+  // the kernel if the process dies, so that two schedulers never recover and run the same jobs
+  // (LevelDB's LOCK file, the same idea). The file holds the holder's pid. Errors:
+  // kFailedPrecondition when another process holds it, naming the directory, that pid and the
+  // fix (stop it, or another --state_dir); kPermissionDenied when the directory or the file
+  // cannot be created; Open's.
+  static absl::StatusOr<JobStore> OpenExclusive(const std::string& state_dir);
 
   // Replaces the job's file with `status` (job_id must be [A-Za-z0-9_-]+). Errors:
   // kInvalidArgument (bad id), kResourceExhausted (disk full), kInternal naming the file; the
@@ -38,6 +48,7 @@ class JobStore {
  private:
   explicit JobStore(std::string dir) : dir_(std::move(dir)) {}
   std::string dir_;
+  std::shared_ptr<const int> lock_;  // the LOCK file's descriptor (OpenExclusive), or null
 };
 
 }  // namespace lspo::scheduler

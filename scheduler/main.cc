@@ -17,6 +17,9 @@ ABSL_FLAG(std::string, worker, "127.0.0.1:50061", "address of the lsp_gpu_worker
 ABSL_FLAG(std::string, optimizer, "127.0.0.1:50062", "address of the lsp_cpu_optimizer service");
 ABSL_FLAG(std::string, runs_root, "runs", "parent directory of default job output directories");
 ABSL_FLAG(double, rpc_deadline_seconds, 1800, "deadline of each worker/optimizer call");
+ABSL_FLAG(int, max_restarts, 3,
+          "automatic resumes of a job interrupted by scheduler restarts (0 = none); the next "
+          "interruption leaves it FAILED");
 ABSL_FLAG(std::string, state_dir, "",
           "directory where jobs are persisted and resumed from after a restart (empty = memory only)");
 ABSL_FLAG(std::vector<std::string>, allowed_roots, {},
@@ -54,6 +57,11 @@ int main(int argc, char** argv) {
   opts.rpc_deadline_seconds = absl::GetFlag(FLAGS_rpc_deadline_seconds);
   opts.state_dir = absl::GetFlag(FLAGS_state_dir);
   opts.allowed_roots = absl::GetFlag(FLAGS_allowed_roots);
+  opts.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (opts.max_restarts < 0) {
+    LOG(ERROR) << "lsp_scheduler: --max_restarts " << opts.max_restarts << " must be >= 0";
+    return 2;
+  }
   auto core = lspo::scheduler::SchedulerCore::Create(worker.get(), optimizer.get(), opts);
   if (!core.ok()) {
     LOG(ERROR) << "lsp_scheduler: --state_dir: " << core.status();

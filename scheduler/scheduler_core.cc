@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<SchedulerCore>> SchedulerCore::Create(
     SchedulerOptions options) {
   std::optional<JobStore> store;
   if (!options.state_dir.empty()) {
-    absl::StatusOr<JobStore> opened = JobStore::Open(options.state_dir);
+    absl::StatusOr<JobStore> opened = JobStore::OpenExclusive(options.state_dir);
     if (!opened.ok()) {
       return absl::Status(opened.status().code(),
                           absl::StrCat("scheduler state_dir: ", opened.status().message()));
@@ -83,7 +83,24 @@ void SchedulerCore::RecoverJobs() {
   for (JobStatus& st : stored) {
     const std::string id = st.job_id();
     next_id_ = std::max(next_id_, seq_of(id) + 1);
-    if (st.state() == lspo::v1::RUNNING || st.state() == lspo::v1::CHECKPOINTING) {
+    const bool was_running =
+        st.state() == lspo::v1::RUNNING || st.state() == lspo::v1::CHECKPOINTING;
+    if (was_running && st.cancel_requested()) {
+      // Cancelled while it ran; the scheduler died before the job stopped.
+      st.set_state(lspo::v1::CANCELLED);
+      st.set_phase("cancelled (before a scheduler restart)");
+    } else if (was_running && st.restarts() >= options_.max_restarts) {
+      st.set_state(lspo::v1::FAILED);
+      st.set_phase("failed");
+      st.set_error(absl::StrCat(
+          "interrupted by a scheduler restart after ", st.restarts(),
+          " automatic resumes (the scheduler's max_restarts is ", options_.max_restarts,
+          "); not resumed again. Resume it by hand: submit its spec with resume_from: latest",
+          st.last_checkpoint_step() > 0
+              ? absl::StrCat(" (last checkpoint: step ", st.last_checkpoint_step(), ")")
+              : std::string()));
+      LOG(ERROR) << "scheduler: job " << id << ": " << st.error();
+    } else if (was_running) {
       st.set_state(lspo::v1::QUEUED);
       st.set_restarts(st.restarts() + 1);
       st.set_phase("queued (resuming after a scheduler restart)");
@@ -164,6 +181,12 @@ absl::StatusOr<JobState> SchedulerCore::Cancel(const std::string& job_id) {
   if (job.status.state() == lspo::v1::QUEUED) {
     job.status.set_state(lspo::v1::CANCELLED);
     job.status.set_phase("cancelled");
+    ++job.version;
+    PersistLocked(&job);
+  } else if (job.status.state() == lspo::v1::RUNNING ||
+             job.status.state() == lspo::v1::CHECKPOINTING) {
+    // Persisted now: a scheduler restart before the job stops must not resume it.
+    job.status.set_cancel_requested(true);
     ++job.version;
     PersistLocked(&job);
   }

@@ -48,6 +48,11 @@ struct SchedulerOptions {
   // Directories job specs may read from and write to (model, data, output, resume paths are
   // checked after resolving symlinks). Empty = no restriction (embedded single-user mode).
   std::vector<std::string> allowed_roots;
+  // A job interrupted by scheduler restarts is resumed automatically at most this many times
+  // (its JobStatus.restarts); the next interruption leaves it FAILED, naming the count and
+  // how to resume it by hand, so a job that brings the services down on every attempt cannot
+  // loop forever (torchrun's --max-restarts, the same idea). 0 = never resume automatically.
+  int max_restarts = 3;
 };
 
 class SchedulerCore {

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <unistd.h>
+
 #include <atomic>
 #include <fstream>
 #include <map>
@@ -523,6 +525,106 @@ TEST(SchedulerCoreTest, CreateRefusesAStateDirItCannotUseAndRecoversAUsableOne) 
   EXPECT_EQ(recovered->job_id(), id);
   EXPECT_EQ(recovered->spec().data().format(), v1::DATA_FORMAT_TEXT);
   second->reset();  // Cancels and joins the recovered job before its files go.
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+TEST(SchedulerCoreTest, RestartsAreCappedAndACancelOfARunningJobSurvivesARestart) {
+  // Jobs a dead scheduler left RUNNING: one resumed max_restarts times already is FAILED, not
+  // resumed again; one whose cancel was asked for is CANCELLED; the others resume. And a
+  // cancel of a running job is in the store before the job has stopped.
+  auto log = std::make_shared<CallLog>();
+  const std::string dir = TempDir();
+  SchedulerOptions opts;
+  opts.state_dir = dir + "/state";
+  opts.max_restarts = 2;
+  {
+    auto store = JobStore::Open(opts.state_dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    const auto running = [&](const std::string& id, int restarts, bool cancel) {
+      v1::JobStatus st;
+      st.set_job_id(id);
+      st.set_state(v1::RUNNING);
+      st.set_restarts(restarts);
+      st.set_cancel_requested(cancel);
+      st.set_last_checkpoint_step(4);
+      *st.mutable_spec() = Spec(dir + "/out-" + id, v1::MODE_LSP, 1);
+      ASSERT_TRUE(store->Save(st).ok());
+    };
+    running("job-1-1", 2, false);  // at the cap
+    running("job-1-2", 0, true);   // cancelled while it ran
+    running("job-1-3", 1, false);  // resumed once: resumed again
+  }
+  auto worker = std::make_unique<FakeWorker>(log.get(), kLayers, 4);
+  std::atomic<bool> release{false};
+  worker->on_train_step = [&](int) {
+    while (!release) absl::SleepFor(absl::Milliseconds(2));
+  };
+  auto core = SchedulerCore::Create(std::move(worker),
+                                    std::make_unique<FakeOptimizer>(log.get(), kLayers), opts);
+  ASSERT_TRUE(core.ok()) << core.status();
+  auto capped = (*core)->Get("job-1-1");
+  ASSERT_TRUE(capped.ok());
+  EXPECT_EQ(capped->state(), v1::FAILED);
+  EXPECT_NE(capped->error().find("after 2 automatic resumes"), std::string::npos)
+      << capped->error();
+  EXPECT_NE(capped->error().find("resume_from: latest"), std::string::npos) << capped->error();
+  EXPECT_NE(capped->error().find("step 4"), std::string::npos) << capped->error();
+  auto cancelled = (*core)->Get("job-1-2");
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  // job-1-3 resumes (restarts 2) and blocks in its first step: cancel it while it runs.
+  v1::JobStatus resumed;
+  for (int i = 0; i < 500; ++i) {
+    resumed = *(*core)->Get("job-1-3");
+    if (resumed.state() == v1::RUNNING) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(resumed.restarts(), 2);
+  ASSERT_EQ(resumed.state(), v1::RUNNING);
+  ASSERT_TRUE((*core)->Cancel("job-1-3").ok());
+  {
+    auto store = JobStore::Open(opts.state_dir);
+    ASSERT_TRUE(store.ok());
+    bool found = false;
+    for (const auto& j : store->LoadAll(nullptr)) {
+      if (j.job_id() != "job-1-3") continue;
+      found = true;
+      EXPECT_TRUE(j.cancel_requested());
+    }
+    EXPECT_TRUE(found);
+  }
+  release = true;
+  core->reset();
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+TEST(SchedulerCoreTest, ASecondSchedulerOnTheSameStateDirIsRefusedUntilTheFirstIsGone) {
+  // Two schedulers on one state_dir would both recover and run its jobs: the second is refused
+  // by the directory's lock before it reads a job, naming the holder; readers of the store
+  // (JobStore::Open) are not; once the first is gone, a new one starts.
+  auto log = std::make_shared<CallLog>();
+  const std::string dir = TempDir();
+  SchedulerOptions opts;
+  opts.state_dir = dir + "/state";
+  auto first = SchedulerCore::Create(std::make_unique<FakeWorker>(log.get(), kLayers, 4),
+                                     std::make_unique<FakeOptimizer>(log.get(), kLayers), opts);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = SchedulerCore::Create(std::make_unique<FakeWorker>(log.get(), kLayers, 4),
+                                      std::make_unique<FakeOptimizer>(log.get(), kLayers), opts);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string msg(second.status().message());
+  EXPECT_NE(msg.find(opts.state_dir + "/LOCK"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(absl::StrCat("pid ", ::getpid())), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--state_dir"), std::string::npos) << msg;
+  EXPECT_TRUE(JobStore::Open(opts.state_dir).ok());
+  first->reset();
+  auto third = SchedulerCore::Create(std::make_unique<FakeWorker>(log.get(), kLayers, 4),
+                                     std::make_unique<FakeOptimizer>(log.get(), kLayers), opts);
+  EXPECT_TRUE(third.ok()) << third.status();
+  third->reset();
   std::error_code ec;
   fs::remove_all(dir, ec);
 }
