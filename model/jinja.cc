@@ -1476,6 +1476,37 @@ class Parser {
 constexpr size_t kMaxOutputBytes = size_t{64} << 20;
 constexpr int64_t kMaxIterations = 1'000'000;
 constexpr int kMaxCallDepth = 100;
+// Strings and lists one render may build in all (operators and filters), bytes: bounds the work
+// of a template that builds 64 MiB values in a loop of 10^6 iterations.
+constexpr size_t kMaxWorkBytes = size_t{1} << 30;
+
+// The memory `v` holds, in bytes, counted to at most `cap` (then any value above it): a
+// string's bytes, 32 per item, element or key of a list or dict, recursively; items are held
+// by value, so a list of copies of a long string counts every copy.
+size_t ValueBytes(const Value& v, size_t cap) {
+  switch (v.kind()) {
+    case Value::Kind::kString:
+      return v.as_string().size() + 32;
+    case Value::Kind::kList: {
+      size_t total = 32;
+      for (const Value& x : v.as_list()) {
+        total += ValueBytes(x, cap);
+        if (total > cap) return total;
+      }
+      return total;
+    }
+    case Value::Kind::kDict: {
+      size_t total = 32;
+      for (const auto& [key, x] : v.as_dict()) {
+        total += key.size() + 32 + ValueBytes(x, cap);
+        if (total > cap) return total;
+      }
+      return total;
+    }
+    default:
+      return 32;
+  }
+}
 
 absl::Status RenderError(int line, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("chat template line ", line, ": ", what));
@@ -1658,13 +1689,18 @@ absl::StatusOr<Value> Arithmetic(const std::string& op, const Value& a, const Va
     if (a.as_list().size() + b.as_list().size() > static_cast<size_t>(kMaxIterations)) {
       return absl::ResourceExhaustedError("chat template: a list longer than 10^6 items");
     }
+    if (ValueBytes(a, kMaxOutputBytes) + ValueBytes(b, kMaxOutputBytes) > kMaxOutputBytes) {
+      return absl::ResourceExhaustedError("chat template: a list larger than 64 MiB");
+    }
     Value::List l = a.as_list();
     l.insert(l.end(), b.as_list().begin(), b.as_list().end());
     return Value::MakeList(std::move(l));
   }
   if (op == "*" && (a.is_string() || a.kind() == Value::Kind::kList) && b.kind() == Value::Kind::kInt) {
-    const size_t unit = a.is_string() ? a.as_string().size() : a.as_list().size() * 64;  // bytes
-    if (b.as_int() > 1'000'000 || unit * static_cast<size_t>(std::max<int64_t>(b.as_int(), 0)) > kMaxOutputBytes) {
+    // Bytes per repetition: the string's, or every item of the list with what it holds.
+    const size_t unit = a.is_string() ? a.as_string().size() : ValueBytes(a, kMaxOutputBytes);
+    if (b.as_int() > 1'000'000 ||
+        unit * static_cast<size_t>(std::max<int64_t>(b.as_int(), 0)) > kMaxOutputBytes) {
       return absl::ResourceExhaustedError("chat template: repetition larger than 64 MiB");
     }
     if (a.is_string()) {
@@ -1794,6 +1830,19 @@ class Renderer {
       if (f != it->end()) return f->second;
     }
     return Value::Undefined(name);
+  }
+
+  // Adds what a built string or list holds to the render's work (kMaxWorkBytes in all).
+  absl::Status CountWork(const Value& v) {
+    if (!v.is_string() && v.kind() != Value::Kind::kList && v.kind() != Value::Kind::kDict) {
+      return absl::OkStatus();
+    }
+    work_bytes_ += ValueBytes(v, kMaxWorkBytes);
+    if (work_bytes_ > kMaxWorkBytes) {
+      return absl::ResourceExhaustedError(
+          "chat template: more than 1 GiB of strings and lists built in one render");
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Emit(absl::string_view s) {
@@ -2053,7 +2102,9 @@ class Renderer {
       case Expr::Op::kFilter: {
         ASSIGN_OR_RETURN(Value subject, Eval(*e.args[0]));
         ASSIGN_OR_RETURN(Value::Args args, EvalArgs(e, 1));
-        return ApplyFilter(e.name, subject, args, e.line);
+        ASSIGN_OR_RETURN(Value r, ApplyFilter(e.name, subject, args, e.line));
+        RETURN_IF_ERROR(CountWork(r));
+        return r;
       }
       case Expr::Op::kTest: {
         ASSIGN_OR_RETURN(Value subject, Eval(*e.args[0]));
@@ -2079,7 +2130,9 @@ class Renderer {
       case Expr::Op::kBinary: {
         ASSIGN_OR_RETURN(Value a, Eval(*e.args[0]));
         ASSIGN_OR_RETURN(Value b, Eval(*e.args[1]));
-        return Arithmetic(e.name, a, b, e.line);
+        ASSIGN_OR_RETURN(Value r, Arithmetic(e.name, a, b, e.line));
+        RETURN_IF_ERROR(CountWork(r));
+        return r;
       }
       case Expr::Op::kCompare: {
         ASSIGN_OR_RETURN(Value left, Eval(*e.args[0]));
@@ -2772,6 +2825,7 @@ class Renderer {
   int call_depth_ = 0;
   int64_t calls_ = 0;
   int64_t iterations_ = 0;
+  size_t work_bytes_ = 0;  // CountWork
 };
 
 }  // namespace

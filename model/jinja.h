@@ -134,7 +134,9 @@ class Template {
   // Renders with `globals` as the top-level variables. Errors: kInvalidArgument naming the
   // line for a failed operation (arithmetic on an undefined name, an unknown filter or test,
   // a type error, a callable's error such as raise_exception's message); kResourceExhausted
-  // when the output passes 64 MiB or loops pass 10^6 iterations in all.
+  // when the output or any string or list (its real bytes: items held by value count in full)
+  // passes 64 MiB, loops pass 10^6 iterations in all, or the strings and lists the operators
+  // and filters build pass 1 GiB in all (a bound on the render's work).
   absl::StatusOr<RenderOutput> Render(const Value::Dict& globals) const;
 
   // True when the source has a {% generation %} block.

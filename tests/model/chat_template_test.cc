@@ -169,6 +169,26 @@ TEST(JinjaTest, ErrorsNameTheLineAndTheConstruct) {
   EXPECT_EQ(render("{% set ns = namespace(v=[1]) %}{% for i in range(40) %}"
                    "{% set ns.v = ns.v + ns.v %}{% endfor %}").code(),
             absl::StatusCode::kResourceExhausted);
+  // Lists count the bytes their items hold (held by value): 7 copies of a 10 MB string are 70
+  // MB, refused, where counting 64 bytes per item let a list of 10^6 copies of a 60 MB string
+  // through (60 TB). A list that small in items but large in bytes is refused by + too.
+  const auto exhausted_naming = [&](const std::string& src, const std::string& what) {
+    const absl::Status st = render(src);
+    EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << src << ": " << st;
+    EXPECT_NE(st.message().find(what), absl::string_view::npos) << st;
+  };
+  exhausted_naming("{% set x = [('A' * 1000000) * 10] * 7 %}", "64 MiB");
+  exhausted_naming("{% set x = [('A' * 1000000) * 60] %}{% set y = x * 1000000 %}", "64 MiB");
+  exhausted_naming("{% set x = [('A' * 1000000) * 40] %}{% set y = x + x %}",
+                   "a list larger than 64 MiB");
+  EXPECT_TRUE(render("{% set x = [('A' * 1000000) * 10] * 6 %}{{ x|length }}").ok());
+  // The render's work is bounded too: 100 strings of 30 MB built in a loop (3 GB) stop at the
+  // 1 GiB budget, each one under the 64 MiB value limit.
+  exhausted_naming("{% for i in range(100) %}{% set s = ('A' * 1000000) * 30 %}{% endfor %}",
+                   "1 GiB");
+  // A filter's result counts alike (the string is built once; lower makes 100 copies).
+  exhausted_naming("{% set big = ('A' * 1000000) * 30 %}"
+                   "{% for i in range(100) %}{% set s = big|lower %}{% endfor %}", "1 GiB");
   for (const char* overflow : {"{{ (-9223372036854775807 - 1) // -1 }}",
                                "{{ (-9223372036854775807 - 1) % -1 }}",
                                "{{ 9223372036854775807 + 1 }}", "{{ 2 ** 63 }}",
