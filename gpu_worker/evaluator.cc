@@ -16,6 +16,7 @@
 #include "offload/torch_call.h"
 #include "runtime/clock.h"
 #include "runtime/status_macros.h"
+#include "runtime/utf8.h"
 
 namespace lspo::worker {
 
@@ -92,8 +93,10 @@ absl::Status GenerateAndScore(WorkerJob* job, const EvalCancelled& cancelled,
     ++scored;
     if (out->samples_size() < 3) {
       auto* sample = out->add_samples();
-      sample->set_reference(reference);
-      sample->set_prediction(prediction);
+      // Protobuf strings must be valid UTF-8: a generation cut mid-character (byte-level
+      // tokens) is shown as tokenizers' decode shows it, with U+FFFD.
+      sample->set_reference(runtime::Utf8Lossy(reference));
+      sample->set_prediction(runtime::Utf8Lossy(prediction));
       sample->set_f1(score.f1);
     }
   }
