@@ -12,6 +12,24 @@
 
 namespace lspo::runtime {
 
+namespace internal {
+// The sequence length a non-ASCII lead byte `c` starts (0: not a lead byte) and the allowed
+// range [*lo, *hi] of its second byte (RFC 3629's table; callers set 0x80..0xBF first).
+inline void LeadByte(uint8_t c, size_t* len, uint8_t* lo, uint8_t* hi) {
+  if (c >= 0xC2 && c <= 0xDF) {
+    *len = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    *len = 3;
+    if (c == 0xE0) *lo = 0xA0;
+    if (c == 0xED) *hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    *len = 4;
+    if (c == 0xF0) *lo = 0x90;
+    if (c == 0xF4) *hi = 0x8F;
+  }
+}
+}  // namespace internal
+
 // True if `s` is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above
 // U+10FFFF). When false and `bad_at` is given, *bad_at is the byte offset of the first
 // ill-formed sequence.
@@ -26,17 +44,7 @@ inline bool IsValidUtf8(absl::string_view s, size_t* bad_at = nullptr) {
     }
     size_t len = 0;
     uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    }
+    internal::LeadByte(c, &len, &lo, &hi);
     bool ok = len > 0 && i + len <= n;
     if (ok) {
       const auto c1 = static_cast<uint8_t>(s[i + 1]);
@@ -70,18 +78,8 @@ inline std::string Utf8Lossy(absl::string_view s) {
       continue;
     }
     size_t len = 0;
-    uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte (as IsValidUtf8)
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    }
+    uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    internal::LeadByte(c, &len, &lo, &hi);
     // The longest prefix of a well-formed sequence starting at i (at least the lead byte).
     size_t k = 1;
     if (len > 0 && i + 1 < n) {
