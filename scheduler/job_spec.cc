@@ -625,8 +625,13 @@ absl::Status CheckPathsUnderRoots(const lspo::v1::JobSpec& spec,
     }
     return false;
   };
+  // data.chat_template is a path unless it is the Jinja text itself (model/chat_template.h).
+  const std::string& tmpl = spec.data().chat_template();
+  const bool tmpl_is_text =
+      tmpl.find("{{") != std::string::npos || tmpl.find("{%") != std::string::npos;
   const std::pair<const char*, std::string> fields[] = {
       {"model.path", spec.model().path()},
+      {"data.chat_template", tmpl_is_text ? std::string() : tmpl},
       {"model.tokenizer_path", spec.model().tokenizer_path()},
       {"model.adapter_path", spec.model().adapter_path()},
       {"data.train_path", spec.data().train_path()},

@@ -135,6 +135,9 @@ SchedulerCore::~SchedulerCore() {
 
 absl::StatusOr<std::string> SchedulerCore::Submit(JobSpec spec) {
   ResolveDefaults(&spec);
+  // The roots first: the validation's existence checks would otherwise tell a client which
+  // files exist outside them.
+  RETURN_IF_ERROR(CheckPathsUnderRoots(spec, options_.allowed_roots));
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   absl::MutexLock lock(&mu_);
   const std::string id = absl::StrCat("job-", absl::ToUnixSeconds(absl::Now()), "-", next_id_++);
@@ -148,7 +151,7 @@ absl::StatusOr<std::string> SchedulerCore::Submit(JobSpec spec) {
   }
   job.status.set_output_dir(spec.output_dir());
   *job.status.mutable_spec() = spec;
-  RETURN_IF_ERROR(CheckPathsUnderRoots(spec, options_.allowed_roots));
+  RETURN_IF_ERROR(CheckPathsUnderRoots(spec, options_.allowed_roots));  // the default output_dir
   jobs_[id] = std::move(job);
   PersistLocked(&jobs_[id]);
   queue_.push_back(id);

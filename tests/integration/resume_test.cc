@@ -639,6 +639,14 @@ TEST(ResumeTest, SpecsCannotReachOutsideTheAllowedRoots) {
   st = scheduler::CheckPathsUnderRoots(adapter, {root});
   EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_NE(st.message().find("model.adapter_path"), std::string::npos) << st;
+  // A chat template given as a path is a path like the others; given as Jinja text, it is not.
+  v1::JobSpec tmpl = spec;
+  tmpl.mutable_data()->set_chat_template(root + "/data/escape/hostname");
+  st = scheduler::CheckPathsUnderRoots(tmpl, {root});
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(st.message().find("data.chat_template"), std::string::npos) << st;
+  tmpl.mutable_data()->set_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}");
+  EXPECT_TRUE(scheduler::CheckPathsUnderRoots(tmpl, {root}).ok());
 }
 
 }  // namespace

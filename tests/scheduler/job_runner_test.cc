@@ -600,6 +600,30 @@ TEST(SchedulerCoreTest, RestartsAreCappedAndACancelOfARunningJobSurvivesARestart
   fs::remove_all(dir, ec);
 }
 
+TEST(SchedulerCoreTest, PathsOutsideTheRootsAreRefusedBeforeTheyAreLookedFor) {
+  // A spec naming a file outside --allowed_roots is refused as outside, whether the file exists
+  // or not: checking existence first would tell a client which files exist there.
+  auto log = std::make_shared<CallLog>();
+  const std::string dir = TempDir();
+  SchedulerOptions opts;
+  opts.allowed_roots = {dir, fs::current_path().string()};  // Spec()'s files are the repo's
+  auto core = SchedulerCore::Create(std::make_unique<FakeWorker>(log.get(), kLayers, 4),
+                                    std::make_unique<FakeOptimizer>(log.get(), kLayers), opts);
+  ASSERT_TRUE(core.ok()) << core.status();
+  for (const std::string& path : {std::string("/nonexistent-lspo-dir/train.tsv"),
+                                  std::string("/etc/hostname")}) {
+    v1::JobSpec spec = Spec(dir + "/out", v1::MODE_LSP, 1);
+    spec.mutable_data()->set_train_path(path);
+    auto id = (*core)->Submit(spec);
+    ASSERT_FALSE(id.ok()) << path;
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kPermissionDenied) << id.status();
+    EXPECT_NE(id.status().message().find("data.train_path"), std::string::npos) << id.status();
+  }
+  core->reset();
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
 TEST(SchedulerCoreTest, ASecondSchedulerOnTheSameStateDirIsRefusedUntilTheFirstIsGone) {
   // Two schedulers on one state_dir would both recover and run its jobs: the second is refused
   // by the directory's lock before it reads a job, naming the holder; readers of the store
