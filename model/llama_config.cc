@@ -17,6 +17,17 @@ absl::Status Positive(const char* field, int64_t value) {
                                                  "; expected a positive value"));
 }
 
+// Upper bounds of a sane Llama-family config, far above any published model (Llama 3.1 405B:
+// hidden 16384, intermediate 53248, 126 layers, 128 heads, vocabulary 128256; Gemma's
+// vocabulary 256000), so that a hostile or corrupt config is refused before any size computed
+// from it can overflow or reserve memory.
+absl::Status AtMost(const char* field, int64_t value, int64_t limit) {
+  if (value <= limit) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "LlamaConfig.", field, " is ", value, "; at most ", limit,
+      " is accepted (no Llama-family model comes near it: a corrupt or hostile config?)"));
+}
+
 absl::Status TokenId(const char* field, int64_t value, int64_t vocab_size) {
   if (value == -1 || (value >= 0 && value < vocab_size)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("LlamaConfig.", field, " is ", value,
@@ -47,6 +58,13 @@ absl::Status LlamaConfig::Validate() const {
   RETURN_IF_ERROR(Positive("head_dim", head_dim));
   RETURN_IF_ERROR(Positive("intermediate_size", intermediate_size));
   RETURN_IF_ERROR(Positive("max_position_embeddings", max_position_embeddings));
+  RETURN_IF_ERROR(AtMost("vocab_size", vocab_size, int64_t{1} << 22));
+  RETURN_IF_ERROR(AtMost("hidden_size", hidden_size, int64_t{1} << 17));
+  RETURN_IF_ERROR(AtMost("num_layers", num_layers, 4096));
+  RETURN_IF_ERROR(AtMost("num_heads", num_heads, 4096));
+  RETURN_IF_ERROR(AtMost("head_dim", head_dim, 4096));
+  RETURN_IF_ERROR(AtMost("intermediate_size", intermediate_size, int64_t{1} << 20));
+  RETURN_IF_ERROR(AtMost("max_position_embeddings", max_position_embeddings, kMaxPositions));
   if (num_heads % num_kv_heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("LlamaConfig.num_heads (", num_heads, ") is not a multiple of num_kv_heads (",
@@ -297,9 +315,27 @@ class HfConfigReader {
 
  private:
   absl::StatusOr<int64_t> IntValue(const nlohmann::json& v, const char* key) const {
-    if (v.is_number_integer() || v.is_number_unsigned()) return v.get<int64_t>();
-    if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
-      return static_cast<int64_t>(v.get<double>());
+    // Integers a config holds are sizes and token ids: anything beyond +-2^53 (where doubles
+    // stop being exact) is refused rather than converted (a huge double or an unsigned above
+    // INT64_MAX has no int64 value: the conversion would be undefined or wrap).
+    constexpr double kLimit = 9007199254740992.0;  // 2^53
+    if (v.is_number_unsigned()) {
+      if (v.get<uint64_t>() <= static_cast<uint64_t>(kLimit)) {
+        return static_cast<int64_t>(v.get<uint64_t>());
+      }
+      return Mistyped(key, v, "an integer of magnitude at most 2^53");
+    }
+    if (v.is_number_integer()) {
+      const int64_t i = v.get<int64_t>();
+      if (i >= -static_cast<int64_t>(kLimit) && i <= static_cast<int64_t>(kLimit)) return i;
+      return Mistyped(key, v, "an integer of magnitude at most 2^53");
+    }
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (std::isfinite(d) && std::floor(d) == d && std::fabs(d) <= kLimit) {
+        return static_cast<int64_t>(d);
+      }
+      return Mistyped(key, v, "an integer of magnitude at most 2^53");
     }
     return Mistyped(key, v, "an integer");
   }
@@ -371,6 +407,12 @@ absl::Status ReadRope(const HfConfigReader& r, LlamaConfig* c) {
     ASSIGN_OR_RETURN(s.high_freq_factor, r.NumberOr(scaling, "high_freq_factor", 4.0));
     ASSIGN_OR_RETURN(double original,
                      r.NumberOr(scaling, "original_max_position_embeddings", 8192.0));
+    if (!(original >= 1.0 && original <= static_cast<double>(kMaxPositions)) ||
+        std::floor(original) != original) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          r.source(), ": ", scaling_key, ".original_max_position_embeddings is ", original,
+          "; expected a whole number of positions in [1, ", kMaxPositions, "]"));
+    }
     s.original_max_position_embeddings = static_cast<int64_t>(original);
     return absl::OkStatus();
   }

@@ -64,6 +64,9 @@ struct RopeScaling {
 };
 
 // Architecture hyperparameters. Field names follow HF `LlamaConfig`; units are element counts.
+// The most positions a config may declare (2^27, 134M: beyond every published context).
+inline constexpr int64_t kMaxPositions = int64_t{1} << 27;
+
 struct LlamaConfig {
   ModelFamily family = ModelFamily::kLlama;
   int64_t vocab_size = 0;               // V: rows of embed_tokens / lm_head.
@@ -92,10 +95,13 @@ struct LlamaConfig {
   int64_t pad_token_id = 2;
   std::vector<int64_t> eos_token_ids;   // empty = {eos_token_id}
 
-  // Checks that every size is positive, num_heads % num_kv_heads == 0, head_dim even (RoPE
-  // pairs), eps > 0, rope_theta > 0, a rope scaling factor >= 1 (llama3: high_freq_factor >
-  // low_freq_factor > 0 and original_max_position_embeddings > 0), sliding_window >= 0, and
-  // the special token ids are -1 or lie in [0, vocab_size).
+  // Checks that every size is positive and below a sanity bound far above any published
+  // model (vocab_size <= 2^22, hidden_size <= 2^17, intermediate_size <= 2^20, num_layers,
+  // num_heads, head_dim <= 4096, max_position_embeddings <= kMaxPositions), num_heads %
+  // num_kv_heads == 0, head_dim even (RoPE pairs), eps > 0, rope_theta > 0, a rope scaling
+  // factor >= 1 (llama3: high_freq_factor > low_freq_factor > 0 and
+  // original_max_position_embeddings > 0), sliding_window >= 0, and the special token ids
+  // are -1 or lie in [0, vocab_size).
   // Returns kInvalidArgument naming the first offending field, its value and the requirement.
   absl::Status Validate() const;
 

@@ -235,6 +235,39 @@ TEST(HfConfigTest, WrittenConfigReadsBack) {
   }
 }
 
+TEST(HfConfigTest, HugeOrOutOfRangeNumbersAreRefusedNamingTheField) {
+  // A corrupt or hostile config.json: sizes no model has, numbers with no int64 value (a huge
+  // double, an unsigned above INT64_MAX) and a rope context that is not a whole number are
+  // errors naming the field, before any size is computed from them.
+  const nlohmann::json base = ReadJson(Folder("llama-fp32") + "/config.json");
+  const auto refused = [&](const char* key, const nlohmann::json& value, const char* named) {
+    nlohmann::json j = base;
+    j[key] = value;
+    auto c = LlamaConfigFromHfJson(j, "config.json");
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << key << ": " << c.status();
+    EXPECT_TRUE(Mentions(c.status(), named)) << c.status();
+  };
+  refused("hidden_size", 1e300, "hidden_size");
+  refused("hidden_size", nlohmann::json(18446744073709551615ull), "hidden_size");
+  refused("intermediate_size", int64_t{1} << 40, "intermediate_size");
+  refused("vocab_size", int64_t{1} << 30, "vocab_size");
+  refused("num_hidden_layers", 1000000, "num_layers");
+  refused("max_position_embeddings", int64_t{1} << 40, "max_position_embeddings");
+  refused("max_position_embeddings", -1e20, "max_position_embeddings");
+  nlohmann::json j = base;
+  j.erase("rope_parameters");
+  j["rope_scaling"] = {{"type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 1e300}};
+  auto c = LlamaConfigFromHfJson(j, "config.json");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  EXPECT_TRUE(Mentions(c.status(), "original_max_position_embeddings")) << c.status();
+  j["rope_scaling"]["original_max_position_embeddings"] = 8192.5;
+  EXPECT_EQ(LlamaConfigFromHfJson(j, "config.json").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  j["rope_scaling"]["original_max_position_embeddings"] = 8192;
+  EXPECT_TRUE(LlamaConfigFromHfJson(j, "config.json").ok());
+}
+
 TEST(HfConfigTest, UnsupportedArchitecturesAndFeaturesAreRefusedByName) {
   const nlohmann::json base = ReadJson(Folder("llama-fp32") + "/config.json");
   nlohmann::json j = base;
