@@ -23,9 +23,7 @@
 namespace lspo::data {
 namespace {
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  return runtime::ReadFileToString(path, "data file");
-}
+absl::StatusOr<std::string> ReadFile(const std::string& path) { return ReadDataFile(path); }
 
 std::string Latin1ToUtf8(absl::string_view s) {
   std::string out;

@@ -6,8 +6,13 @@
 
 namespace lspo::data {
 
-absl::StatusOr<std::vector<JsonRecord>> ReadJsonRecords(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string content, runtime::ReadFileToString(path, "data file"));
+absl::StatusOr<std::string> ReadDataFile(const std::string& path, const DataFileLimits& limits) {
+  return runtime::ReadFileToString(path, "data file", limits.max_file_bytes);
+}
+
+absl::StatusOr<std::vector<JsonRecord>> ReadJsonRecords(const std::string& path,
+                                                        const DataFileLimits& limits) {
+  ASSIGN_OR_RETURN(std::string content, ReadDataFile(path, limits));
   std::vector<JsonRecord> out;
   // A whole-file array (a .json file): its elements.
   const size_t first = content.find_first_not_of(" \t\r\n");
@@ -23,6 +28,11 @@ absl::StatusOr<std::vector<JsonRecord>> ReadJsonRecords(const std::string& path)
   RETURN_IF_ERROR(ForEachLine(content, [&](int64_t line_no, absl::string_view line) {
     if (line.find_first_not_of(" \t") == absl::string_view::npos) return absl::OkStatus();
     const std::string where = absl::StrCat(path, ":", line_no);
+    if (static_cast<int64_t>(line.size()) > limits.max_record_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          where, ": a record of ", line.size(), " bytes; at most ", limits.max_record_bytes,
+          " bytes are parsed as one record"));
+    }
     size_t bad_at = 0;
     if (!IsValidUtf8(line, &bad_at)) {
       return absl::InvalidArgumentError(absl::StrCat(

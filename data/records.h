@@ -40,11 +40,27 @@ struct JsonRecord {
   std::string where;
 };
 
+// What a data file may make a reader hold: the file is read whole (8 GiB at most by default:
+// a larger data set is split first), and one line of a JSON Lines file is parsed whole (64 MiB
+// at most: nlohmann's tree of it is several times larger). A whole-file JSON array is parsed
+// at once, bounded by the file limit only.
+struct DataFileLimits {
+  int64_t max_file_bytes = int64_t{8} << 30;
+  int64_t max_record_bytes = int64_t{64} << 20;
+};
+
+// The whole data file `path` within `limits.max_file_bytes` (runtime::ReadFileToString).
+absl::StatusOr<std::string> ReadDataFile(const std::string& path,
+                                         const DataFileLimits& limits = {});
+
 // The records of `path`: JSON Lines (one value per non-blank line), or for a file whose whole
 // content is one JSON array, its elements. Errors: kNotFound / the read's errors naming the
-// file; kInvalidArgument naming "file:line" for a line that is not valid UTF-8 (with the byte
-// offset in the line) or not valid JSON.
-absl::StatusOr<std::vector<JsonRecord>> ReadJsonRecords(const std::string& path);
+// file; kResourceExhausted for a file over limits.max_file_bytes (naming it, its size and the
+// limit) or a line over limits.max_record_bytes (naming "file:line"); kInvalidArgument
+// naming "file:line" for a line that is not valid UTF-8 (with the byte offset in the line) or
+// not valid JSON.
+absl::StatusOr<std::vector<JsonRecord>> ReadJsonRecords(const std::string& path,
+                                                        const DataFileLimits& limits = {});
 
 }  // namespace lspo::data
 

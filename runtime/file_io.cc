@@ -72,7 +72,8 @@ absl::Status WriteAll(int fd, absl::string_view contents, const std::string& pat
 
 }  // namespace
 
-absl::StatusOr<std::string> ReadFileToString(const std::string& path, absl::string_view what) {
+absl::StatusOr<std::string> ReadFileToString(const std::string& path, absl::string_view what,
+                                             int64_t max_bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("open", what, path, errno);
   struct stat st;
@@ -84,6 +85,15 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path, absl::stri
   if (S_ISDIR(st.st_mode)) {
     ::close(fd);
     return ErrnoError("read", what, path, EISDIR);
+  }
+  const auto too_large = [&](int64_t size) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what.empty() ? "file" : what, " '", path, "' holds ", size, " bytes or more; at most ",
+        max_bytes, " bytes of it are read into memory (split the file, or select part of it)"));
+  };
+  if (max_bytes > 0 && S_ISREG(st.st_mode) && st.st_size > max_bytes) {
+    ::close(fd);
+    return too_large(static_cast<int64_t>(st.st_size));
   }
   std::string out;
   if (S_ISREG(st.st_mode) && st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
@@ -98,6 +108,10 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path, absl::stri
       return ErrnoError("read", what, path, err);
     }
     out.append(buf, static_cast<size_t>(n));
+    if (max_bytes > 0 && static_cast<int64_t>(out.size()) > max_bytes) {  // a pipe, or growing
+      ::close(fd);
+      return too_large(static_cast<int64_t>(out.size()));
+    }
   }
   ::close(fd);
   return out;

@@ -13,6 +13,7 @@
 #ifndef LSPO_RUNTIME_FILE_IO_H_
 #define LSPO_RUNTIME_FILE_IO_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -22,9 +23,12 @@
 namespace lspo::runtime {
 
 // The whole contents of the regular file `path` (bytes, no decoding). `what` describes the
-// file in messages ("job spec", "data.train_path", ...); empty means "file".
+// file in messages ("job spec", "data.train_path", ...); empty means "file". `max_bytes` > 0:
+// a file larger than that (by its size, or by what is read from a pipe) is refused with
+// kResourceExhausted naming the file, its size and the limit, before it is held in memory.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path,
-                                             absl::string_view what = "");
+                                             absl::string_view what = "",
+                                             int64_t max_bytes = 0);
 
 // Creates or truncates `path`, writes `contents`, fsyncs and closes it. Not atomic: a crash
 // may leave a partial file (use inside a temporary directory that is renamed when complete,

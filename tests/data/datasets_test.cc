@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "data/records.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/chat_template.h"
@@ -122,6 +123,29 @@ TEST(LoadLabeledTsvTest, LineWithoutTabNamesTheLine) {
   ASSERT_EQ(rows->size(), 2u);
   EXPECT_EQ((*rows)[0].text, "hello");  // "\r" removed
   EXPECT_EQ((*rows)[1].text, "buy\tnow");
+}
+
+TEST(ReadJsonRecordsTest, FileAndRecordSizesAreBounded) {
+  // A file over the file limit and a line over the record limit are refused naming the file
+  // (and the line), before they are held or parsed whole.
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "lspo-records-limits.jsonl").string();
+  {
+    std::ofstream f(path);
+    f << "{\"text\": \"short\"}\n{\"text\": \"" << std::string(100, 'x') << "\"}\n";
+  }
+  EXPECT_TRUE(ReadJsonRecords(path).ok());
+  DataFileLimits small_file;
+  small_file.max_file_bytes = 50;
+  auto file = ReadJsonRecords(path, small_file);
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kResourceExhausted) << file.status();
+  EXPECT_NE(file.status().message().find(path), std::string::npos) << file.status();
+  DataFileLimits small_record;
+  small_record.max_record_bytes = 50;
+  auto record = ReadJsonRecords(path, small_record);
+  EXPECT_EQ(record.status().code(), absl::StatusCode::kResourceExhausted) << record.status();
+  EXPECT_NE(record.status().message().find(path + ":2"), std::string::npos) << record.status();
+  std::filesystem::remove(path);
 }
 
 TEST(LoadLabeledTest, MissingFileIsNotFound) {

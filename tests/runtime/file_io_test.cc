@@ -24,6 +24,22 @@ std::string TempDir() {
   return templ;
 }
 
+TEST(FileIoTest, ReadingStopsAtTheLimitForFilesAndEndlessStreams) {
+  // A regular file over the limit is refused by its size before anything is read; a stream
+  // with no size (/dev/zero never ends) once the limit is passed, not when memory runs out.
+  const std::string dir = TempDir();
+  ASSERT_TRUE(WriteFileSynced(dir + "/ten", "0123456789").ok());
+  EXPECT_EQ(*ReadFileToString(dir + "/ten", "data file", 10), "0123456789");
+  auto big = ReadFileToString(dir + "/ten", "data file", 9);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted) << big.status();
+  EXPECT_NE(big.status().message().find("data file '" + dir + "/ten' holds 10 bytes"),
+            std::string::npos) << big.status();
+  EXPECT_NE(big.status().message().find("at most 9 bytes"), std::string::npos) << big.status();
+  auto endless = ReadFileToString("/dev/zero", "data file", 1 << 20);
+  EXPECT_EQ(endless.status().code(), absl::StatusCode::kResourceExhausted) << endless.status();
+  fs::remove_all(dir);
+}
+
 TEST(FileIoTest, WriteThenReadRoundTripsEveryByte) {
   const std::string dir = TempDir();
   std::string bytes;
