@@ -70,6 +70,7 @@ TEST(FuzzReplay, Tokenizer) {
 TEST(FuzzReplay, TokenizerHf) { EXPECT_GE(ReplayDir("tokenizer_hf", FuzzTokenizerHf), 6); }
 TEST(FuzzReplay, Jinja) { EXPECT_GE(ReplayDir("jinja", FuzzJinja), 8); }
 TEST(FuzzReplay, JobSpec) { EXPECT_GE(ReplayDir("job_spec", FuzzJobSpec), 2); }
+TEST(FuzzReplay, HfConfig) { EXPECT_GE(ReplayDir("hf_config", FuzzHfConfig), 4); }
 
 // Findings of the fuzzers (fuzz/README.md, "Findings"), fixed; each test states the behaviour.
 // 1. A YAML scalar that is not valid UTF-8 made json.dump() throw nlohmann type_error 316 out
