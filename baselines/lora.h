@@ -17,6 +17,8 @@
 //                              ".lora_B.weight" (m, r), F32, e.g. <module> =
 //                              model.layers.0.self_attn.q_proj
 //
+// The settings and adapter_config.json itself: baselines/peft_config.h (torch-free).
+//
 // Thread-safety: as LlamaModel's (one thread at a time; Forward also from autograd).
 #ifndef LSPO_BASELINES_LORA_H_
 #define LSPO_BASELINES_LORA_H_
@@ -31,25 +33,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "baselines/peft_config.h"
 #include "model/linear_impl.h"
 #include "model/llama.h"
 
 namespace lspo::baselines {
-
-// PEFT module names of a decoder layer's seven linears, in model::LinearKind order.
-inline constexpr const char* kLoraModuleNames[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                   "gate_proj", "up_proj", "down_proj"};
-
-// PEFT LoraConfig's fields this project uses.
-struct LoraSettings {
-  int64_t r = 8;                            // rank (PEFT default 8)
-  double alpha = 8;                         // lora_alpha (PEFT default 8)
-  bool use_rslora = false;                  // scale alpha / sqrt(r) instead of alpha / r
-  std::vector<std::string> target_modules;  // names from kLoraModuleNames; empty = all seven
-
-  // alpha / r, or alpha / sqrt(r) with rsLoRA (PEFT LoraLayer.update_layer).
-  double Scaling() const;
-};
 
 // The adapters of one model (see the file comment): a model::LinearImpl that computes every
 // target linear as W plus its low-rank update, with and without grad mode.

@@ -153,16 +153,10 @@ std::vector<int64_t> ExtraStops(const std::string& model_path, const model::BpeT
                       ? runtime::ReadFileToString(model_path + "/generation_config.json")
                       : absl::StatusOr<std::string>(absl::NotFoundError(""));
   if (ckpt_gen.ok()) {
-    nlohmann::json g = nlohmann::json::parse(*ckpt_gen, nullptr, false);
-    if (g.is_object() && g.contains("eos_token_id")) {
-      const auto& e = g["eos_token_id"];
-      if (e.is_number_integer()) extra.push_back(e.get<int64_t>());
-      if (e.is_array()) {
-        for (const auto& id : e) {
-          if (id.is_number_integer()) extra.push_back(id.get<int64_t>());
-        }
-      }
-    }
+    // A generation_config.json that does not parse adds no stop ids.
+    absl::StatusOr<std::vector<int64_t>> eos =
+        model::GenerationConfigEosIds(*ckpt_gen, model_path + "/generation_config.json");
+    if (eos.ok()) extra.insert(extra.end(), eos->begin(), eos->end());
   }
   return extra;
 }

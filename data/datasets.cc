@@ -19,6 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/file_io.h"
 #include "runtime/status_macros.h"
+#include "runtime/json_text.h"
 
 namespace lspo::data {
 namespace {
@@ -51,7 +52,7 @@ absl::StatusOr<LabeledText> JsonToLabeled(const JsonRecord& r) {
   if (label == j.end() || !label->is_string() || text == j.end() || !text->is_string()) {
     return absl::InvalidArgumentError(absl::StrCat(
         r.where, ": the object needs string fields \"label\" and \"text\"; saw ",
-        j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, 120)));
+        runtime::JsonForMessage(j, 120)));
   }
   LabeledText out{label->get<std::string>(), text->get<std::string>()};
   if (out.label.empty()) {
@@ -133,6 +134,11 @@ absl::StatusOr<std::vector<int32_t>> FitPrompt(const model::BpeTokenizer& tok,
 // ---------------------------------------------------------------------------------------------
 absl::StatusOr<std::vector<LabeledText>> LoadLabeledTsv(const std::string& path) {
   ASSIGN_OR_RETURN(std::string content, ReadFile(path));
+  return ParseLabeledTsv(content, path);
+}
+
+absl::StatusOr<std::vector<LabeledText>> ParseLabeledTsv(absl::string_view content,
+                                                         absl::string_view path) {
   std::vector<LabeledText> rows;
   RETURN_IF_ERROR(ForEachLine(content, [&](int64_t line_no, absl::string_view line) {
     if (line.empty()) return absl::OkStatus();
@@ -155,6 +161,11 @@ absl::StatusOr<std::vector<LabeledText>> LoadLabeledTsv(const std::string& path)
 
 absl::StatusOr<std::vector<LabeledText>> LoadLabeledJsonl(const std::string& path) {
   ASSIGN_OR_RETURN(std::vector<JsonRecord> records, ReadJsonRecords(path));
+  return LabeledFromJsonRecords(records);
+}
+
+absl::StatusOr<std::vector<LabeledText>> LabeledFromJsonRecords(
+    absl::Span<const JsonRecord> records) {
   std::vector<LabeledText> rows;
   rows.reserve(records.size());
   for (const JsonRecord& r : records) {

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "data/records.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 
@@ -43,10 +44,21 @@ struct LabeledText {
 // without a tab or with an empty label.
 absl::StatusOr<std::vector<LabeledText>> LoadLabeledTsv(const std::string& path);
 
+// LoadLabeledTsv on `content`, the text of a file named `path` in messages (nothing is read
+// from disk); the same rows and errors, but for a missing file.
+absl::StatusOr<std::vector<LabeledText>> ParseLabeledTsv(absl::string_view content,
+                                                         absl::string_view path);
+
 // Reads JSON Lines: one object {"label": string, "text": string} per non-empty line (other
 // keys ignored). Errors: kNotFound (missing file); kInvalidArgument naming "path:line" for a
 // line that is not a JSON object or lacks a string "label"/"text" (or has an empty label).
 absl::StatusOr<std::vector<LabeledText>> LoadLabeledJsonl(const std::string& path);
+
+// LoadLabeledJsonl on records already read (data/records.h ReadJsonRecords or
+// ParseJsonRecords): the same rows and the same kInvalidArgument errors, naming each record's
+// `where`.
+absl::StatusOr<std::vector<LabeledText>> LabeledFromJsonRecords(
+    absl::Span<const JsonRecord> records);
 
 // Dispatches on the extension: ".tsv" -> LoadLabeledTsv, ".jsonl" -> LoadLabeledJsonl,
 // ".json" -> a top-level JSON array of {"label","text"} objects, or JSON Lines if the file is

@@ -13,11 +13,18 @@ absl::StatusOr<std::string> ReadDataFile(const std::string& path, const DataFile
 absl::StatusOr<std::vector<JsonRecord>> ReadJsonRecords(const std::string& path,
                                                         const DataFileLimits& limits) {
   ASSIGN_OR_RETURN(std::string content, ReadDataFile(path, limits));
+  return ParseJsonRecords(content, path, limits);
+}
+
+absl::StatusOr<std::vector<JsonRecord>> ParseJsonRecords(absl::string_view content,
+                                                         absl::string_view path,
+                                                         const DataFileLimits& limits) {
   std::vector<JsonRecord> out;
   // A whole-file array (a .json file): its elements.
   const size_t first = content.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && content[first] == '[' && IsValidUtf8(content)) {
-    auto all = nlohmann::ordered_json::parse(content, nullptr, /*allow_exceptions=*/false);
+  if (first != absl::string_view::npos && content[first] == '[' && IsValidUtf8(content)) {
+    auto all = nlohmann::ordered_json::parse(content.begin(), content.end(), nullptr,
+                                             /*allow_exceptions=*/false);
     if (!all.is_discarded() && all.is_array()) {
       for (size_t i = 0; i < all.size(); ++i) {
         out.push_back({std::move(all[i]), absl::StrCat(path, ": record ", i + 1)});

@@ -62,6 +62,13 @@ absl::StatusOr<std::string> ReadDataFile(const std::string& path,
 absl::StatusOr<std::vector<JsonRecord>> ReadJsonRecords(const std::string& path,
                                                         const DataFileLimits& limits = {});
 
+// The records of `content`, the text of a data file named `path` in the records' locations and
+// in messages (nothing is read from disk): what ReadJsonRecords returns for a file holding
+// `content`, with its errors except those of reading the file and its size.
+absl::StatusOr<std::vector<JsonRecord>> ParseJsonRecords(absl::string_view content,
+                                                         absl::string_view path,
+                                                         const DataFileLimits& limits = {});
+
 }  // namespace lspo::data
 
 #endif  // LSPO_DATA_RECORDS_H_

@@ -217,6 +217,11 @@ absl::string_view SftFormatName(SftFormat f) {
 
 absl::StatusOr<SftFormat> DetectSftFormat(const std::string& path) {
   ASSIGN_OR_RETURN(std::vector<JsonRecord> records, ReadJsonRecords(path));
+  return DetectSftFormatOfRecords(records, path);
+}
+
+absl::StatusOr<SftFormat> DetectSftFormatOfRecords(absl::Span<const JsonRecord> records,
+                                                   absl::string_view path) {
   if (records.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no records (the file is empty)"));
   }
@@ -227,6 +232,11 @@ absl::StatusOr<SftFormat> DetectSftFormat(const std::string& path) {
 
 absl::StatusOr<std::vector<SftRecord>> LoadSftRecords(const std::string& path, SftFormat format) {
   ASSIGN_OR_RETURN(std::vector<JsonRecord> records, ReadJsonRecords(path));
+  return SftRecordsFromJson(records, format);
+}
+
+absl::StatusOr<std::vector<SftRecord>> SftRecordsFromJson(absl::Span<const JsonRecord> records,
+                                                          SftFormat format) {
   std::vector<SftRecord> out;
   out.reserve(records.size());
   for (const JsonRecord& r : records) {

@@ -40,7 +40,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "data/datasets.h"
+#include "data/records.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 
@@ -77,6 +79,12 @@ std::string SftTurnName(const SftRecord& record, size_t k);
 // records are classification data).
 absl::StatusOr<SftFormat> DetectSftFormat(const std::string& path);
 
+// DetectSftFormat on the records of a file already read (data/records.h ReadJsonRecords or
+// ParseJsonRecords); `path` names the file in messages. The same format and errors, but for a
+// missing file.
+absl::StatusOr<SftFormat> DetectSftFormatOfRecords(absl::Span<const JsonRecord> records,
+                                                   absl::string_view path);
+
 // Reads every record of `path` in `format`. Errors (kInvalidArgument, naming "file:line", the
 // key and the fix): invalid UTF-8 (the byte offset), invalid JSON, a record of another format
 // (one format per file), a missing or non-string key, an empty or white-space-only
@@ -85,6 +93,11 @@ absl::StatusOr<SftFormat> DetectSftFormat(const std::string& path);
 // an assistant turn with empty content, a conversation without an assistant turn; kNotFound
 // for a missing file. A bad record is never skipped or read as an empty example.
 absl::StatusOr<std::vector<SftRecord>> LoadSftRecords(const std::string& path, SftFormat format);
+
+// LoadSftRecords on records already read (ReadJsonRecords or ParseJsonRecords): the same
+// records and kInvalidArgument errors (naming each record's `where`).
+absl::StatusOr<std::vector<SftRecord>> SftRecordsFromJson(absl::Span<const JsonRecord> records,
+                                                          SftFormat format);
 
 // What tokenizing a data file did (printed and logged at job start).
 struct DataSummary {

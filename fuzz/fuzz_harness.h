@@ -28,6 +28,11 @@ int FuzzTokenizerHf(const uint8_t* data, size_t size);
 int FuzzJobSpec(const uint8_t* data, size_t size);
 int FuzzJinja(const uint8_t* data, size_t size);
 int FuzzHfConfig(const uint8_t* data, size_t size);
+int FuzzGenerationConfig(const uint8_t* data, size_t size);
+int FuzzSafetensorsIndex(const uint8_t* data, size_t size);
+int FuzzPeftConfig(const uint8_t* data, size_t size);
+int FuzzDataRecords(const uint8_t* data, size_t size);
+int FuzzJobStore(const uint8_t* data, size_t size);
 
 // Loads the vocabulary FuzzTokenizer encodes with (once; later calls do nothing): the GGUF
 // named by $LSPO_FUZZ_VOCAB, else the real model models/SmolLM2-135M-Instruct.Q4_1.gguf,

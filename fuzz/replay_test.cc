@@ -14,8 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "baselines/peft_config.h"
+#include "data/datasets.h"
+#include "data/records.h"
 #include "fuzz/fuzz_harness.h"
 #include "gtest/gtest.h"
+#include "model/hf_checkpoint.h"
 #include "scheduler/job_spec.h"
 
 namespace lspo::fuzz {
@@ -71,6 +75,15 @@ TEST(FuzzReplay, TokenizerHf) { EXPECT_GE(ReplayDir("tokenizer_hf", FuzzTokenize
 TEST(FuzzReplay, Jinja) { EXPECT_GE(ReplayDir("jinja", FuzzJinja), 8); }
 TEST(FuzzReplay, JobSpec) { EXPECT_GE(ReplayDir("job_spec", FuzzJobSpec), 2); }
 TEST(FuzzReplay, HfConfig) { EXPECT_GE(ReplayDir("hf_config", FuzzHfConfig), 4); }
+TEST(FuzzReplay, GenerationConfig) {
+  EXPECT_GE(ReplayDir("generation_config", FuzzGenerationConfig), 4);
+}
+TEST(FuzzReplay, SafetensorsIndex) {
+  EXPECT_GE(ReplayDir("safetensors_index", FuzzSafetensorsIndex), 4);
+}
+TEST(FuzzReplay, PeftConfig) { EXPECT_GE(ReplayDir("peft_config", FuzzPeftConfig), 3); }
+TEST(FuzzReplay, DataRecords) { EXPECT_GE(ReplayDir("data_records", FuzzDataRecords), 6); }
+TEST(FuzzReplay, JobStore) { EXPECT_GE(ReplayDir("job_store", FuzzJobStore), 2); }
 
 // Findings of the fuzzers (fuzz/README.md, "Findings"), fixed; each test states the behaviour.
 // 1. A YAML scalar that is not valid UTF-8 made json.dump() throw nlohmann type_error 316 out
@@ -79,6 +92,46 @@ TEST(JobSpecFuzzFindings, NonUtf8YamlScalarIsAnInvalidArgument) {
   absl::StatusOr<lspo::v1::JobSpec> spec;
   EXPECT_NO_THROW(spec = scheduler::ParseJobSpecYaml("name: a\xdd b\n"));
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// 2. A value nested deeper than the stack allows in a field that an error message quotes made
+// nlohmann's recursive dump() overflow the stack (a crash, not an error) in three readers; the
+// messages now quote such a value by its type. 200,000 levels overflow the unfixed readers in
+// any build (the committed regressions are smaller: they overflow under ASan).
+std::string Nested(size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+TEST(DeepJsonFuzzFindings, PeftConfigQuotesADeepValueByItsType) {
+  const std::string text =
+      "{\"peft_type\": \"LORA\", \"r\": 1, \"lora_alpha\": 1, \"bias\": " + Nested(200000) + "}";
+  absl::StatusOr<baselines::LoraSettings> s = baselines::ParsePeftAdapterConfig(text, "a.json");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(s.status().message().find("bias an array nested over 16 levels deep"),
+            absl::string_view::npos)
+      << s.status();
+  // Shallow values are still quoted as JSON.
+  s = baselines::ParsePeftAdapterConfig(
+      R"({"peft_type": "LORA", "r": 1, "lora_alpha": 1, "bias": ["all"]})", "a.json");
+  EXPECT_NE(s.status().message().find(R"(bias ["all"])"), absl::string_view::npos) << s.status();
+}
+
+TEST(DeepJsonFuzzFindings, SafetensorsIndexQuotesADeepShardByItsType) {
+  const std::string text = "{\"weight_map\": {\"t\": " + Nested(200000) + "}}";
+  absl::StatusOr<model::SafetensorsIndex> index = model::ParseSafetensorsIndex(text, "i.json");
+  EXPECT_EQ(index.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(index.status().message().find("is an array nested over 16 levels deep"),
+            absl::string_view::npos)
+      << index.status();
+}
+
+TEST(DeepJsonFuzzFindings, LabeledRecordQuotesADeepRecordByItsType) {
+  absl::StatusOr<std::vector<data::JsonRecord>> records =
+      data::ParseJsonRecords("[{\"label\": " + Nested(200000) + "}]", "d.json");
+  ASSERT_TRUE(records.ok()) << records.status();
+  absl::StatusOr<std::vector<data::LabeledText>> rows = data::LabeledFromJsonRecords(*records);
+  EXPECT_EQ(rows.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(rows.status().message().find("saw an object nested over 16 levels deep"),
+            absl::string_view::npos)
+      << rows.status();
 }
 
 }  // namespace

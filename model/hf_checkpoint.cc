@@ -1,20 +1,24 @@
 #include "model/hf_checkpoint.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/file_io.h"
 #include "runtime/status_macros.h"
+#include "runtime/json_text.h"
 
 namespace lspo::model {
 namespace {
 
-// Parses the JSON file `path`; kDataLoss (naming it) when it is not valid JSON.
-absl::StatusOr<nlohmann::json> ReadJson(const std::string& path, absl::string_view what) {
-  ASSIGN_OR_RETURN(std::string text, runtime::ReadFileToString(path, what));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+// Parses `text`, the content of the JSON file `path` (`what` names its kind); kDataLoss
+// (naming the file) when it is not valid JSON.
+absl::StatusOr<nlohmann::json> ParseJsonText(absl::string_view text, const std::string& path,
+                                             absl::string_view what) {
+  nlohmann::json j =
+      nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     return absl::DataLossError(absl::StrCat(what, " '", path,
                                             "' is not valid JSON; re-save the model folder "
@@ -23,11 +27,70 @@ absl::StatusOr<nlohmann::json> ReadJson(const std::string& path, absl::string_vi
   return j;
 }
 
+// Parses the JSON file `path`; kDataLoss (naming it) when it is not valid JSON.
+absl::StatusOr<nlohmann::json> ReadJson(const std::string& path, absl::string_view what) {
+  ASSIGN_OR_RETURN(std::string text, runtime::ReadFileToString(path, what));
+  return ParseJsonText(text, path, what);
+}
+
 absl::Status Prefixed(const absl::Status& s, const std::string& path) {
   return absl::Status(s.code(), absl::StrCat("weight file '", path, "': ", s.message()));
 }
 
 }  // namespace
+
+absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(absl::string_view text,
+                                                       const std::string& index_path) {
+  ASSIGN_OR_RETURN(nlohmann::json index, ParseJsonText(text, index_path, "safetensors index"));
+  SafetensorsIndex out;
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+    return absl::DataLossError(absl::StrCat("safetensors index '", index_path,
+                                            "' has no \"weight_map\" object mapping tensor "
+                                            "names to shard files"));
+  }
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    if (!file.is_string() || file.get<std::string>().empty() ||
+        file.get<std::string>().find('/') != std::string::npos) {
+      return absl::DataLossError(absl::StrCat("safetensors index '", index_path,
+                                              "': weight_map[\"", name, "\"] is ", runtime::JsonForMessage(file),
+                                              "; expected a shard file name in the folder"));
+    }
+    out.weight_map[name] = file.get<std::string>();
+    if (std::find(out.shards.begin(), out.shards.end(), file.get<std::string>()) ==
+        out.shards.end()) {
+      out.shards.push_back(file.get<std::string>());
+    }
+  }
+  std::sort(out.shards.begin(), out.shards.end());
+  return out;
+}
+
+absl::StatusOr<std::vector<int64_t>> GenerationConfigEosIds(absl::string_view text,
+                                                            const std::string& path) {
+  ASSIGN_OR_RETURN(nlohmann::json g, ParseJsonText(text, path, "generation_config.json"));
+  if (!g.is_object()) {
+    return absl::DataLossError(absl::StrCat("generation_config.json '", path, "' is a ",
+                                            g.type_name(), ", not a JSON object"));
+  }
+  std::vector<int64_t> ids;
+  auto add = [&ids](const nlohmann::json& id) {
+    if (id.is_number_unsigned()) {
+      if (id.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)) {
+        ids.push_back(static_cast<int64_t>(id.get<uint64_t>()));
+      }
+    } else if (id.is_number_integer() && id.get<int64_t>() >= 0) {
+      ids.push_back(id.get<int64_t>());
+    }
+  };
+  const auto e = g.find("eos_token_id");
+  if (e == g.end()) return ids;
+  if (e->is_array()) {
+    for (const auto& id : *e) add(id);
+  } else {
+    add(*e);
+  }
+  return ids;
+}
 
 bool IsHfModelFolder(const std::string& path) {
   return runtime::IsDirectory(path) && runtime::IsRegularFile(path + "/config.json");
@@ -61,26 +124,10 @@ absl::StatusOr<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
   if (runtime::IsRegularFile(single)) {
     shard_names.push_back("model.safetensors");
   } else if (runtime::IsRegularFile(index_path)) {
-    ASSIGN_OR_RETURN(nlohmann::json index, ReadJson(index_path, "safetensors index"));
-    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
-      return absl::DataLossError(absl::StrCat("safetensors index '", index_path,
-                                              "' has no \"weight_map\" object mapping tensor "
-                                              "names to shard files"));
-    }
-    for (const auto& [name, file] : index["weight_map"].items()) {
-      if (!file.is_string() || file.get<std::string>().empty() ||
-          file.get<std::string>().find('/') != std::string::npos) {
-        return absl::DataLossError(absl::StrCat("safetensors index '", index_path,
-                                                "': weight_map[\"", name, "\"] is ", file.dump(),
-                                                "; expected a shard file name in the folder"));
-      }
-      weight_map[name] = file.get<std::string>();
-      if (std::find(shard_names.begin(), shard_names.end(), file.get<std::string>()) ==
-          shard_names.end()) {
-        shard_names.push_back(file.get<std::string>());
-      }
-    }
-    std::sort(shard_names.begin(), shard_names.end());
+    ASSIGN_OR_RETURN(std::string text, runtime::ReadFileToString(index_path, "safetensors index"));
+    ASSIGN_OR_RETURN(SafetensorsIndex index, ParseSafetensorsIndex(text, index_path));
+    weight_map = std::move(index.weight_map);
+    shard_names = std::move(index.shards);
   } else {
     std::string hint;
     if (runtime::IsRegularFile(dir + "/pytorch_model.bin") || runtime::IsRegularFile(dir + "/pytorch_model.bin.index.json")) {

@@ -19,6 +19,8 @@
 #ifndef LSPO_MODEL_HF_CHECKPOINT_H_
 #define LSPO_MODEL_HF_CHECKPOINT_H_
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +34,28 @@
 #include "nlohmann/json.hpp"
 
 namespace lspo::model {
+
+// The part of a model.safetensors.index.json that locates the tensors.
+struct SafetensorsIndex {
+  std::map<std::string, std::string> weight_map;  // tensor name -> shard file name
+  std::vector<std::string> shards;                // the shard file names, sorted, no repeats
+};
+
+// Parses the text of a model.safetensors.index.json (`path` names it in messages; nothing is
+// read from disk). Only "weight_map" is read ("metadata" is informational). Errors, each
+// naming `path`: kDataLoss when the text is not valid JSON, is not an object with a
+// "weight_map" object, or maps a tensor to anything but a file name in the folder (a
+// non-empty string without '/').
+absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(absl::string_view text,
+                                                       const std::string& path);
+
+// The end-of-sequence ids of a generation_config.json text (`path` names it in messages):
+// "eos_token_id" as one integer or a list of integers, in the file's order. Entries that are
+// not integers in [0, 2^63) are skipped (no token can have such an id); an absent or null key
+// gives an empty list. Errors: kDataLoss naming `path` when the text is not valid JSON or not
+// a JSON object.
+absl::StatusOr<std::vector<int64_t>> GenerationConfigEosIds(absl::string_view text,
+                                                            const std::string& path);
 
 // True when `path` is a directory holding a config.json (what format detection calls an HF
 // folder). Never fails: false for a missing path or a regular file.

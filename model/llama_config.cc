@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/gguf.h"
 #include "runtime/status_macros.h"
+#include "runtime/json_text.h"
 
 namespace lspo::model {
 namespace {
@@ -310,7 +311,8 @@ class HfConfigReader {
   absl::Status Mistyped(absl::string_view key, const nlohmann::json& v,
                         absl::string_view expected) const {
     return absl::InvalidArgumentError(absl::StrCat(source_, ": field \"", key, "\" is ",
-                                                   v.dump(), "; expected ", expected));
+                                                   runtime::JsonForMessage(v), "; expected ",
+                                                   expected));
   }
 
  private:
@@ -484,7 +486,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const nlohmann::json& config,
       const bool sliding_ok = t == "sliding_attention" && c.sliding_window > 0;
       if (!full && !sliding_ok) {
         return absl::UnimplementedError(absl::StrCat(
-            source, ": layer_types entry ", t.dump(),
+            source, ": layer_types entry ", runtime::JsonForMessage(t),
             " is not supported; every layer must be full_attention (or, for Mistral, "
             "sliding_attention with a sliding_window)"));
       }

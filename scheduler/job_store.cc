@@ -33,6 +33,17 @@ bool ValidId(const std::string& id) {
 
 }  // namespace
 
+absl::StatusOr<lspo::v1::JobStatus> ParseJobStoreRecord(absl::string_view text,
+                                                       const std::string& path) {
+  lspo::v1::JobStatus status;
+  // Closed sets may be short names or, in files of earlier versions, the old strings.
+  RETURN_IF_ERROR(runtime::ProtoFromJson(text, &status, path, /*ignore_unknown_fields=*/true));
+  if (status.job_id() != fs::path(path).stem().string()) {
+    return absl::InvalidArgumentError("job id differs from the file name");
+  }
+  return status;
+}
+
 absl::StatusOr<JobStore> JobStore::Open(const std::string& state_dir) {
   const std::string dir = state_dir + "/jobs";
   std::error_code ec;
@@ -117,12 +128,11 @@ std::vector<lspo::v1::JobStatus> JobStore::LoadAll(std::vector<std::string>* ski
     if (!text.ok()) {
       error = std::string(text.status().message());
     } else {
-      // Closed sets may be short names or, in files of earlier versions, the old strings.
-      absl::Status st = runtime::ProtoFromJson(*text, &status, path, /*ignore_unknown_fields=*/true);
-      if (!st.ok()) {
-        error = std::string(st.message());
-      } else if (status.job_id() != fs::path(path).stem().string()) {
-        error = "job id differs from the file name";
+      absl::StatusOr<lspo::v1::JobStatus> parsed = ParseJobStoreRecord(*text, path);
+      if (!parsed.ok()) {
+        error = std::string(parsed.status().message());
+      } else {
+        status = *std::move(parsed);
       }
     }
     if (!error.empty()) {

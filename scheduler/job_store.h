@@ -14,9 +14,18 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proto/scheduler.pb.h"
 
 namespace lspo::scheduler {
+
+// Reads one job file of the store: `text`, the content of the file `path` (nothing is read
+// from disk; the file name's stem must be the job id), as JobStore::LoadAll does (protobuf
+// JSON mapping, unknown fields ignored so that files of later versions load; short or full
+// enum names). Errors: kInvalidArgument naming `path` and the field for text that does not
+// parse as a JobStatus (runtime::ProtoFromJson's), or "job id differs from the file name".
+absl::StatusOr<lspo::v1::JobStatus> ParseJobStoreRecord(absl::string_view text,
+                                                       const std::string& path);
 
 class JobStore {
  public:
