@@ -82,6 +82,13 @@ ABSL_FLAG(std::string, bind_address, "",
 ABSL_FLAG(std::string, rendezvous, "",
           "run/submit: rank 0's host:port for a data-parallel job (distributed.rendezvous; "
           "empty = keep)");
+ABSL_FLAG(std::string, rendezvous_token_file, "",
+          "run/submit: file holding the data-parallel job's rendezvous token (mode 0600, the same "
+          "token on every rank; distributed.rendezvous_token_file; a per-host path; empty = "
+          "keep)");
+ABSL_FLAG(bool, allow_remote_rendezvous, false,
+          "run/submit: allow a rendezvous address that is not loopback (distributed.allow_remote; "
+          "needs --rendezvous_token_file; false = keep)");
 ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends");
 ABSL_FLAG(bool, json, false, "status/list: print JSON instead of a table");
 ABSL_FLAG(bool, verbose, false, "run: also print the services' INFO logs to stderr");
@@ -146,7 +153,8 @@ constexpr char kUsage[] =
     "Flags: --scheduler=HOST:PORT (127.0.0.1:50060), --json, --watch, --verbose,\n"
     "  spec overrides --steps --mode --schedule --output_dir --rank (a data-parallel job's\n"
     "  rank: one lspctl run per rank, same spec) --bind_address (that rank's address)\n"
-    "  --rendezvous (rank 0's host:port),\n"
+    "  --rendezvous (rank 0's host:port) --rendezvous_token_file (the job's token, mode 0600)\n"
+    "  --allow_remote_rendezvous (a rendezvous address that is not loopback),\n"
     "  --timeout_seconds (health),\n"
     "  --auth_token_file=FILE (bearer token, mode 0600), --tls_ca=CA.pem (TLS).\n"
     "  lspctl --helpfull lists every flag.\n"
@@ -399,6 +407,13 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
   }
   if (!absl::GetFlag(FLAGS_rendezvous).empty()) {
     spec->mutable_distributed()->set_rendezvous(absl::GetFlag(FLAGS_rendezvous));
+  }
+  if (!absl::GetFlag(FLAGS_rendezvous_token_file).empty()) {
+    spec->mutable_distributed()->set_rendezvous_token_file(
+        absl::GetFlag(FLAGS_rendezvous_token_file));
+  }
+  if (absl::GetFlag(FLAGS_allow_remote_rendezvous)) {
+    spec->mutable_distributed()->set_allow_remote(true);
   }
   return spec;
 }

@@ -331,6 +331,7 @@ JobSpec SharedSpec(const JobSpec& spec) {
   shared.mutable_distributed()->clear_rank();
   shared.mutable_distributed()->clear_bind_address();
   shared.mutable_distributed()->clear_timeout_seconds();
+  shared.mutable_distributed()->clear_rendezvous_token_file();  // a path on each rank's host
   shared.clear_output_dir();
   shared.clear_resume_from();
   shared.clear_num_threads();
@@ -370,6 +371,8 @@ absl::StatusOr<std::unique_ptr<offload::Collective>> JoinGroup(const JobSpec& sp
   o.host = at.host;
   o.port = at.port;
   if (!d.bind_address().empty()) o.bind_address = d.bind_address();
+  o.secret_file = d.rendezvous_token_file();
+  o.allow_remote = d.allow_remote();
   o.timeout = absl::Seconds(RankTimeoutSeconds(d));
   o.fingerprint = runtime::ProtoToJson(SharedSpec(spec));
   o.explain_mismatch = ExplainSpecMismatch;

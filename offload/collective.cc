@@ -11,12 +11,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
+#include "offload/rendezvous_store.h"
 #include "runtime/tfrecord.h"
 
 #if LSPO_HAS_GLOO
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #endif
 
 namespace lspo::offload {
@@ -91,6 +91,7 @@ int64_t MicrosSince(std::chrono::steady_clock::time_point t0) {
 
 #if LSPO_HAS_GLOO
 struct Collective::Impl {
+  std::unique_ptr<RendezvousServer> server;  // rank 0 only; destroyed after its users
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
 };
@@ -280,30 +281,68 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
       "and rebuild"));
 #else
   if (absl::Status st = CheckBindAddress(options.bind_address); !st.ok()) return st;
-  const std::string where = absl::StrCat(options.host, ":", options.port);
+  constexpr char kTokenSetting[] = "distributed.rendezvous_token_file";
+  // Issue 43: a store that other hosts can reach must be asked for explicitly, with a token.
+  if (!ResolvesToLoopbackOnly(options.host) &&
+      !(options.allow_remote && !options.secret_file.empty())) {
+    std::vector<std::string> missing;
+    if (!options.allow_remote) missing.push_back("distributed.allow_remote: true");
+    if (options.secret_file.empty()) {
+      missing.push_back(absl::StrCat(kTokenSetting,
+                                     " (a file holding the job's token, mode 0600, on every "
+                                     "rank; e.g. from `openssl rand -hex 32`)"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "distributed: the rendezvous host '", options.host,
+        "' is not a loopback address (or does not resolve): rank 0's store would be reachable "
+        "from other hosts, which needs ",
+        absl::StrJoin(missing, " and "),
+        "; or use 127.0.0.1 when every rank runs on this host"));
+  }
+  std::string token;
+  if (!options.secret_file.empty()) {
+    absl::StatusOr<std::string> t = ReadRendezvousToken(options.secret_file, kTokenSetting);
+    if (!t.ok()) {
+      return absl::Status(t.status().code(), absl::StrCat("distributed: rank ", options.rank,
+                                                          ": ", t.status().message()));
+    }
+    token = *std::move(t);
+  }
+  const std::string where = JoinHostPort(options.host, options.port);
   const auto timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(options.timeout));
   auto impl = std::make_unique<Impl>();
-  try {
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<std::uint16_t>(options.port);
-    so.isServer = options.rank == 0;
-    so.numWorkers = options.world_size;
-    so.waitWorkers = false;  // joins are checked below, with names
-    so.timeout = timeout;
-    auto tcp = c10::make_intrusive<c10d::TCPStore>(options.host, so);
-    c->port_ = tcp->getPort();
-    impl->store = tcp;
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "distributed: rank ", options.rank,
-        options.rank == 0 ? " cannot start the rendezvous store on port "
-                          : " cannot reach the rendezvous store at ",
-        options.rank == 0 ? absl::StrCat(options.port) : where, " within ",
-        Seconds(options.timeout), ": ", Reason(e),
-        options.rank == 0 ? " (is the port in use, e.g. by another rank started without its rank?)"
-                          : " (is rank 0 running, is the address right?)"));
+  c->port_ = options.port;
+  if (options.rank == 0) {
+    auto server = RendezvousServer::Start(options.host, options.port, token);
+    if (!server.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "distributed: rank 0 cannot start the rendezvous store on ", where, ": ",
+          server.status().message(),
+          " (is the port in use, e.g. by another rank started without its rank? is the "
+          "rendezvous host an address of this host?)"));
+    }
+    impl->server = *std::move(server);
+    c->port_ = impl->server->port();
   }
-  const std::string at = absl::StrCat(options.host, ":", c->port_);
+  RendezvousClientOptions client;
+  client.host = options.host;
+  client.port = c->port_;
+  client.token = token;
+  client.token_source = absl::StrCat(kTokenSetting, "=", options.secret_file);
+  client.timeout = options.timeout;
+  auto store = RendezvousStore::Connect(client);
+  if (!store.ok()) {
+    if (store.status().code() == absl::StatusCode::kPermissionDenied) {
+      return absl::PermissionDeniedError(absl::StrCat("distributed: rank ", options.rank,
+                                                      " cannot join: ", store.status().message()));
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "distributed: rank ", options.rank, " cannot reach the rendezvous store at ",
+        JoinHostPort(options.host, c->port_), " within ", Seconds(options.timeout), ": ",
+        store.status().message()));
+  }
+  impl->store = *std::move(store);
+  const std::string at = JoinHostPort(options.host, c->port_);
   auto key = [](const char* kind, int r) { return absl::StrCat("lspo/", kind, "/", r); };
   auto text = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
   std::vector<std::string> fingerprints(options.world_size), labels(options.world_size),
@@ -352,9 +391,15 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
       impl->store->wait(seen, timeout);
     }
   } catch (const std::exception& e) {
+    const auto* store_error = dynamic_cast<const RendezvousStoreError*>(&e);
+    if (store_error != nullptr &&
+        store_error->status().code() == absl::StatusCode::kPermissionDenied) {
+      return absl::PermissionDeniedError(absl::StrCat("distributed: rank ", options.rank, ": ",
+                                                      store_error->status().message()));
+    }
     return absl::UnavailableError(absl::StrCat(
         "distributed: rank ", options.rank, " lost the rendezvous store at ", at, ": ",
-        Reason(e),
+        store_error != nullptr ? std::string(store_error->status().message()) : Reason(e),
         options.rank == 0 ? ""
                           : " (rank 0 hosts the store and exits when it gives up, e.g. when a "
                             "rank does not join within the timeout or runs a different job: "

@@ -1,12 +1,15 @@
 // Collectives of a data-parallel job (issue 17, docs/distributed.md): the ranks of one job meet
-// at a rendezvous (a c10d TCPStore that rank 0 hosts), check that they run the same job (a
-// fingerprint each rank publishes), and then all-reduce, broadcast and all-gather CPU tensors
-// through c10d's ProcessGroupGloo. LibTorch ships c10d; this file only adds the job's rules:
-// bounded waits everywhere, errors that name the rank and host at fault, byte counters.
+// at a rendezvous (a store that rank 0 hosts, offload/rendezvous_store.h), check that they run
+// the same job (a fingerprint each rank publishes), and then all-reduce, broadcast and
+// all-gather CPU tensors through c10d's ProcessGroupGloo. LibTorch ships c10d; this file only
+// adds the job's rules: bounded waits everywhere, errors that name the rank and host at fault,
+// byte counters.
 //
-// Security: the TCPStore and Gloo speak unauthenticated TCP. Rank 0's store listens on every
-// interface of its host at the rendezvous port, and Gloo binds `bind_address`; keep both on
-// loopback (the default) or a private network (docs/distributed.md).
+// Security (issue 43): rank 0's store listens on the rendezvous address only (127.0.0.1:
+// loopback only) and, with a token (`secret_file`), refuses every call without it; a
+// rendezvous address that is not loopback needs the token and `allow_remote`. Gloo's own
+// connections stay unauthenticated TCP on `bind_address`: keep it on loopback (the default) or
+// a private network (docs/distributed.md).
 // Thread-safety: one Collective is used by one thread at a time (the collectives of a rank are
 // issued in the same order on every rank); counters may be read from any thread.
 #ifndef LSPO_OFFLOAD_COLLECTIVE_H_
@@ -34,11 +37,21 @@ inline constexpr int kMaxWorldSize = 4096;
 struct CollectiveOptions {
   int rank = 0;        // 0 .. world_size - 1
   int world_size = 1;  // ranks in the job; 1 = no group (every collective is the identity)
-  // Rendezvous: rank 0 hosts the TCPStore on `port` (0 = a free port, read back with
-  // Collective::port(); only for tests, since the other ranks must be told it); the other ranks
-  // connect to host:port.
+  // Rendezvous: rank 0 hosts the store on host:port, bound to the addresses `host` resolves to
+  // and no others (0 = a free port, read back with Collective::port(); only for tests, since
+  // the other ranks must be told it); every rank connects to host:port.
   std::string host = "127.0.0.1";
   int port = 0;
+  // Path of the job's rendezvous token file (one word of printable ASCII, e.g. from `openssl
+  // rand -hex 32`; not accessible to group or others, as runtime::ReadSecretFile requires),
+  // holding the same token on every rank: rank 0's store refuses every call without it, so
+  // only ranks that hold it can join, read the job's fingerprints or write keys. Empty: no
+  // token, allowed only when `host` is loopback. Named in errors as
+  // distributed.rendezvous_token_file (the job spec field that fills it).
+  std::string secret_file;
+  // Allows a rendezvous address that is not loopback (ranks on other hosts); needs
+  // `secret_file` too. Named in errors as distributed.allow_remote.
+  bool allow_remote = false;
   // This rank's address for Gloo's connections (an address of this host the other ranks can
   // reach; loopback keeps a one-host job off the network).
   std::string bind_address = "127.0.0.1";
@@ -84,12 +97,17 @@ class Collective {
   // rank's fingerprint and label, waits for every rank's, compares them with rank 0's, then
   // builds the Gloo process group. Errors: kInvalidArgument (rank not in [0, world_size),
   // world_size < 1 or > kMaxWorldSize, empty host, a bind_address that is not an address of
-  // this host, checked before the rendezvous), kUnavailable (the store at host:port cannot be
-  // reached or started, naming it; rank 0's store went away), kDeadlineExceeded (ranks missing
-  // after `timeout`, naming them), kAlreadyExists (a second process joined with a rank that is
-  // taken, or two ranks share `exclusive`), kFailedPrecondition (a rank's fingerprint differs
-  // from rank 0's, naming both ranks, their labels and what differs; or this build has no c10d
-  // Gloo and world_size > 1).
+  // this host, checked before the rendezvous; a token file that is empty or not one word),
+  // kFailedPrecondition (a rendezvous host that is not loopback without allow_remote and a
+  // token, naming the settings; a token file accessible to group/others), kNotFound (the token
+  // file cannot be read), kPermissionDenied (the store refused this rank's token, or rank 0
+  // has no token and this rank has one: naming the token file), kUnavailable (the store at
+  // host:port cannot be reached or started, naming it, also when something else listens there
+  // and does not answer within `timeout`; rank 0's store went away), kDeadlineExceeded
+  // (ranks missing after `timeout`, naming them), kAlreadyExists (a second process joined
+  // with a rank that is taken, or two ranks share `exclusive`), kFailedPrecondition (a rank's
+  // fingerprint differs from rank 0's, naming both ranks, their labels and what differs; or
+  // this build has no c10d Gloo and world_size > 1).
   static absl::StatusOr<std::unique_ptr<Collective>> Join(const CollectiveOptions& options);
 
   ~Collective();

@@ -276,6 +276,12 @@ static absl::Status ValidateDistributed(const JobSpec& spec) {
     RETURN_IF_ERROR(runtime::ParseHostPort(d.rendezvous(), "job spec field distributed.rendezvous")
                         .status());
   }
+  if (d.allow_remote() && d.rendezvous_token_file().empty()) {
+    return bad("allow_remote", "true",
+               "a rendezvous that other hosts can reach needs distributed.rendezvous_token_file "
+               "(a file holding the job's token, mode 0600, on every rank; lspctl run "
+               "--rendezvous_token_file=FILE)");
+  }
   if (d.timeout_seconds() < 0) {
     return bad("timeout_seconds", d.timeout_seconds(), "use 0 (= 300) or a positive bound");
   }
@@ -639,6 +645,8 @@ absl::Status CheckPathsUnderRoots(const lspo::v1::JobSpec& spec,
       {"data.perplexity_path", spec.data().perplexity_path()},
       {"output_dir", spec.output_dir()},
       {"resume_from", spec.resume_from() == "latest" ? std::string() : spec.resume_from()},
+      // Its contents are sent to the rendezvous address as a bearer token.
+      {"distributed.rendezvous_token_file", spec.distributed().rendezvous_token_file()},
   };
   for (const auto& [field, path] : fields) {
     if (path.empty()) continue;

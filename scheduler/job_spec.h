@@ -42,7 +42,8 @@ void ResolveDefaults(lspo::v1::JobSpec* spec);
 absl::Status ValidateJobSpec(const lspo::v1::JobSpec& spec);
 
 // Path checks for a multi-user service: every path the spec reads or writes (model.path,
-// model.tokenizer_path, data.*_path, output_dir, resume_from) must lie under one of `roots`
+// model.tokenizer_path, data.*_path, output_dir, resume_from, distributed.rendezvous_token_file)
+// must lie under one of `roots`
 // after resolving "..", symlinks of the existing prefix and relative paths (against the
 // working directory). Empty `roots` = no restriction. Errors: kPermissionDenied naming the
 // field, the path and the fix (--allowed_roots).

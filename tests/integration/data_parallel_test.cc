@@ -2,13 +2,17 @@
 // optimizer and a scheduler each) in threads of this process, meeting over loopback through
 // c10d. Two ranks at micro-batch b must train as one rank at micro-batch 2b; a rank of another
 // job or one that never joins must fail the job with the rank named, within the timeout.
+#include <sys/stat.h>
+
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "client/embedded.h"
 #include "gtest/gtest.h"
 #include "offload/collective.h"
+#include "scheduler/job_spec.h"
 #include "tests/integration/data_parallel_jobs.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
@@ -178,6 +182,59 @@ TEST(DataParallelTest, ARankOfAnotherJobOrAMissingRankFailsTheJobNamingTheRank) 
   EXPECT_NE(r0[0].last.error().find("rank 1 of 2 did not join the rendezvous"), std::string::npos)
       << r0[0].last.error();
   EXPECT_LT(took, 60.0) << "the 3 s rendezvous timeout did not bound the wait";
+}
+
+// A job with a rendezvous token (distributed.rendezvous_token_file, issue 43) trains when every
+// rank holds it; a rank with another token is refused naming its file, and rank 0 is not
+// joined; allow_remote without a token is refused at submission, and the token file's path is
+// checked against --allowed_roots.
+TEST(DataParallelTest, ARendezvousTokenAdmitsTheRanksThatHoldItOnly) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  if (!offload::CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo";
+  auto token_file = [](const std::string& name, const std::string& token) {
+    const std::string path = testing_jobs::TempDir(name) + "/token";
+    std::ofstream(path) << token << "\n";
+    chmod(path.c_str(), 0600);
+    return path;
+  };
+  const std::string right = token_file("dp-token-right", "0123456789abcdef0123456789abcdef");
+  const std::string wrong = token_file("dp-token-wrong", "fedcba9876543210fedcba9876543210");
+  std::vector<v1::JobSpec> specs = RankSpecs(DpSpec("dp-token", v1::MODE_NATIVE, 2, 2), 2, 60);
+  for (auto& s : specs) s.mutable_distributed()->set_rendezvous_token_file(right);
+  std::vector<WatchResult> ranks = RunRanks(specs);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks[r].last.state(), v1::SUCCEEDED) << r << ": " << ranks[r].last.error();
+  }
+  specs = RankSpecs(DpSpec("dp-token-bad", v1::MODE_NATIVE, 2, 2), 2, 3);
+  specs[0].mutable_distributed()->set_rendezvous_token_file(right);
+  specs[1].mutable_distributed()->set_rendezvous_token_file(wrong);
+  ranks = RunRanks(specs);
+  EXPECT_EQ(ranks[1].last.state(), v1::FAILED);
+  EXPECT_NE(ranks[1].last.error().find("refused this rank's token "
+                                       "(distributed.rendezvous_token_file=" + wrong + ")"),
+            std::string::npos)
+      << ranks[1].last.error();
+  EXPECT_EQ(ranks[0].last.state(), v1::FAILED);
+  EXPECT_NE(ranks[0].last.error().find("rank 1 of 2 did not join the rendezvous"),
+            std::string::npos)
+      << ranks[0].last.error();
+
+  // The token is sent to the rendezvous address: a scheduler with --allowed_roots checks its path.
+  v1::JobSpec only_token;
+  only_token.mutable_distributed()->set_rendezvous_token_file("/etc/hostname");
+  const absl::Status outside =
+      scheduler::CheckPathsUnderRoots(only_token, {testing_jobs::TempDir("dp-roots")});
+  EXPECT_EQ(outside.code(), absl::StatusCode::kPermissionDenied) << outside;
+  EXPECT_NE(outside.message().find("distributed.rendezvous_token_file"), std::string::npos)
+      << outside;
+
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  v1::JobSpec remote = RankSpecs(DpSpec("dp-remote", v1::MODE_NATIVE, 2), 2, 10)[0];
+  remote.mutable_distributed()->set_allow_remote(true);
+  testing_jobs::ExpectRefusedAtSubmit(stub.get(), remote, grpc::StatusCode::INVALID_ARGUMENT,
+                                      "distributed.allow_remote = true is invalid",
+                                      "distributed.rendezvous_token_file");
 }
 
 // Modes whose update is not yet data parallel are refused at submission, naming the field.
