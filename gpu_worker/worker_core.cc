@@ -245,16 +245,19 @@ int64_t HostMemoryBytes() {
 // (offload/memory_plan.h, from the model's config alone) against the device it runs on: on
 // CUDA the cap device_memory_limit_mb, else the GPU's memory less the CUDA context
 // (kCudaContextBytes); on the CPU the host's physical memory. LSPO_SKIP_MEMORY_CHECK=1 skips
-// it (for a plan that overestimates a job known to fit).
+// it (for a plan that overestimates a job known to fit). Before the check, settings the spec
+// left unset are chosen to fit (offload::ChooseFittingDefaults, CUDA only): *spec_in is changed
+// and one line per choice appended to *chosen.
 // Errors: kResourceExhausted naming the mode's peak, its largest terms, the budget, the largest
 // micro-batch (with and without activation checkpointing) and lsp d that fit, and the lspctl
 // command that prints the whole plan. A model config or spec the planner cannot read passes
 // (the loaders report it, naming the file or field).
-absl::Status CheckJobFitsDevice(const JobSpec& spec, bool cuda) {
+absl::Status CheckJobFitsDevice(JobSpec* spec_in, bool cuda, std::vector<std::string>* chosen) {
   if (const char* skip = std::getenv("LSPO_SKIP_MEMORY_CHECK"); skip && std::string(skip) == "1") {
     LOG(WARNING) << "worker: LSPO_SKIP_MEMORY_CHECK=1: the job's memory plan is not checked";
     return absl::OkStatus();
   }
+  const JobSpec& spec = *spec_in;
   // A config or a setting the planner cannot use is left to the loaders and the update paths,
   // whose errors name the file or the field.
   absl::StatusOr<model::LlamaConfig> config = offload::LoadJobModelConfig(spec);
@@ -262,7 +265,6 @@ absl::Status CheckJobFitsDevice(const JobSpec& spec, bool cuda) {
   const offload::PlanMode mode = offload::PlanModeOf(spec);
   absl::StatusOr<offload::MemoryPlan> planned = offload::PlanJobMemory(spec, *config, mode, cuda);
   if (!planned.ok()) return absl::OkStatus();
-  const offload::MemoryPlan& plan = *planned;
   int64_t budget = 0;
   std::string what;
   if (cuda && spec.device_memory_limit_mb() > 0) {
@@ -284,6 +286,16 @@ absl::Status CheckJobFitsDevice(const JobSpec& spec, bool cuda) {
     what = "this host's physical memory";
     if (budget <= 0) return absl::OkStatus();
   }
+  // Settings the spec left unset, chosen to fit (issue 42): then the plan of the chosen ones.
+  absl::StatusOr<std::string> choice =
+      offload::ChooseFittingDefaults(spec_in, *config, mode, cuda, budget);
+  if (choice.ok() && !choice->empty()) {
+    LOG(INFO) << "worker: " << *choice;
+    chosen->push_back(*choice);
+    planned = offload::PlanJobMemory(spec, *config, mode, cuda);
+    if (!planned.ok()) return absl::OkStatus();
+  }
+  const offload::MemoryPlan& plan = *planned;
   constexpr double kGiB = 1LL << 30;
   const int64_t need = cuda ? plan.device_peak : plan.device_peak + plan.arena;
   LOG(INFO) << absl::StrFormat("worker: memory plan of this %s job: %.2f GiB (%s) of %.2f GiB",
@@ -741,7 +753,11 @@ absl::StatusOr<WorkerJob*> WorkerCore::Find(const std::string& job_id) {
 }
 
 absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& job_id,
-                                                          const JobSpec& spec) {
+                                                          const JobSpec& requested) {
+  // The spec this worker runs: the requested one with the settings it chose where it left
+  // them unset (CheckJobFitsDevice).
+  JobSpec spec = requested;
+  std::vector<std::string> chosen;
   absl::MutexLock lock(&mu_);
   if (job_ != nullptr) {
     if (job_->id == job_id) {
@@ -760,7 +776,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
         " caps a CUDA worker's device memory, but this job runs on the CPU: remove the field, "
         "or run with device: cuda on a GPU host"));
   }
-  RETURN_IF_ERROR(CheckJobFitsDevice(spec, use_cuda));
+  RETURN_IF_ERROR(CheckJobFitsDevice(&spec, use_cuda, &chosen));
   auto job = std::make_unique<WorkerJob>();
   if (spec.distributed().world_size() > 1) {
     // A CUDA worker's collectives run over Gloo too, on host copies (offload/collective.h):
@@ -860,6 +876,8 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   if (!job->eval.empty()) *reply.mutable_eval_data() = job->eval_data;
   reply.set_trainable_parameters(trainable);
   reply.set_device(job->device.str());
+  reply.set_activation_checkpointing(spec.activation_checkpointing());
+  for (const std::string& line : chosen) reply.add_chosen_settings(line);
   reply.set_seconds(runtime::SecondsSince(t0));
   LOG(INFO) << "worker: loaded job " << job_id << " (mode " << job->path->name() << "): "
             << job->train.size()

@@ -16,6 +16,7 @@
 #include "model/gguf.h"
 #include "model/hf_checkpoint.h"
 #include "model/hf_names.h"
+#include "model/linear_cross_entropy.h"
 #include "runtime/status_macros.h"
 
 namespace lspo::model {
@@ -664,20 +665,19 @@ at::Tensor LlamaModel::CausalLmLoss(const at::Tensor& input_ids, const at::Tenso
   at::Tensor target = at::full({B, T_len}, -100, labels.options());  // (B, T) int64
   if (T_len > 1) target.narrow(1, 0, T_len - 1).copy_(labels.narrow(1, 1, T_len - 1));
   target = target.view(-1);                                     // (N)
+  const at::Tensor& head = T(lm_head_slot_);                    // (V, H), frozen
   if (h.is_cuda()) {
-    // On a GPU: lm_head over all N rows with ignore_index instead of gathering the K target
-    // rows, whose count (nonzero) would make the host wait for the forward. Same value.
-    at::Tensor logp = at::log_softmax(LmHead(h.reshape({B * T_len, -1})), -1, at::kFloat);
-    at::Tensor nll = at::nll_loss(logp, target, {}, at::Reduction::Sum, -100);  // ()
+    // On a GPU: every one of the N rows, the ignored ones masked, instead of gathering the K
+    // target rows, whose count (nonzero) would make the host wait for the forward. Same value.
+    at::Tensor nll = LinearCrossEntropySum(h.reshape({B * T_len, -1}), head, target);  // ()
     at::Tensor k = (target != -100).sum().clamp_min(1).to(nll.scalar_type());  // K (>= 1)
     return nll / k;  // K == 0: 0, still attached to the graph
   }
   at::Tensor rows = (target != -100).nonzero().view(-1);        // (K) flat row index
   if (rows.numel() == 0) return h.sum() * 0.0;                  // K == 0: zero, still a graph
   at::Tensor hsel = h.reshape({B * T_len, -1}).index_select(0, rows);  // (K, H)
-  at::Tensor logp = at::log_softmax(LmHead(hsel), -1, at::kFloat);   // (K, V) fp32
-  at::Tensor picked = logp.gather(1, target.index_select(0, rows).unsqueeze(1));  // (K, 1)
-  return -picked.mean();
+  return LinearCrossEntropySum(hsel, head, target.index_select(0, rows)) /
+         static_cast<double>(rows.numel());
 }
 
 std::string LlamaModel::LinearName(int64_t i) const {

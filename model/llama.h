@@ -176,7 +176,9 @@ class LlamaModel {
   // -log softmax(logits)[target]. lm_head and the log-softmax are computed ONLY for the K
   // hidden rows that have a target (rows are gathered before lm_head), so the cost is
   // K x H x V instead of N x H x V (on CUDA all N rows are computed with ignore_index, so
-  // that the host never waits for the forward to count K). When K == 0 the result is 0
+  // that the host never waits for the forward to count K). The logits exist one block of rows
+  // at a time and the backward keeps dL/dh (rows x H), not the log-probabilities
+  // (model/linear_cross_entropy.h). When K == 0 the result is 0
   // (still attached to the graph, so backward runs and yields zero gradients) where HF would
   // return NaN.
   // With a packed `layout` the label at each sequence's first token must be -100

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "model/linear_cross_entropy.h"
 #include "offload/arena_layout.h"
 #include "runtime/status_macros.h"
 
@@ -320,17 +321,20 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
   // (4 m n bytes), which the H200 run's peaks include (tests/offload/memory_plan_test.cc).
   const int64_t layer = 4 * LayerSavedFloats(c, B, T, saves_input, extra);
   const int64_t rows = N;                      // loss rows (see the header)
-  const int64_t loss_kept = 4 * rows * V;      // log-probabilities
+  // model/linear_cross_entropy.h: the loss keeps dL/dh (R, H) for its backward and holds two
+  // blocks of fp32 logits at a time (the block and logsumexp's temporary).
+  const int64_t loss_kept = 4 * rows * H;
+  const int64_t loss_blocks = 4 * 2 * std::min(rows, model::LossBlockRows(V)) * V;
   const int64_t final_norm = 4 * (N * H + N);  // last layer output, RMS statistics
   plan.activations_no_checkpointing = L * layer + final_norm + loss_kept;
   plan.activations_checkpointing = L * 4 * N * H + final_norm + loss_kept + layer;
   plan.activations =
       plan.checkpointing ? plan.activations_checkpointing : plan.activations_no_checkpointing;
-  // Transients at the start of the backward: the loss's logits and gradients (2 R V), or one
-  // layer's attention backward (gradients of the probabilities and scores, 2 B nh T^2) with
-  // its SwiGLU gradients (4 N F).
+  // Transients: the loss's logits blocks and, at the start of the backward, dL/dh scaled
+  // (R H), or one layer's attention backward (gradients of the probabilities and scores,
+  // 2 B nh T^2) with its SwiGLU gradients (4 N F).
   const int64_t attn_ws = 4 * (2 * B * c.num_heads * T * T + 4 * N * c.intermediate_size);
-  plan.workspace = std::max(4 * 2 * rows * V, attn_ws);
+  plan.workspace = std::max(loss_blocks + 4 * rows * H, attn_ws);
   // End of the backward: every dense gradient, plus the largest matrix's fp32 gradient on its
   // way into a bf16 one.
   plan.gradients_in_flight = (grads > 0 ? w * grads + (bf16 ? 4 * max_mn : 0) : 0) + s_transient;
@@ -344,6 +348,24 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
   plan.device_peak = peak + plan.margin;
   plan.worker_host_load = cuda ? 4 * p_total : 0;
   return plan;
+}
+
+absl::StatusOr<std::string> ChooseFittingDefaults(JobSpec* spec, const model::LlamaConfig& config,
+                                                  PlanMode mode, bool cuda, int64_t device_bytes) {
+  if (!cuda || spec->has_activation_checkpointing()) return std::string();
+  ASSIGN_OR_RETURN(MemoryPlan plan, PlanJobMemory(*spec, config, mode, cuda));
+  if (plan.device_peak <= device_bytes) return std::string();
+  JobSpec with = *spec;
+  with.set_activation_checkpointing(true);
+  ASSIGN_OR_RETURN(MemoryPlan ckpt, PlanJobMemory(with, config, mode, cuda));
+  if (ckpt.device_peak > device_bytes) return std::string();
+  spec->set_activation_checkpointing(true);
+  constexpr double kGiB = 1LL << 30;
+  return absl::StrFormat(
+      "activation checkpointing: on (chosen: the %s plan needs %.2f GiB without it and %.2f "
+      "GiB with it, of %.2f GiB on the device; set activation_checkpointing to decide)",
+      PlanModeName(mode), plan.device_peak / kGiB, ckpt.device_peak / kGiB,
+      device_bytes / kGiB);
 }
 
 absl::StatusOr<FitAnswer> FitOnDevice(const JobSpec& spec, const model::LlamaConfig& config,

@@ -22,11 +22,12 @@
 //   + N r per adapted linear      lora: X A^T
 // (no fp32 upcast copy of 16-bit weights: the linears keep W as stored, model::UpcastLinear;
 // up to 2026-12-06 each kept one, 4 m n bytes). With activation checkpointing a layer keeps only its
-// input (N H floats) and one layer at a time is recomputed in the backward. The loss keeps the
-// log-probabilities of R rows (R V floats; R = N on CUDA, which runs lm_head over every row;
-// on the CPU only the rows in the loss, at most N: the plan takes N, exact for text and packed
-// data, an upper bound for classification) and the backward of the loss and of one layer's
-// attention needs transient buffers (the workspace term).
+// input (N H floats) and one layer at a time is recomputed in the backward. The loss keeps dL/dh of R rows
+// (R H floats, model/linear_cross_entropy.h; up to 2026-12-07 it kept the R V
+// log-probabilities; R = N on CUDA, which runs lm_head over every row; on the CPU only the rows
+// in the loss, at most N: the plan takes N, exact for text and packed data, an upper bound for
+// classification); the loss's blocks of logits (two of LossBlockRows(V) x V floats) and the
+// backward of one layer's attention need transient buffers (the workspace term).
 //
 // Peak of a step = static + max(start of the backward: activations + workspace [+ gradients
 // with grad_accum > 1], end of the backward: gradients + the largest matrix's fp32 gradient in
@@ -161,6 +162,17 @@ struct FitAnswer {
 absl::StatusOr<FitAnswer> FitOnDevice(const lspo::v1::JobSpec& spec,
                                       const model::LlamaConfig& config, PlanMode mode, bool cuda,
                                       int64_t device_bytes);
+
+// Settings a CUDA job left unset, chosen so that its plan fits `device_bytes` (issue 42,
+// "defaults that fit the card"): when the plan as given does not fit, activation_checkpointing
+// is absent from the spec (has_activation_checkpointing() false) and the plan with it fits,
+// it is turned on in *spec. Returns the run header's line saying what was chosen and why (the
+// peaks without and with, the budget), "" when nothing changed (the job fits, or an explicit
+// setting stands, or checkpointing would not make it fit: the caller's fit check then refuses
+// it, naming what would). Nothing changes on the CPU. Errors: PlanJobMemory's.
+absl::StatusOr<std::string> ChooseFittingDefaults(lspo::v1::JobSpec* spec,
+                                                  const model::LlamaConfig& config,
+                                                  PlanMode mode, bool cuda, int64_t device_bytes);
 
 // The plans as a table, one column per plan (each column headed by its mode; the spec's own
 // mode marked with '*' when `own` matches), every term in MiB, then the host memory and the

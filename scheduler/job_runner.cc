@@ -199,7 +199,16 @@ void JobRunner::InitSummary() {
   summary_["mode"] = runtime::EnumShortName(spec_.mode());
   summary_["schedule"] = offload_ ? runtime::EnumShortName(spec_.schedule()) : "none";
   summary_["weight_dtype"] = runtime::EnumShortName(spec_.weight_dtype());
-  summary_["activation_checkpointing"] = spec_.activation_checkpointing();
+  // What the worker runs with: the spec's setting or its own choice (chosen_settings).
+  summary_["activation_checkpointing"] = wload_.activation_checkpointing();
+  if (wload_.chosen_settings_size() > 0) {
+    summary_["chosen_settings"] = std::vector<std::string>(wload_.chosen_settings().begin(),
+                                                           wload_.chosen_settings().end());
+    for (const std::string& line : wload_.chosen_settings()) {
+      LOG(INFO) << "scheduler: " << id_ << ": the worker chose " << line;
+      Log({{"kind", "settings_chosen"}, {"setting", line}});
+    }
+  }
   summary_["device_memory_limit_mb"] = spec_.device_memory_limit_mb();
   summary_["world_size"] = std::max(1, spec_.distributed().world_size());
   summary_["rank"] = spec_.distributed().rank();

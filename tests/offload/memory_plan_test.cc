@@ -4,13 +4,18 @@
 // out-of-memory outcomes under the 4 GB cap; plus exact counts on a small shape.
 #include "offload/memory_plan.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <tuple>
 
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
+#include "model/linear_cross_entropy.h"
 #include "model/llama_config.h"
 #include "offload/arena_layout.h"
 #include "offload/job_assets.h"
@@ -134,7 +139,17 @@ TEST(MemoryPlanTest, PeakIsWithin15PercentOfTheH200AllocatorPeaks) {
                               2 * k.hidden_size * k.num_kv_heads * hd +
                               3 * k.hidden_size * k.intermediate_size;
     const double upcast_copies = 4.0 * static_cast<double>(per_layer * k.num_layers);
-    const double planned = static_cast<double>(p.device_peak - p.margin) + upcast_copies;
+    // It also kept the loss's R x V fp32 log-probabilities with a 2 R V transient in the
+    // backward, where model/linear_cross_entropy.h keeps dL/dh (R x H) and two blocks of
+    // logits (since 2026-12-07); R = N on CUDA. Both at the start of the backward, the peak.
+    const int64_t N = int64_t{c.micro_batch} * 512, V = k.vocab_size, H = k.hidden_size;
+    const int64_t attn = 4 * (2 * int64_t{c.micro_batch} * k.num_heads * 512 * 512 +
+                              4 * N * k.intermediate_size);
+    const int64_t blocks = 4 * 2 * std::min(N, model::LossBlockRows(V)) * V;
+    const double old_loss = 4.0 * N * V + static_cast<double>(std::max(8 * N * V, attn));
+    const double new_loss = 4.0 * N * H + static_cast<double>(std::max(blocks + 4 * N * H, attn));
+    const double planned =
+        static_cast<double>(p.device_peak - p.margin) + upcast_copies + old_loss - new_loss;
     EXPECT_NEAR(planned / c.measured, 1.0, 0.15)
         << c.name << ": planned " << planned / (1 << 20) << " MiB, measured "
         << c.measured / (1 << 20) << " MiB";
@@ -171,6 +186,47 @@ TEST(MemoryPlanTest, TheFourGigabyteCapOutcomesOfTheH200RunArePredicted) {
   if (fit->largest_d < 2048) {
     EXPECT_GT(Plan(spec, Llama11b(), PlanMode::kLsp, true).device_peak, cap);
   }
+}
+
+TEST(MemoryPlanTest, AnUnsetCheckpointingIsTurnedOnOnlyWhenThatMakesTheJobFit) {
+  // Issue 42: with device cuda and activation_checkpointing unset, the worker turns it on when
+  // the plan does not fit without it and does with it; never on the CPU, never over an
+  // explicit setting, never when it would not make the job fit.
+  const lspo::v1::JobSpec spec = DeviceCheckSpec(256, 4, 512);
+  ASSERT_FALSE(spec.has_activation_checkpointing());
+  lspo::v1::JobSpec on = spec;
+  on.set_activation_checkpointing(true);
+  const int64_t without = Plan(spec, Llama11b(), PlanMode::kLsp, true).device_peak;
+  const int64_t with = Plan(on, Llama11b(), PlanMode::kLsp, true).device_peak;
+  ASSERT_LT(with, without / 2) << "checkpointing must save most of the activations here";
+  const int64_t between = (with + without) / 2;
+  auto choose = [&](lspo::v1::JobSpec s, bool cuda, int64_t budget) {
+    absl::StatusOr<std::string> line =
+        ChooseFittingDefaults(&s, Llama11b(), PlanMode::kLsp, cuda, budget);
+    EXPECT_TRUE(line.ok()) << line.status();
+    return std::make_pair(s, line.ok() ? *line : std::string("<error>"));
+  };
+  auto [chosen, line] = choose(spec, true, between);
+  EXPECT_TRUE(chosen.has_activation_checkpointing() && chosen.activation_checkpointing());
+  EXPECT_NE(line.find("activation checkpointing: on"), std::string::npos) << line;
+  EXPECT_NE(line.find(absl::StrFormat("%.2f GiB without it", without / double(1LL << 30))),
+            std::string::npos)
+      << line;
+  EXPECT_LE(Plan(chosen, Llama11b(), PlanMode::kLsp, true).device_peak, between);
+  for (const auto& [s, cuda, budget] :
+       {std::make_tuple(spec, true, without),    // fits as given
+        std::make_tuple(spec, true, with - 1),   // checkpointing would not make it fit
+        std::make_tuple(spec, false, between)}) {  // the CPU
+    auto [same, none] = choose(s, cuda, budget);
+    EXPECT_FALSE(same.has_activation_checkpointing());
+    EXPECT_EQ(none, "");
+  }
+  lspo::v1::JobSpec off = spec;
+  off.set_activation_checkpointing(false);  // explicit: stands
+  auto [kept, nothing] = choose(off, true, between);
+  EXPECT_TRUE(kept.has_activation_checkpointing());
+  EXPECT_FALSE(kept.activation_checkpointing());
+  EXPECT_EQ(nothing, "");
 }
 
 TEST(MemoryPlanTest, StaticTermsAreExactCountsOnTheTinyShape) {
@@ -223,13 +279,14 @@ TEST(MemoryPlanTest, StaticTermsAreExactCountsOnTheTinyShape) {
   // layer N (H + qd + 2 kvd + H + 3F + 2 + Σ d_q) + B nh T^2 floats, Σ d_q = 7 x 16.
   const int64_t N = 128;
   const int64_t layer = N * (64 + 64 + 64 + 64 + 3 * 128 + 2 + 7 * 16) + 4 * 4 * 32 * 32;
-  EXPECT_EQ(lsp.activations_no_checkpointing, 4 * (2 * layer + N * 64 + N + N * 256));
+  // The loss keeps dL/dh (N x H floats, model/linear_cross_entropy.h), not N x V.
+  EXPECT_EQ(lsp.activations_no_checkpointing, 4 * (2 * layer + N * 64 + N + N * 64));
   // Native keeps each linear's input instead of X Q: + N (H + qd + H + F) - N Σ d_q per layer.
   const MemoryPlan native = Plan(spec, c, PlanMode::kNative, false);
   EXPECT_EQ(native.activations_no_checkpointing - lsp.activations_no_checkpointing,
             4 * 2 * N * ((64 + 64 + 64 + 128) - 7 * 16));
   // With checkpointing: every layer's input, one layer recomputed.
-  EXPECT_EQ(lsp.activations_checkpointing, 4 * (2 * N * 64 + layer + N * 64 + N + N * 256));
+  EXPECT_EQ(lsp.activations_checkpointing, 4 * (2 * N * 64 + layer + N * 64 + N + N * 64));
 }
 
 TEST(MemoryPlanTest, BadSettingsAreRefusedNamingTheField) {
