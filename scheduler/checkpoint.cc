@@ -11,6 +11,8 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <random>
+#include <set>
 #include <system_error>
 
 #include "absl/strings/numbers.h"
@@ -19,6 +21,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "runtime/file_io.h"
 #include "runtime/status_macros.h"
 
@@ -29,6 +33,7 @@ namespace fs = std::filesystem;
 
 constexpr char kChecksums[] = "checksums.sha256";
 constexpr char kTrainerState[] = "trainer_state.json";
+constexpr char kLatestPointer[] = "latest";
 
 std::string StepName(int step) { return absl::StrFormat("step-%08d", step); }
 
@@ -38,6 +43,13 @@ void RemoveQuietly(const std::string& path) {
 }
 
 }  // namespace
+
+std::string NewRunId() {
+  std::random_device rd;
+  return absl::StrFormat("%s-%08x",
+                         absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone()),
+                         static_cast<uint32_t>(rd()));
+}
 
 std::string CheckpointRoot(const std::string& output_dir) { return output_dir + "/checkpoints"; }
 
@@ -114,7 +126,88 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
     return fail(runtime::FileErrnoStatus("rename", tmp_dir, errno));
   }
   RETURN_IF_ERROR(runtime::FsyncDir(parent));
+  // The newest checkpoint by commit, whatever its step (checkpoint.h, "Lineage").
+  RETURN_IF_ERROR(runtime::WriteFileAtomically(parent + "/" + kLatestPointer, StepName(step) + "\n"));
   return final_dir;
+}
+
+absl::StatusOr<CheckpointLineage> ReadCheckpointLineage(const std::string& dir) {
+  ASSIGN_OR_RETURN(std::string text, runtime::ReadFileToString(dir + "/" + kTrainerState,
+                                                               "trainer state", 64 << 20));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
+      !j["step"].is_number_integer()) {
+    return absl::DataLossError(
+        absl::StrCat("'", dir, "/", kTrainerState, "' is not a valid trainer state"));
+  }
+  CheckpointLineage l;
+  l.step = j["step"].get<int>();
+  if (j.contains("run_id") && j["run_id"].is_string()) l.run_id = j["run_id"].get<std::string>();
+  if (j.contains("parent") && j["parent"].is_object()) {
+    const nlohmann::json& p = j["parent"];
+    if (p.contains("run_id") && p["run_id"].is_string()) {
+      l.parent_run_id = p["run_id"].get<std::string>();
+    }
+    if (p.contains("step") && p["step"].is_number_integer()) l.parent_step = p["step"].get<int>();
+  }
+  return l;
+}
+
+std::vector<CheckpointInfo> LineageOf(const std::string& output_dir, const std::string& dir) {
+  struct Entry {
+    CheckpointInfo info;
+    CheckpointLineage lineage;
+  };
+  std::vector<Entry> listed;
+  for (const CheckpointInfo& c : ListCheckpoints(output_dir)) {
+    absl::StatusOr<CheckpointLineage> l = ReadCheckpointLineage(c.dir);
+    if (l.ok()) listed.push_back({c, *l});
+  }
+  absl::StatusOr<CheckpointLineage> head = ReadCheckpointLineage(dir);
+  if (!head.ok()) return {};
+  std::vector<CheckpointInfo> out;
+  std::set<std::string> runs_seen;
+  std::string run = head->run_id;
+  int upto = head->step;
+  CheckpointLineage link = *head;
+  while (runs_seen.insert(run).second) {
+    // This run's checkpoints up to `upto`, newest first, then its parent's.
+    std::vector<CheckpointInfo> mine;
+    for (const Entry& e : listed) {
+      if (e.lineage.run_id == run && e.info.step <= upto) mine.push_back(e.info);
+    }
+    std::sort(mine.begin(), mine.end(),
+              [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step > b.step; });
+    out.insert(out.end(), mine.begin(), mine.end());
+    // The parent link is the oldest checkpoint's of this run (every one of them records it).
+    for (const Entry& e : listed) {
+      if (e.lineage.run_id == run && e.info.step <= upto) link = e.lineage;
+    }
+    if (run.empty() || link.parent_step < 0) break;
+    run = link.parent_run_id;
+    upto = link.parent_step;
+  }
+  return out;
+}
+
+std::vector<CheckpointInfo> LatestCheckpoints(const std::string& output_dir) {
+  const std::string root = CheckpointRoot(output_dir);
+  absl::StatusOr<std::string> pointer =
+      runtime::ReadFileToString(root + "/" + kLatestPointer, "checkpoint pointer", 4096);
+  if (pointer.ok()) {
+    const std::string name(absl::StripAsciiWhitespace(*pointer));
+    absl::string_view rest = name;
+    int step = 0;
+    if (absl::ConsumePrefix(&rest, "step-") && absl::SimpleAtoi(rest, &step) &&
+        name == StepName(step) && fs::exists(root + "/" + name + "/" + kChecksums)) {
+      std::vector<CheckpointInfo> lineage = LineageOf(output_dir, root + "/" + name);
+      if (!lineage.empty()) return lineage;
+    }
+  }
+  // No pointer (a folder written before lineages existed) or a broken one: by step.
+  std::vector<CheckpointInfo> all = ListCheckpoints(output_dir);
+  std::reverse(all.begin(), all.end());
+  return all;
 }
 
 std::vector<CheckpointInfo> ListCheckpoints(const std::string& output_dir) {
@@ -138,15 +231,37 @@ std::vector<CheckpointInfo> ListCheckpoints(const std::string& output_dir) {
   return out;
 }
 
-absl::Status PruneCheckpoints(const std::string& output_dir, int keep) {
-  std::vector<CheckpointInfo> all = ListCheckpoints(output_dir);
+absl::Status PruneCheckpoints(const std::string& output_dir, int keep,
+                              const std::string& newest_dir) {
+  std::vector<CheckpointInfo> lineage = LineageOf(output_dir, newest_dir);  // newest first
   keep = std::max(keep, 1);
-  for (size_t i = 0; i + keep < all.size(); ++i) {
+  for (size_t i = static_cast<size_t>(keep); i < lineage.size(); ++i) {
     std::error_code ec;
-    fs::remove_all(all[i].dir, ec);
-    if (ec) return runtime::FileErrnoStatus("remove old checkpoint", all[i].dir, ec.value());
+    fs::remove_all(lineage[i].dir, ec);
+    if (ec) return runtime::FileErrnoStatus("remove old checkpoint", lineage[i].dir, ec.value());
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> SupersedeCheckpoints(const std::string& output_dir,
+                                                 const std::string& label) {
+  std::vector<CheckpointInfo> all = ListCheckpoints(output_dir);
+  if (all.empty()) return std::string();
+  const std::string root = CheckpointRoot(output_dir);
+  const std::string aside = absl::StrCat(root, "/superseded-", label);
+  std::error_code ec;
+  fs::create_directories(aside, ec);
+  if (ec) return runtime::FileErrnoStatus("mkdir", aside, ec.value());
+  for (const CheckpointInfo& c : all) {
+    const std::string to = aside + "/" + fs::path(c.dir).filename().string();
+    if (std::rename(c.dir.c_str(), to.c_str()) != 0) {
+      return runtime::FileErrnoStatus("rename", c.dir, errno);
+    }
+  }
+  fs::remove(root + "/" + kLatestPointer, ec);
+  RETURN_IF_ERROR(runtime::FsyncDir(aside));
+  RETURN_IF_ERROR(runtime::FsyncDir(root));
+  return aside;
 }
 
 absl::StatusOr<nlohmann::json> VerifyCheckpoint(const std::string& dir) {

@@ -10,6 +10,18 @@
 // either the complete checkpoint exists or none (temporaries are removed by the next attempt
 // and never listed).
 //
+// Lineage (issue 43): every run (one JobRunner execution) has a run id, and each checkpoint's
+// trainer_state.json records it with its parent, the checkpoint the run resumed from ("parent":
+// {"run_id", "step"}, null for a fresh start). checkpoints/latest names the checkpoint
+// committed last (written atomically after each commit, as DeepSpeed's `latest` file), so
+// resume_from "latest" takes the newest checkpoint by commit, not the highest step, and falls
+// back along that checkpoint's lineage (its run's older checkpoints, then its parent's run up to
+// the parent) when one fails verification. Pruning deletes only the writing run's lineage beyond
+// keep_checkpoints: checkpoints of an abandoned branch (a higher step-N of a run that was resumed
+// from an earlier point) are never pruned by the run that left them and never resumed by
+// "latest". A folder written before lineages existed (no pointer, no run ids) behaves as before:
+// by step number.
+//
 // Thread-safety: functions are reentrant for distinct output directories.
 #ifndef LSPO_SCHEDULER_CHECKPOINT_H_
 #define LSPO_SCHEDULER_CHECKPOINT_H_
@@ -29,6 +41,10 @@ struct CheckpointInfo {
   std::string dir;
 };
 
+// A new run id: the UTC time and 32 random bits, "20261207T021500Z-9f3a61c2" (sortable by
+// start time, unique in practice).
+std::string NewRunId();
+
 // "<output_dir>/checkpoints".
 std::string CheckpointRoot(const std::string& output_dir);
 
@@ -39,8 +55,8 @@ absl::StatusOr<std::string> BeginCheckpoint(const std::string& output_dir, int s
 
 // Writes trainer_state.json (`trainer_state`, which must hold "step") into `tmp_dir`, fsyncs
 // every file, writes checksums.sha256 over all files, fsyncs it and the directory, renames
-// `tmp_dir` to checkpoints/step-<8 digits> (replacing an existing one of that step) and fsyncs
-// the parent. Returns the final directory. On error the temporary directory is removed and
+// `tmp_dir` to checkpoints/step-<8 digits> (replacing an existing one of that step), fsyncs
+// the parent and points checkpoints/latest at it. Returns the final directory. On error the temporary directory is removed and
 // earlier checkpoints are untouched. Errors: kInternal / kResourceExhausted (ENOSPC, EFBIG)
 // naming the file.
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
@@ -50,9 +66,39 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
 // first. Missing directory = none.
 std::vector<CheckpointInfo> ListCheckpoints(const std::string& output_dir);
 
-// Deletes all but the newest `keep` (>= 1) complete checkpoints. Errors: kInternal naming the
-// directory that could not be removed.
-absl::Status PruneCheckpoints(const std::string& output_dir, int keep);
+// Where a checkpoint sits in its lineage (trainer_state.json "step", "run_id", "parent").
+struct CheckpointLineage {
+  int step = 0;
+  std::string run_id;         // "" for a checkpoint written before run ids existed
+  std::string parent_run_id;  // the run it resumed from ("" with parent_step < 0: none)
+  int parent_step = -1;       // the step it resumed from; -1: a fresh start
+};
+
+// Reads the lineage fields of `dir`/trainer_state.json (no checksum verification). Errors:
+// kNotFound / kPermissionDenied naming the file, kDataLoss when it is not a trainer state.
+absl::StatusOr<CheckpointLineage> ReadCheckpointLineage(const std::string& dir);
+
+// The lineage of the checkpoint `dir` among output_dir's complete checkpoints, newest first:
+// `dir`'s run's checkpoints up to its step, then its parent run's up to the parent step, and
+// so on (a run id met twice ends the walk). Empty when `dir`'s trainer state cannot be read.
+std::vector<CheckpointInfo> LineageOf(const std::string& output_dir, const std::string& dir);
+
+// Candidates for resume_from "latest", best first: the checkpoint named by checkpoints/latest
+// and the rest of its lineage; without a valid pointer, every complete checkpoint by step,
+// highest first. Empty when there is none.
+std::vector<CheckpointInfo> LatestCheckpoints(const std::string& output_dir);
+
+// Deletes the checkpoints of `newest_dir`'s lineage beyond the newest `keep` (>= 1); other
+// checkpoints (another run's branch) are left. Errors: kInternal naming the directory that could
+// not be removed.
+absl::Status PruneCheckpoints(const std::string& output_dir, int keep,
+                              const std::string& newest_dir);
+
+// Moves every complete checkpoint of output_dir into checkpoints/superseded-<label>/ (a fresh
+// start with overwrite_output_dir) and removes checkpoints/latest. Returns the folder they went
+// to, "" when there was none. Errors: kInternal / kPermissionDenied naming the path.
+absl::StatusOr<std::string> SupersedeCheckpoints(const std::string& output_dir,
+                                                 const std::string& label);
 
 // Verifies every line of `dir`/checksums.sha256 (SHA-256 of each listed file) and returns the
 // parsed trainer_state.json. Errors: kNotFound (no checksums / trainer state: not a complete

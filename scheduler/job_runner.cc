@@ -80,6 +80,7 @@ absl::Status JobRunner::Run() {
   ASSIGN_OR_RETURN(RunLog log, RunLog::Open(spec_.output_dir(), /*append=*/start_step_ > 0,
                                             /*with_timeline=*/offload_));
   log_.emplace(std::move(log));
+  if (!superseded_.is_null()) Log(superseded_);
   absl::Status st = Load();
   if (st.ok()) {
     InitSummary();
@@ -104,11 +105,29 @@ absl::Status JobRunner::Run() {
 }
 
 absl::Status JobRunner::SelectResume() {
-  if (spec_.resume_from().empty()) return absl::OkStatus();
+  if (spec_.resume_from().empty()) {
+    // A fresh start: checkpoints already in the folder belong to another run, whose lineage
+    // this one must not mix with (checkpoint.h, "Lineage").
+    const std::vector<CheckpointInfo> existing = ListCheckpoints(spec_.output_dir());
+    if (existing.empty()) return absl::OkStatus();
+    if (!spec_.overwrite_output_dir()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "output_dir '", spec_.output_dir(), "' holds ", existing.size(),
+          " checkpoint(s) of an earlier run (newest: ", existing.back().dir,
+          ") and this job starts from step 0: continue that run with resume_from: latest, "
+          "give another output_dir, or set overwrite_output_dir: true to move them aside into "
+          "checkpoints/superseded-<run id>/"));
+    }
+    ASSIGN_OR_RETURN(std::string aside, SupersedeCheckpoints(spec_.output_dir(), run_id_));
+    LOG(WARNING) << "scheduler: " << id_ << ": overwrite_output_dir: moved " << existing.size()
+                 << " checkpoint(s) of an earlier run to " << aside;
+    superseded_ = {{"kind", "checkpoints_superseded"}, {"count", existing.size()},
+                   {"moved_to", aside}};
+    return absl::OkStatus();
+  }
   std::vector<CheckpointInfo> candidates;
   if (spec_.resume_from() == "latest") {
-    candidates = ListCheckpoints(spec_.output_dir());
-    std::reverse(candidates.begin(), candidates.end());
+    candidates = LatestCheckpoints(spec_.output_dir());
   } else {
     candidates.push_back({0, spec_.resume_from()});
   }
@@ -444,6 +463,12 @@ nlohmann::json JobRunner::TrainerState(int step) const {
   for (const auto& e : host_->Evals()) evals.push_back(ToJson(e));
   state["evals"] = std::move(evals);
   state["summary"] = summary_;
+  state["run_id"] = run_id_;
+  state["parent"] = resume_dir_.empty()
+                        ? nlohmann::json(nullptr)
+                        : nlohmann::json{{"run_id", resume_state_.value("run_id", std::string())},
+                                         {"step", start_step_},
+                                         {"dir", resume_dir_}};
   state["training_fingerprint"] = TrainingFingerprint(spec_);
   state["spec"] = ToJson(spec_);
   return state;
@@ -474,7 +499,7 @@ absl::StatusOr<std::string> JobRunner::WriteCheckpoint(int step) {
     return st;
   }
   ASSIGN_OR_RETURN(std::string dir, CommitCheckpoint(tmp, TrainerState(step)));
-  RETURN_IF_ERROR(PruneCheckpoints(spec_.output_dir(), spec_.keep_checkpoints()));
+  RETURN_IF_ERROR(PruneCheckpoints(spec_.output_dir(), spec_.keep_checkpoints(), dir));
   return dir;
 }
 

@@ -39,6 +39,7 @@
 #include "proto/peer.pb.h"
 #include "proto/scheduler.pb.h"
 #include "proto/worker.pb.h"
+#include "scheduler/checkpoint.h"
 #include "scheduler/cost_model.h"
 #include "scheduler/peer_clients.h"
 #include "scheduler/run_log.h"
@@ -119,6 +120,10 @@ class JobRunner {
   int start_step_ = 0;
   nlohmann::json resume_state_;
   std::string resume_dir_;
+  // This run's id in its checkpoints' lineage (checkpoint.h): UTC start time and 32 random
+  // bits, e.g. 20261207T021500Z-9f3a61c2.
+  const std::string run_id_ = NewRunId();
+  nlohmann::json superseded_;  // the metrics line of checkpoints moved aside (overwrite_output_dir)
   std::optional<RunLog> log_;
   bool log_failed_ = false, timeline_failed_ = false;
   lspo::v1::LoadJobReply wload_;

@@ -668,6 +668,7 @@ std::string TrainingFingerprint(lspo::v1::JobSpec spec) {
   spec.clear_steps();
   spec.clear_output_dir();
   spec.clear_resume_from();
+  spec.clear_overwrite_output_dir();
   spec.clear_checkpoint_every();
   spec.clear_keep_checkpoints();
   spec.clear_eval_every();

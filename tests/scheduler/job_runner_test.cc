@@ -27,6 +27,7 @@
 #include "scheduler/scheduler_core.h"
 #include "scheduler/tensorboard.h"
 #include "scheduler/tensorboard_scalars.h"
+#include "absl/strings/str_format.h"
 #include "tests/scheduler/fake_peers.h"
 
 namespace lspo::scheduler {
@@ -280,6 +281,108 @@ TEST(JobRunnerTest, ResumeSelectsTheNewestCheckpointThatVerifies) {
   fs::remove_all(out);
 }
 
+std::string RunIdOf(const std::string& out, int step) {
+  absl::StatusOr<CheckpointLineage> l =
+      ReadCheckpointLineage(absl::StrFormat("%s/checkpoints/step-%08d", out, step));
+  EXPECT_TRUE(l.ok()) << l.status();
+  return l.ok() ? l->run_id : std::string();
+}
+
+// Issue 43, lineage: a run resumed from an earlier checkpoint while later ones exist. Before
+// run ids, "latest" took the highest step-N (the abandoned branch) and pruning by step number
+// deleted the resumed run's own checkpoints.
+TEST(JobRunnerTest, LatestAndPruningFollowTheRunsLineageNotTheHighestStep) {
+  const std::string out = TempDir();
+  {  // Run 1: steps 1..6, a checkpoint every step.
+    Fixture f;
+    v1::JobSpec spec = Spec(out, v1::MODE_LSP, 6);
+    spec.set_checkpoint_every(1);
+    ASSERT_TRUE(f.Run(spec).ok());
+    ASSERT_THAT(CheckpointSteps(out), ElementsAre(1, 2, 3, 4, 5, 6));
+  }
+  const std::string run1 = RunIdOf(out, 6);
+  {  // Run 2: back to step 2 by hand, then step 3 (replacing run 1's step 3).
+    Fixture f;
+    v1::JobSpec spec = Spec(out, v1::MODE_LSP, 3);
+    spec.set_checkpoint_every(1);
+    spec.set_resume_from(out + "/checkpoints/step-00000002");
+    ASSERT_TRUE(f.Run(spec).ok());
+    EXPECT_THAT(f.log.Steps("worker.TrainStep"), ElementsAre(3));
+  }
+  const std::string run2 = RunIdOf(out, 3);
+  EXPECT_NE(run2, run1);
+  EXPECT_EQ(RunIdOf(out, 4), run1);
+  absl::StatusOr<CheckpointLineage> l3 = ReadCheckpointLineage(out + "/checkpoints/step-00000003");
+  ASSERT_TRUE(l3.ok());
+  EXPECT_EQ(l3->parent_run_id, run1);
+  EXPECT_EQ(l3->parent_step, 2);
+  {  // Run 3: "latest" is run 2's step 3 (committed last), not run 1's step 6.
+    Fixture f;
+    v1::JobSpec spec = Spec(out, v1::MODE_LSP, 4);
+    spec.set_checkpoint_every(1);
+    spec.set_keep_checkpoints(2);
+    spec.set_resume_from("latest");
+    ASSERT_TRUE(f.Run(spec).ok());
+    EXPECT_THAT(f.worker.loaded_state_dir, HasSubstr("step-00000003"));
+    EXPECT_THAT(f.log.Steps("worker.TrainStep"), ElementsAre(4));
+  }
+  // Its lineage is 4 (run 3), 3 (run 2), 2, 1 (run 1): keep 2 pruned 2 and 1. Run 1's 5 and 6,
+  // another branch, are left; by step number the prune would have deleted 3 and 4.
+  EXPECT_THAT(CheckpointSteps(out), ElementsAre(3, 4, 5, 6));
+  EXPECT_EQ(RunIdOf(out, 6), run1);
+  std::vector<int> lineage;
+  for (const CheckpointInfo& c : LatestCheckpoints(out)) lineage.push_back(c.step);
+  EXPECT_THAT(lineage, ElementsAre(4, 3));
+  // A corrupted head falls back along the lineage (to 3), never to run 1's 6 or 5.
+  std::ofstream(out + "/checkpoints/step-00000004/worker_state.safetensors", std::ios::app)
+      << "flipped";
+  {
+    Fixture f;
+    v1::JobSpec spec = Spec(out, v1::MODE_LSP, 4);
+    spec.set_keep_checkpoints(2);
+    spec.set_resume_from("latest");
+    ASSERT_TRUE(f.Run(spec).ok());
+    EXPECT_THAT(f.worker.loaded_state_dir, HasSubstr("step-00000003"));
+  }
+  fs::remove_all(out);
+}
+
+TEST(JobRunnerTest, AFreshStartAmongAnotherRunsCheckpointsIsRefusedOrMovesThemAside) {
+  const std::string out = TempDir();
+  {
+    Fixture f;
+    v1::JobSpec spec = Spec(out, v1::MODE_LSP, 2);
+    spec.set_checkpoint_every(1);
+    ASSERT_TRUE(f.Run(spec).ok());
+  }
+  Fixture f;
+  v1::JobSpec spec = Spec(out, v1::MODE_LSP, 3);
+  spec.set_checkpoint_every(1);
+  absl::Status st = f.Run(spec);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("2 checkpoint(s) of an earlier run"));
+  EXPECT_THAT(st.message(), HasSubstr("overwrite_output_dir: true"));
+  EXPECT_EQ(f.log.Count("worker.LoadJob"), 0);  // refused before anything was loaded
+  EXPECT_THAT(CheckpointSteps(out), ElementsAre(1, 2));
+
+  spec.set_overwrite_output_dir(true);
+  Fixture g;
+  ASSERT_TRUE(g.Run(spec).ok());
+  EXPECT_THAT(g.log.Steps("worker.TrainStep"), ElementsAre(1, 2, 3));
+  EXPECT_THAT(CheckpointSteps(out), ElementsAre(1, 2, 3));
+  int moved = 0;
+  for (const auto& e : fs::directory_iterator(out + "/checkpoints")) {
+    if (e.path().filename().string().rfind("superseded-", 0) != 0) continue;
+    for (const auto& c : fs::directory_iterator(e.path())) {
+      EXPECT_TRUE(fs::exists(c.path() / "trainer_state.json")) << c.path();
+      ++moved;
+    }
+  }
+  EXPECT_EQ(moved, 2);
+  EXPECT_EQ(KindCounts(out).at("checkpoints_superseded"), 1);
+  fs::remove_all(out);
+}
+
 TEST(JobRunnerTest, EveryMetricsLineHasItsScalarsInTheEventsFiles) {
   // A job with evaluations, projector checks, master refreshes and checkpoints, resumed
   // once: the folder's events files, in name order, hold exactly the TensorBoard scalars of
@@ -424,8 +527,9 @@ TEST(JobRunnerTest, AnUnwritableCheckpointIsReportedAndTrainingGoesOn) {
     EXPECT_EQ(f.host.status().last_checkpoint_step(), 4);
     EXPECT_THAT(f.host.status().last_error(), HasSubstr("checkpoint of step 2 failed: disk full"));
     EXPECT_EQ(KindCounts(out).at("checkpoint_failed"), 1);
-    // No half-written checkpoint directory is left.
+    // No half-written checkpoint directory is left (beside them: the `latest` pointer).
     for (const auto& e : fs::directory_iterator(out + "/checkpoints")) {
+      if (e.path().filename() == "latest") continue;
       EXPECT_THAT(e.path().filename().string(), ::testing::StartsWith("step-"));
     }
   }
@@ -433,6 +537,7 @@ TEST(JobRunnerTest, AnUnwritableCheckpointIsReportedAndTrainingGoesOn) {
     Fixture f;  // a peer that died while saving fails the job
     f.optimizer.behaviour["SaveState"].fail[2] = absl::UnavailableError("optimizer: gone");
     v1::JobSpec spec = Spec(out, v1::MODE_LSP, 4);
+    spec.set_overwrite_output_dir(true);  // the first run's checkpoints move aside
     spec.set_checkpoint_every(2);
     EXPECT_EQ(f.Run(spec).code(), absl::StatusCode::kUnavailable);
     EXPECT_THAT(f.log.Steps("worker.TrainStep"), ElementsAre(1, 2));
