@@ -513,9 +513,20 @@ absl::Status LoadAssets(WorkerJob* job) {
 // The layer hooks: a layer's pending update lands just before its forward (overlap
 // schedule), and every layer's forward / backward goes into the step's timeline (and, on
 // CUDA, the transfer engine's stream order).
+// kCancelled when the scheduler abandoned the running step (WorkerJob::stop_step): the layer
+// hooks stop the pass at layer `l`'s boundary.
+absl::Status CheckStop(const WorkerJob* job, int64_t l, const char* where) {
+  const uint32_t stop = job->stop_step->load(std::memory_order_acquire);
+  if (stop == 0 || stop != job->step) return absl::OkStatus();
+  return absl::CancelledError(absl::StrCat("step ", job->step, " stopped ", where, " layer ", l,
+                                           ": the scheduler abandoned it (AbortStep: a cancel "
+                                           "or a failed peer)"));
+}
+
 void InstallLayerHooks(WorkerJob* job) {
   job->model->SetLayerHooks(
       [job](int64_t l) -> absl::Status {
+        RETURN_IF_ERROR(CheckStop(job, l, "before the forward of"));
         RETURN_IF_ERROR(ApplyPending(job, l));
         job->layer_t0 = MonotonicSeconds();
         if (job->offload) job->offload->MarkComputeBegin(l, "forward");
@@ -527,6 +538,7 @@ void InstallLayerHooks(WorkerJob* job) {
         return absl::OkStatus();
       },
       [job](int64_t l) -> absl::Status {
+        RETURN_IF_ERROR(CheckStop(job, l, "after the backward of"));
         const double now = MonotonicSeconds();
         AddEvent(job, l, "backward", job->layer_t0, now);
         job->layer_t0 = now;
@@ -884,7 +896,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
             << (spec.data().packing() ? " packed train rows / " : " train / ")
             << job->eval.size() << " eval examples, "
             << trainable << " trainable parameters in " << job->linears.size() << " matrices";
-  aborter_.Attach(job_id, job->flags);
+  aborter_.Attach(job_id, job->flags, job->stop_step);
   job_ = std::move(job);
   return reply;
 }
@@ -1019,6 +1031,10 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
     metrics->set_offload_seconds(job->offload_seconds);
     return absl::OkStatus();
   });
+  if (!st.ok()) {
+    // A pass stopped at a layer boundary (LayerPassStopped) reports the hook's kCancelled.
+    if (absl::Status hs = model.HookStatus(); absl::IsCancelled(hs)) st = hs;
+  }
   job->publish_step = 0;
   if (offloaded && plan.overlap() && (!st.ok() || reply.nonfinite())) {
     // The optimizer may be waiting for this step's gradients: release it.

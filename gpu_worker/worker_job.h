@@ -80,6 +80,11 @@ struct WorkerJob {
   std::vector<double> pending_decay;
   // The step TrainStep is running (1-based; 0 before the first), set before ZeroGrads.
   uint32_t step = 0;
+  // The step the scheduler abandoned (AbortStep: a cancel or a failed peer), 0 = none: the
+  // layer hooks stop the forward or backward of that step at the next layer boundary
+  // (kCancelled). Shared with the core's StepAborter, which sets it from an RPC thread.
+  std::shared_ptr<std::atomic<uint32_t>> stop_step =
+      std::make_shared<std::atomic<uint32_t>>(0);
   // While > 0: the step whose gradients the backward publishes as they are formed (overlap
   // schedule, last micro-batch only).
   uint32_t publish_step = 0;

@@ -589,8 +589,13 @@ void LlamaModel::HookState::Run(const LayerHook& hook, int64_t layer) {
   }
   absl::Status s = hook(layer);  // Not under mu: a hook may read HookStatus().
   if (s.ok()) return;
-  absl::MutexLock lock(&mu);
-  if (status.ok()) status = std::move(s);
+  const bool stop = absl::IsCancelled(s);
+  const std::string message(s.message());
+  {
+    absl::MutexLock lock(&mu);
+    if (status.ok()) status = std::move(s);
+  }
+  if (stop) throw LayerPassStopped(message);
 }
 
 absl::Status LlamaModel::HookStatus() const {

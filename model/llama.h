@@ -40,6 +40,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -95,6 +96,13 @@ struct KvCache {
 // returns a non-OK status: the model stops calling hooks for that pass, and the forward (or
 // the end of the backward) reports the first such status through HookStatus().
 using LayerHook = std::function<absl::Status(int64_t layer)>;
+
+// Thrown out of a forward or backward when a layer hook returned kCancelled (see
+// LlamaModel::SetLayerHooks): unwinds the rest of the pass. what() is the hook's message.
+class LayerPassStopped : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // How the tokens of each batch row map to sequences. Default (both undefined): every row is
 // one sequence from position 0, attended causally. A packed row (data/datasets.h
@@ -237,7 +245,10 @@ class LlamaModel {
   // A forward under at::NoGradGuard calls pre/post_forward only. Hooks must not throw: a
   // failure is a returned status. After the first failing hook of a pass no further hook
   // runs until ClearHookStatus(); the forward still completes (its result must then be
-  // discarded) and HookStatus() returns that first failure with its code unchanged.
+  // discarded) and HookStatus() returns that first failure with its code unchanged. Except
+  // kCancelled: a hook returning it stops the pass at that layer boundary (the forward or
+  // backward throws LayerPassStopped, which the caller's TorchCall turns into a status;
+  // HookStatus() then holds the kCancelled status).
   void SetLayerHooks(LayerHook pre_forward, LayerHook post_forward, LayerHook post_backward);
   // The first failure of a layer hook since the last ClearHookStatus() (OK if none).
   // Thread-safe with respect to the autograd thread that runs post_backward.

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <climits>
 #include <ctime>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -75,25 +76,29 @@ absl::Status CompletionFlags::WaitStep(int64_t i, uint32_t step, absl::Duration 
   return Wait(Word(1 + n_ + i), step, timeout, "update", i);
 }
 
-void StepAborter::Attach(const std::string& job_id, CompletionFlags flags) {
+void StepAborter::Attach(const std::string& job_id, CompletionFlags flags,
+                         std::shared_ptr<std::atomic<uint32_t>> stop) {
   absl::MutexLock lock(&mu_);
   job_id_ = job_id;
   flags_ = flags;
+  stop_ = std::move(stop);
 }
 
 void StepAborter::Detach() {
   absl::MutexLock lock(&mu_);
   job_id_.clear();
   flags_ = CompletionFlags();
+  stop_.reset();
 }
 
 absl::Status StepAborter::Abort(const std::string& job_id, int step, const char* service) {
   absl::MutexLock lock(&mu_);
-  if (job_id_ != job_id || flags_.num_linears() == 0) {
+  if (job_id_ != job_id || (flags_.num_linears() == 0 && stop_ == nullptr)) {
     return absl::FailedPreconditionError(
         absl::StrCat("job '", job_id, "' is not loaded on this ", service));
   }
-  flags_.Abort(static_cast<uint32_t>(step));
+  if (stop_ != nullptr) stop_->store(static_cast<uint32_t>(step), std::memory_order_release);
+  if (flags_.num_linears() > 0) flags_.Abort(static_cast<uint32_t>(step));
   return absl::OkStatus();
 }
 

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 
 #include <string>
 
@@ -70,18 +71,24 @@ class CompletionFlags {
 // same service holds the service's own lock and waits on those flags. Thread-safe.
 class StepAborter {
  public:
-  // Remembers `flags` as the flags of job `job_id` (replacing any previous job).
-  void Attach(const std::string& job_id, CompletionFlags flags);
+  // Remembers `flags` as the flags of job `job_id` (replacing any previous job) and, when
+  // given, `stop`: the word Abort also sets to the abandoned step, which the job's compute
+  // polls at every layer boundary (any mode, with or without an arena; issue 43, a cancel
+  // stops a running step at the next layer).
+  void Attach(const std::string& job_id, CompletionFlags flags,
+              std::shared_ptr<std::atomic<uint32_t>> stop = nullptr);
   // Forgets the job (call before its arena is unmapped).
   void Detach();
-  // flags.Abort(step) for job `job_id`. kFailedPrecondition if that job is not attached (or
-  // has no flags), naming `service`.
+  // For job `job_id`: sets its stop word (if attached) to `step` and flags.Abort(step) (if it
+  // has flags). kFailedPrecondition if that job is not attached, or has neither, naming
+  // `service`.
   absl::Status Abort(const std::string& job_id, int step, const char* service);
 
  private:
   absl::Mutex mu_;
   std::string job_id_ ABSL_GUARDED_BY(mu_);
   CompletionFlags flags_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<std::atomic<uint32_t>> stop_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace lspo::runtime

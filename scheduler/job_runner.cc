@@ -6,9 +6,11 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "glog/logging.h"
@@ -595,7 +597,35 @@ absl::StatusOr<bool> JobRunner::RunStep(int step) {
     *req.update.add_tasks() = t;
     *req.apply.add_tasks() = t;
   }
-  ASSIGN_OR_RETURN(StepReplies rep, ExecuteStep(*worker_, optimizer_, req, dl_));
+  // A cancel during the step stops it at the next layer boundary (issue 43): a watcher asks
+  // both peers to abandon the step (AbortStep); the worker's layer hooks see it.
+  absl::StatusOr<StepReplies> executed;
+  {
+    absl::Notification step_done;
+    std::thread watcher([&] {
+      while (!step_done.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
+        if (!host_->CancelRequested()) continue;
+        v1::AbortStepRequest abort_req;
+        abort_req.set_job_id(id_);
+        abort_req.set_step(step);
+        (void)worker_->AbortStep(abort_req, kUnloadDeadlineSeconds);
+        if (optimizer_ != nullptr) (void)optimizer_->AbortStep(abort_req, kUnloadDeadlineSeconds);
+        LOG(INFO) << "scheduler: " << id_ << ": cancel requested during step " << step
+                  << ": the step is abandoned at the next layer boundary";
+        return;
+      }
+    });
+    executed = ExecuteStep(*worker_, optimizer_, req, dl_);
+    step_done.Notify();
+    watcher.join();
+  }
+  if (!executed.ok() && host_->CancelRequested()) {
+    return absl::CancelledError(absl::StrCat(
+        "cancelled by the user during step ", step, " (the step was abandoned at a layer "
+        "boundary: ", executed.status().message(), "); the last checkpoint is intact: resume with "
+        "resume_from: latest"));
+  }
+  ASSIGN_OR_RETURN(StepReplies rep, std::move(executed));
   if (rep.train.nonfinite()) {
     ++skipped_;
     host_->UpdateStatus([&](v1::JobStatus* s) {

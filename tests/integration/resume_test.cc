@@ -7,6 +7,9 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <chrono>
+#include <thread>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -261,6 +264,63 @@ TEST(ResumeTest, NativeResumedAtStep3MatchesTheUninterruptedRunBitwise) {
 }
 
 // Checkpoint contents, checksums, pruning; corrupted and mismatched checkpoints.
+// Issue 43: `lspctl cancel` stops a running step at the next layer boundary (the scheduler
+// abandons the step with AbortStep; the worker's layer hooks stop the pass), not after the
+// whole step, and the job resumes from its last checkpoint. Steps here take seconds (many
+// micro-batches); the cancel lands 30% into step 2 and must end the job well before step 2
+// could have finished.
+TEST(ResumeTest, ACancelStopsTheRunningStepAtALayerBoundaryAndTheJobResumes) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  const std::string dir = testing_jobs::TempDir("cancel-step");
+  v1::JobSpec spec = Spec(dir, v1::MODE_LSP, 4);
+  spec.set_grad_accum(100);  // 100 micro-batches of 4 x 32 tokens a step
+  spec.set_checkpoint_every(1);
+  spec.mutable_lsp()->set_check_freq(0);
+  grpc::ClientContext ctx;
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = spec;
+  v1::SubmitJobReply rep;
+  ASSERT_TRUE(stub->SubmitJob(&ctx, req, &rep).ok());
+  double step1_seconds = 0;
+  for (;;) {  // until step 1 and its checkpoint are done and step 2 runs
+    grpc::ClientContext gctx;
+    v1::GetJobRequest g;
+    g.set_job_id(rep.job_id());
+    v1::JobStatus st;
+    ASSERT_TRUE(stub->GetJob(&gctx, g, &st).ok());
+    ASSERT_NE(st.state(), v1::FAILED) << st.error();
+    ASSERT_NE(st.state(), v1::SUCCEEDED);
+    if (st.last_checkpoint_step() == 1 && st.state() == v1::RUNNING) {
+      step1_seconds = st.last_step().step_seconds();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(step1_seconds, 1.0) << "steps must be long enough to tell a stop from a finish";
+  std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(300 * step1_seconds)));
+  const auto t_cancel = std::chrono::steady_clock::now();
+  const v1::JobStatus last = testing_jobs::CancelAndWatch(stub.get(), rep.job_id());
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_cancel).count();
+  EXPECT_EQ(last.state(), v1::CANCELLED) << last.error();
+  EXPECT_EQ(last.step(), 1);  // step 2 never completed
+  // Step 2 had ~70% of a step left; stopping at a layer boundary takes a layer's time.
+  EXPECT_LT(took, 0.35 * step1_seconds)
+      << "the cancel took " << took << " s; a step takes " << step1_seconds << " s";
+  std::printf("cancel 30%% into a %.2f s step: the job ended %.3f s later\n", step1_seconds,
+              took);
+  // The last checkpoint is intact and the job resumes from it.
+  v1::JobSpec again = spec;
+  again.set_resume_from("latest");
+  again.set_steps(2);
+  RunResult resumed = RunToEnd(stub.get(), again);
+  ASSERT_EQ(resumed.last.state(), v1::SUCCEEDED) << resumed.last.error();
+  EXPECT_EQ(resumed.last.resumed_from_step(), 1);
+  EXPECT_EQ(resumed.loss.size(), 1u);
+}
+
 TEST(ResumeTest, CheckpointsAreCompleteChecksummedPrunedAndVerified) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
   auto runtime = testing_jobs::StartEmbedded();

@@ -401,18 +401,7 @@ TEST(SftJobTest, CancelStopsARunningEvaluation) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // well inside it
-  grpc::ClientContext cctx;
-  v1::CancelJobRequest c;
-  c.set_job_id(rep.job_id());
-  v1::CancelJobReply crep;
-  ASSERT_TRUE(stub->CancelJob(&cctx, c, &crep).ok());
-  grpc::ClientContext wctx;
-  v1::WatchJobRequest wreq;
-  wreq.set_job_id(rep.job_id());
-  auto reader = stub->WatchJob(&wctx, wreq);
-  v1::JobStatus s, last;
-  while (reader->Read(&s)) last = s;
-  ASSERT_TRUE(reader->Finish().ok());
+  const v1::JobStatus last = testing_jobs::CancelAndWatch(stub.get(), rep.job_id());
   EXPECT_EQ(last.state(), v1::CANCELLED) << last.error();
   EXPECT_TRUE(Lines(out, "eval").empty()) << "the evaluation ran to its end";
   EXPECT_TRUE(Lines(out, "step").empty());

@@ -105,6 +105,26 @@ inline WatchResult SubmitAndWatch(v1::Scheduler::Stub* stub, const v1::JobSpec& 
   return out;
 }
 
+// Cancels job `job_id` through `stub` and watches it to its end; returns its last status (a
+// failed RPC fails the calling test and returns the default status).
+inline v1::JobStatus CancelAndWatch(v1::Scheduler::Stub* stub, const std::string& job_id) {
+  grpc::ClientContext cctx;
+  v1::CancelJobRequest c;
+  c.set_job_id(job_id);
+  v1::CancelJobReply crep;
+  grpc::Status cst = stub->CancelJob(&cctx, c, &crep);
+  EXPECT_TRUE(cst.ok()) << cst.error_message();
+  grpc::ClientContext wctx;
+  v1::WatchJobRequest wreq;
+  wreq.set_job_id(job_id);
+  auto reader = stub->WatchJob(&wctx, wreq);
+  v1::JobStatus s, last;
+  while (reader->Read(&s)) last = s;
+  grpc::Status wst = reader->Finish();
+  EXPECT_TRUE(wst.ok()) << wst.error_message();
+  return last;
+}
+
 // The loss of every finished step of a watched job, by step number (1-based).
 inline std::map<int, double> StepLosses(const WatchResult& w) {
   std::map<int, double> loss;

@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -79,6 +81,28 @@ TEST(CompletionFlagsTest, WorksAcrossProcessesThroughSharedMemory) {
   EXPECT_TRUE(ok);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   arena->Unlink();
+}
+
+TEST(StepAborterTest, AbortSetsTheStopWordAndTheFlagsOfTheAttachedJobOnly) {
+  std::vector<uint32_t> words(CompletionFlags::Bytes(2) / 4, 0);
+  CompletionFlags flags(words.data(), 2);
+  auto stop = std::make_shared<std::atomic<uint32_t>>(0);
+  StepAborter aborter;
+  EXPECT_EQ(aborter.Abort("job-1", 3, "worker").code(), absl::StatusCode::kFailedPrecondition);
+  aborter.Attach("job-1", flags, stop);
+  EXPECT_EQ(aborter.Abort("job-2", 3, "worker").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stop->load(), 0u);
+  ASSERT_TRUE(aborter.Abort("job-1", 3, "worker").ok());
+  EXPECT_EQ(stop->load(), 3u);
+  EXPECT_EQ(flags.abort_step(), 3u);
+  // A job without an arena (native, lora): the stop word alone.
+  auto stop2 = std::make_shared<std::atomic<uint32_t>>(0);
+  aborter.Attach("job-3", CompletionFlags(), stop2);
+  ASSERT_TRUE(aborter.Abort("job-3", 5, "worker").ok());
+  EXPECT_EQ(stop2->load(), 5u);
+  aborter.Detach();
+  EXPECT_EQ(aborter.Abort("job-3", 6, "worker").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stop2->load(), 5u);
 }
 
 }  // namespace

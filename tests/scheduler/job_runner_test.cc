@@ -437,6 +437,32 @@ TEST(JobRunnerTest, CancelMidStepStopsBeforeTheNextStepAndUnloadsBothPeers) {
   fs::remove_all(out);
 }
 
+// Issue 43: a cancel during a step abandons it at once (AbortStep to both peers, which the
+// worker sees at its next layer boundary) instead of waiting for the step to end; here the
+// worker's step 3 would otherwise run to the 30 s deadline.
+TEST(JobRunnerTest, ACancelDuringAStepAbandonsItAtOnce) {
+  Fixture f;
+  const std::string out = TempDir();
+  f.worker.behaviour["TrainStep"].hang.insert(3);
+  f.worker.on_train_step = [&](int step) {
+    if (step == 3) f.host.cancel = true;
+  };
+  v1::JobSpec spec = Spec(out, v1::MODE_LSP, 5);
+  spec.set_checkpoint_every(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status st = f.Run(spec, /*deadline_s=*/30);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
+  EXPECT_THAT(st.message(), HasSubstr("during step 3"));
+  EXPECT_THAT(st.message(), HasSubstr("resume_from: latest"));
+  EXPECT_LT(took, 10.0);
+  EXPECT_THAT(f.log.Steps("worker.AbortStep"), ElementsAre(3));
+  EXPECT_THAT(f.log.Steps("optimizer.AbortStep"), ElementsAre(3));
+  EXPECT_THAT(CheckpointSteps(out), ElementsAre(2));  // the last checkpoint stays
+  EXPECT_EQ(f.log.Count("worker.UnloadJob"), 2);
+  fs::remove_all(out);
+}
+
 TEST(JobRunnerTest, AFailingPeerFailsTheJobAndReleasesTheOther) {
   const std::string out = TempDir();
   {
