@@ -496,6 +496,11 @@ absl::Status RunPlan(const PlanCommand& cmd, std::FILE* out) {
     }
     std::fprintf(out, "%s\n", line.c_str());
   }
+  // What a CUDA worker chooses for the job's unset settings on this budget (issue 42).
+  lspo::v1::JobSpec chosen = spec;
+  ASSIGN_OR_RETURN(std::string choice,
+                   offload::ChooseFittingDefaults(&chosen, config, own, cuda, budget));
+  if (!choice.empty()) std::fprintf(out, "the worker would choose: %s\n", choice.c_str());
   return absl::OkStatus();
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -25,6 +26,7 @@ namespace lspo {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // ListJobs/GetJob answer from `jobs`; CancelJob counts its calls and answers RUNNING.
 class FakeScheduler : public v1::Scheduler::Service {
@@ -242,6 +244,41 @@ TEST_F(LspctlTest, ModeFlagOverridesTheSpec) {
   EXPECT_THAT(bad.output,
               HasSubstr("--mode=fast is not a mode: use lsp, zero, native, lora, galore or "
                         "galore-offload"));
+}
+
+// `lspctl plan` on a CUDA budget says what the worker chooses for an unset
+// activation_checkpointing (issue 42): on where only it makes the job fit, nothing otherwise.
+TEST(LspctlPlanTest, SaysWhenTheWorkerWouldTurnOnActivationCheckpointing) {
+  const std::string dir = ::testing::TempDir() + "/lspctl-plan-1b";
+  std::filesystem::create_directories(dir);
+  // The ~1.1B Llama shape (TinyLlama's): 22 layers, hidden 2048, intermediate 5632.
+  std::ofstream(dir + "/config.json")
+      << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+             "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
+             "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 2048,
+             "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": false})";
+  const std::string spec = ::testing::TempDir() + "/lspctl-plan.yaml";
+  auto write = [&](const std::string& extra) {
+    std::ofstream(spec) << "name: p\nmode: lsp\nmodel: {path: " << dir << "}\n"
+                        << "data: {format: text, train_path: x.txt}\n"
+                        << "lsp: {d: 256, r: 8}\nmicro_batch_size: 4\nseq_len: 512\n"
+                        << "steps: 1\n" << extra;
+  };
+  // Without checkpointing the plan needs ~13 GiB, with it ~5: a 8 GiB cap sits between.
+  write("device_memory_limit_mb: 8192\n");
+  Result r = Lspctl(absl::StrCat("plan --spec=", spec, " --device=cuda --device_memory_gb=80"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("the worker would choose: activation checkpointing: on"))
+      << r.output;
+  // Explicitly off, or a cap the job fits anyway: no choice.
+  write("device_memory_limit_mb: 8192\nactivation_checkpointing: false\n");
+  r = Lspctl(absl::StrCat("plan --spec=", spec, " --device=cuda --device_memory_gb=80"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, Not(HasSubstr("the worker would choose"))) << r.output;
+  write("");
+  r = Lspctl(absl::StrCat("plan --spec=", spec, " --device=cuda --device_memory_gb=80"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, Not(HasSubstr("the worker would choose"))) << r.output;
 }
 
 // Ctrl-C during `lspctl run` (embedded): the first SIGINT cancels the job through the
