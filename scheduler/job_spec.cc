@@ -679,6 +679,10 @@ std::string TrainingFingerprint(lspo::v1::JobSpec spec) {
   spec.clear_schedule();
   spec.clear_device();
   spec.clear_device_memory_limit_mb();
+  // Recomputing a layer gives the values it kept, and a CUDA worker may turn it on by itself
+  // (issue 42): not part of the training. Cleared also so that an explicit `false` (present
+  // since the field became optional) equals the unset field of an older checkpoint.
+  spec.clear_activation_checkpointing();
   // Where and as which rank each process of a data-parallel job runs does not change the
   // training (every rank holds the same state); the world size does (the batch is W times the
   // micro-batches of one rank). One rank is written as no distributed block.

@@ -592,6 +592,12 @@ TEST(JobSpecTest, AFingerprintWrittenWithStringFieldsStillMatches) {
   spec.set_steps(60);                                // Not part of the training.
   spec.set_schedule(v1::STEP_SCHEDULE_OVERLAP);      // Not part of it either.
   EXPECT_TRUE(scheduler::SameTraining(old_fingerprint, spec));
+  // Nor activation checkpointing, explicit (present since the field is optional) or not.
+  spec.set_activation_checkpointing(false);
+  EXPECT_TRUE(scheduler::SameTraining(old_fingerprint, spec));
+  spec.set_activation_checkpointing(true);
+  EXPECT_TRUE(scheduler::SameTraining(old_fingerprint, spec));
+  spec.clear_activation_checkpointing();
   EXPECT_TRUE(scheduler::SameTraining(scheduler::TrainingFingerprint(spec), spec));
   // lsp.narrow and lsp.apply_rounding written out at their defaults are the same training as
   // the fingerprint from before they existed; another value is not.
