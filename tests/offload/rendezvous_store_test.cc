@@ -337,7 +337,7 @@ TEST(RendezvousStoreTest, TokenFilesAndRemoteRendezvousAreChecked) {
       << c.status();
 
   const auto t0 = std::chrono::steady_clock::now();
-  for (const std::string host : {std::string("0.0.0.0"), OtherAddressOfThisHost()}) {
+  for (const std::string& host : {std::string("0.0.0.0"), OtherAddressOfThisHost()}) {
     if (host.empty()) continue;
     o = Options(0, 2, FreePort(), absl::Seconds(20));
     o.host = host;
