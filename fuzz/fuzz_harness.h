@@ -33,6 +33,8 @@ int FuzzSafetensorsIndex(const uint8_t* data, size_t size);
 int FuzzPeftConfig(const uint8_t* data, size_t size);
 int FuzzDataRecords(const uint8_t* data, size_t size);
 int FuzzJobStore(const uint8_t* data, size_t size);
+int FuzzCheckpointManifest(const uint8_t* data, size_t size);
+int FuzzTrainerState(const uint8_t* data, size_t size);
 
 // Loads the vocabulary FuzzTokenizer encodes with (once; later calls do nothing): the GGUF
 // named by $LSPO_FUZZ_VOCAB, else the real model models/SmolLM2-135M-Instruct.Q4_1.gguf,

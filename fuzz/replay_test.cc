@@ -20,6 +20,8 @@
 #include "fuzz/fuzz_harness.h"
 #include "gtest/gtest.h"
 #include "model/hf_checkpoint.h"
+#include "nlohmann/json.hpp"
+#include "scheduler/checkpoint.h"
 #include "scheduler/job_spec.h"
 
 namespace lspo::fuzz {
@@ -84,6 +86,10 @@ TEST(FuzzReplay, SafetensorsIndex) {
 TEST(FuzzReplay, PeftConfig) { EXPECT_GE(ReplayDir("peft_config", FuzzPeftConfig), 3); }
 TEST(FuzzReplay, DataRecords) { EXPECT_GE(ReplayDir("data_records", FuzzDataRecords), 6); }
 TEST(FuzzReplay, JobStore) { EXPECT_GE(ReplayDir("job_store", FuzzJobStore), 2); }
+TEST(FuzzReplay, CheckpointManifest) {
+  EXPECT_GE(ReplayDir("checkpoint_manifest", FuzzCheckpointManifest), 4);
+}
+TEST(FuzzReplay, TrainerState) { EXPECT_GE(ReplayDir("trainer_state", FuzzTrainerState), 5); }
 
 // Findings of the fuzzers (fuzz/README.md, "Findings"), fixed; each test states the behaviour.
 // 1. A YAML scalar that is not valid UTF-8 made json.dump() throw nlohmann type_error 316 out
@@ -132,6 +138,124 @@ TEST(DeepJsonFuzzFindings, LabeledRecordQuotesADeepRecordByItsType) {
   EXPECT_NE(rows.status().message().find("saw an object nested over 16 levels deep"),
             absl::string_view::npos)
       << rows.status();
+}
+
+// 3. Checkpoints (scheduler/checkpoint.h). A trainer_state.json whose fields resume reads had
+// another type ("training_fingerprint": 1796619174, "skipped_steps": "0", "run_id": 7) passed
+// VerifyCheckpoint, and the job runner's nlohmann value() then threw type_error 302 out of
+// the job thread (std::terminate: the scheduler process ended); a counter beyond int64 (read
+// as a double) converted to int out of range (UBSan), a step beyond INT_MAX was truncated
+// (4294967298 resumed as step 2), and a "summary" nested tens of thousands of levels deep
+// overflowed the stack when resume copied it. ParseTrainerState now refuses all of these with
+// kDataLoss, so resume skips the checkpoint (or fails naming it).
+const char kSha[] = "587cb980af76fdc7e52369fd0b9d926dff266976b6f8ac631e358fecc49ff8cf";
+
+TEST(CheckpointFuzzFindings, TrainerStateFieldsOfAnotherTypeOrRangeAreDataLoss) {
+  for (const char* text : {
+           R"({"step": 2, "training_fingerprint": 1796619174})",
+           R"({"step": 2, "skipped_steps": "0"})",
+           R"({"step": 2, "run_id": 7})",
+           R"({"step": 2, "nonfinite_in_a_row": 1e86})",
+           R"({"step": 2, "skipped_steps": -1})",
+           R"({"step": 4294967298})",
+           R"({"step": 18446744073709551615})",
+           R"({"step": -1})",
+           R"({"step": 2, "parent": {"run_id": "r", "step": 4294967297}})",
+           R"({"step": 2, "parent": {"run_id": 5, "step": 1}})",
+           R"({"step": 2, "parent": "step-00000001"})",
+           R"({"step": 2, "summary": [1]})",
+           R"({"step": 2, "evals": {"step": 2}})",
+       }) {
+    SCOPED_TRACE(text);
+    absl::StatusOr<nlohmann::json> state;
+    EXPECT_NO_THROW(state = scheduler::ParseTrainerState(text, "ckpt/trainer_state.json"));
+    EXPECT_EQ(state.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(state.status().message().find("'ckpt/trainer_state.json' is not a valid trainer "
+                                            "state ("),
+              absl::string_view::npos)
+        << state.status();
+  }
+  // What the job runner writes still reads: null parent, INT_MAX, a parent without a step.
+  for (const char* text : {
+           R"({"step": 0, "parent": null, "skipped_steps": 0, "summary": {}, "evals": []})",
+           R"({"step": 2147483647, "run_id": "a", "training_fingerprint": "{}"})",
+           R"({"step": 3, "parent": {"run_id": "a", "dir": "/x"}, "nonfinite_in_a_row": 2})",
+       }) {
+    SCOPED_TRACE(text);
+    EXPECT_TRUE(scheduler::ParseTrainerState(text, "t.json").ok());
+  }
+}
+
+TEST(CheckpointFuzzFindings, DeepTrainerStateIsRefusedBeforeItIsBuilt) {
+  // Levels: the state object, "summary", then the arrays.
+  auto with_depth = [](size_t levels) {
+    return "{\"step\": 2, \"summary\": {\"x\": " + Nested(levels - 2) + "}}";
+  };
+  EXPECT_TRUE(scheduler::ParseTrainerState(with_depth(scheduler::kMaxTrainerStateDepth), "t")
+                  .ok());
+  absl::StatusOr<nlohmann::json> deep =
+      scheduler::ParseTrainerState(with_depth(scheduler::kMaxTrainerStateDepth + 1), "t");
+  EXPECT_EQ(deep.status().code(), absl::StatusCode::kDataLoss);
+  deep = scheduler::ParseTrainerState(with_depth(200000), "t");
+  EXPECT_EQ(deep.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(deep.status().message().find("nested over 64 levels deep"), absl::string_view::npos)
+      << deep.status();
+  // Brackets inside strings do not count.
+  EXPECT_TRUE(scheduler::ParseTrainerState(
+                  "{\"step\": 2, \"run_id\": \"" + Nested(100) + "\\\"[\"}", "t")
+                  .ok());
+}
+
+// 4. A manifest name with a NUL byte ("config.json\0trainer_state.json") was accepted, and
+// VerifyCheckpoint hashed the file before the NUL (what open() sees) in place of the name
+// listed; it is now a malformed line (kDataLoss).
+TEST(CheckpointFuzzFindings, ManifestNameWithANulByteIsMalformed) {
+  const std::string line =
+      std::string(kSha) + "  config.json" + std::string(1, '\0') + "trainer_state.json\n";
+  absl::StatusOr<std::vector<scheduler::ChecksumEntry>> m =
+      scheduler::ParseChecksumManifest(line, "c.sha256");
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(m.status().message().find("malformed line"), absl::string_view::npos) << m.status();
+}
+
+// The writer and the readers on disk: CommitCheckpoint's manifest is ChecksumManifestText of
+// the files' SHA-256, and a committed trainer state with a mistyped field fails
+// VerifyCheckpoint and ReadCheckpointLineage with kDataLoss instead of reaching resume.
+TEST(CheckpointFuzzFindings, CommittedCheckpointsReadBackThroughTheParsers) {
+  const std::string out = ::testing::TempDir() + "/ckpt-fuzz-findings";
+  fs::remove_all(out);
+  absl::StatusOr<std::string> tmp = scheduler::BeginCheckpoint(out, 3);
+  ASSERT_TRUE(tmp.ok()) << tmp.status();
+  fs::create_directories(*tmp + "/adapter");
+  std::ofstream(*tmp + "/adapter/adapter_config.json") << "{}";
+  absl::StatusOr<std::string> dir =
+      scheduler::CommitCheckpoint(*tmp, {{"step", 3}, {"run_id", "r1"}, {"parent", nullptr}});
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  std::ifstream in(*dir + "/checksums.sha256", std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  absl::StatusOr<std::vector<scheduler::ChecksumEntry>> m =
+      scheduler::ParseChecksumManifest(text, "m");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->size(), 2u);
+  EXPECT_EQ((*m)[0].name, "adapter/adapter_config.json");
+  EXPECT_EQ((*m)[1].name, "trainer_state.json");
+  EXPECT_EQ((*m)[1].sha256, *scheduler::Sha256File(*dir + "/trainer_state.json"));
+  EXPECT_EQ(scheduler::ChecksumManifestText(*m), text);
+  EXPECT_TRUE(scheduler::VerifyCheckpoint(*dir).ok());
+  absl::StatusOr<scheduler::CheckpointLineage> l = scheduler::ReadCheckpointLineage(*dir);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->step, 3);
+  EXPECT_EQ(l->run_id, "r1");
+  EXPECT_EQ(l->parent_step, -1);
+
+  tmp = scheduler::BeginCheckpoint(out, 4);
+  ASSERT_TRUE(tmp.ok()) << tmp.status();
+  dir = scheduler::CommitCheckpoint(*tmp, {{"step", 4}, {"skipped_steps", "0"}});
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(scheduler::VerifyCheckpoint(*dir).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(scheduler::ReadCheckpointLineage(*dir).status().code(),
+            absl::StatusCode::kDataLoss);
+  fs::remove_all(out);
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -40,6 +42,49 @@ std::string StepName(int step) { return absl::StrFormat("step-%08d", step); }
 void RemoveQuietly(const std::string& path) {
   std::error_code ec;
   fs::remove_all(path, ec);
+}
+
+// True when `text`, read as JSON, nests at most `levels` arrays and objects (brackets inside
+// strings do not count). Exact for valid JSON; invalid JSON fails the parse that follows.
+// Linear, no recursion: checked before parsing, so a deep file is never built.
+bool JsonTextNestedAtMost(absl::string_view text, int levels) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character, a quote included
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > levels) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
+// True for a JSON integer in [0, INT_MAX] (what an `int` step or counter holds).
+bool IsStepInteger(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>() <= static_cast<uint64_t>(INT_MAX);
+  return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT_MAX;
+}
+
+// True for a manifest name that stays inside the checkpoint folder and names a file the
+// kernel can open: not empty, not absolute, no empty or ".." part, no NUL byte.
+bool IsInsideName(absl::string_view name) {
+  if (name.empty() || name[0] == '/' || name.find('\0') != absl::string_view::npos) {
+    return false;
+  }
+  for (absl::string_view part : absl::StrSplit(name, '/')) {
+    if (part.empty() || part == "..") return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -91,16 +136,16 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
   }
   if (ec) return fail(runtime::FileErrnoStatus("list", tmp_dir, ec.value()));
   std::sort(names.begin(), names.end());
-  std::string manifest;
+  std::vector<ChecksumEntry> entries;
   for (const std::string& name : names) {
     const std::string path = tmp_dir + "/" + name;
     st = runtime::FsyncFile(path);
     if (!st.ok()) return fail(st);
     absl::StatusOr<std::string> sum = Sha256File(path);
     if (!sum.ok()) return fail(sum.status());
-    absl::StrAppend(&manifest, *sum, "  ", name, "\n");
+    entries.push_back({*std::move(sum), name});
   }
-  st = runtime::WriteFileSynced(tmp_dir + "/" + kChecksums, manifest);
+  st = runtime::WriteFileSynced(tmp_dir + "/" + kChecksums, ChecksumManifestText(entries));
   if (!st.ok()) return fail(st);
   for (const std::string& name : names) {  // the sub-folders' entries (adapter/)
     const std::string sub = fs::path(name).parent_path().string();
@@ -131,26 +176,67 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
   return final_dir;
 }
 
-absl::StatusOr<CheckpointLineage> ReadCheckpointLineage(const std::string& dir) {
-  ASSIGN_OR_RETURN(std::string text, runtime::ReadFileToString(dir + "/" + kTrainerState,
-                                                               "trainer state", 64 << 20));
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
-      !j["step"].is_number_integer()) {
+absl::StatusOr<nlohmann::json> ParseTrainerState(absl::string_view text,
+                                                 const std::string& path) {
+  auto invalid = [&](absl::string_view why) {
     return absl::DataLossError(
-        absl::StrCat("'", dir, "/", kTrainerState, "' is not a valid trainer state"));
+        absl::StrCat("'", path, "' is not a valid trainer state (", why, ")"));
+  };
+  if (!JsonTextNestedAtMost(text, kMaxTrainerStateDepth)) {
+    return invalid(absl::StrCat("nested over ", kMaxTrainerStateDepth, " levels deep"));
   }
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return invalid("not a JSON object");
+  if (!j.contains("step") || !IsStepInteger(j["step"])) {
+    return invalid("no integer 'step' in [0, 2^31-1]");
+  }
+  for (const char* key : {"run_id", "training_fingerprint"}) {
+    if (j.contains(key) && !j[key].is_string()) {
+      return invalid(absl::StrCat("'", key, "' is not a string"));
+    }
+  }
+  for (const char* key : {"skipped_steps", "nonfinite_in_a_row"}) {
+    if (j.contains(key) && !IsStepInteger(j[key])) {
+      return invalid(absl::StrCat("'", key, "' is not an integer in [0, 2^31-1]"));
+    }
+  }
+  if (j.contains("summary") && !j["summary"].is_object()) {
+    return invalid("'summary' is not an object");
+  }
+  if (j.contains("evals") && !j["evals"].is_array()) return invalid("'evals' is not an array");
+  if (j.contains("parent")) {
+    const nlohmann::json& p = j["parent"];
+    if (!p.is_null() && !p.is_object()) return invalid("'parent' is neither null nor an object");
+    if (p.is_object() && p.contains("run_id") && !p["run_id"].is_string()) {
+      return invalid("'parent.run_id' is not a string");
+    }
+    if (p.is_object() && p.contains("step") && !IsStepInteger(p["step"])) {
+      return invalid("'parent.step' is not an integer in [0, 2^31-1]");
+    }
+  }
+  return j;
+}
+
+CheckpointLineage LineageOfTrainerState(const nlohmann::json& j) {
   CheckpointLineage l;
-  l.step = j["step"].get<int>();
+  if (!j.is_object()) return l;
+  if (j.contains("step") && IsStepInteger(j["step"])) l.step = j["step"].get<int>();
   if (j.contains("run_id") && j["run_id"].is_string()) l.run_id = j["run_id"].get<std::string>();
   if (j.contains("parent") && j["parent"].is_object()) {
     const nlohmann::json& p = j["parent"];
     if (p.contains("run_id") && p["run_id"].is_string()) {
       l.parent_run_id = p["run_id"].get<std::string>();
     }
-    if (p.contains("step") && p["step"].is_number_integer()) l.parent_step = p["step"].get<int>();
+    if (p.contains("step") && IsStepInteger(p["step"])) l.parent_step = p["step"].get<int>();
   }
   return l;
+}
+
+absl::StatusOr<CheckpointLineage> ReadCheckpointLineage(const std::string& dir) {
+  const std::string path = dir + "/" + kTrainerState;
+  ASSIGN_OR_RETURN(std::string text, runtime::ReadFileToString(path, "trainer state", 64 << 20));
+  ASSIGN_OR_RETURN(nlohmann::json j, ParseTrainerState(text, path));
+  return LineageOfTrainerState(j);
 }
 
 std::vector<CheckpointInfo> LineageOf(const std::string& output_dir, const std::string& dir) {
@@ -264,6 +350,26 @@ absl::StatusOr<std::string> SupersedeCheckpoints(const std::string& output_dir,
   return aside;
 }
 
+absl::StatusOr<std::vector<ChecksumEntry>> ParseChecksumManifest(absl::string_view text,
+                                                                 const std::string& path) {
+  std::vector<ChecksumEntry> entries;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty()) continue;
+    std::vector<absl::string_view> parts = absl::StrSplit(line, absl::MaxSplits("  ", 1));
+    if (parts.size() != 2 || parts[0].size() != 64 || !IsInsideName(parts[1])) {
+      return absl::DataLossError(absl::StrCat("'", path, "': malformed line '", line, "'"));
+    }
+    entries.push_back({std::string(parts[0]), std::string(parts[1])});
+  }
+  return entries;
+}
+
+std::string ChecksumManifestText(const std::vector<ChecksumEntry>& entries) {
+  std::string text;
+  for (const ChecksumEntry& e : entries) absl::StrAppend(&text, e.sha256, "  ", e.name, "\n");
+  return text;
+}
+
 absl::StatusOr<nlohmann::json> VerifyCheckpoint(const std::string& dir) {
   const std::string manifest_path = dir + "/" + kChecksums;
   absl::StatusOr<std::string> manifest = runtime::ReadFileToString(manifest_path);
@@ -272,49 +378,31 @@ absl::StatusOr<nlohmann::json> VerifyCheckpoint(const std::string& dir) {
                                             "' is missing: not a complete checkpoint"));
   }
   RETURN_IF_ERROR(manifest.status());
+  ASSIGN_OR_RETURN(std::vector<ChecksumEntry> entries,
+                   ParseChecksumManifest(*manifest, manifest_path));
   bool saw_state = false;
-  for (absl::string_view line_view : absl::StrSplit(*manifest, '\n')) {
-    const std::string line(line_view);
-    if (line.empty()) continue;
-    std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits("  ", 1));
-    // A name is a relative path inside the checkpoint: no absolute path, no "..", no empty part.
-    auto outside = [](const std::string& name) {
-      if (name.empty() || name[0] == '/') return true;
-      for (absl::string_view part : absl::StrSplit(name, '/')) {
-        if (part.empty() || part == "..") return true;
-      }
-      return false;
-    };
-    if (parts.size() != 2 || parts[0].size() != 64 || outside(parts[1])) {
-      return absl::DataLossError(absl::StrCat("'", manifest_path, "': malformed line '", line,
-                                              "'"));
-    }
-    const std::string path = dir + "/" + parts[1];
+  for (const ChecksumEntry& e : entries) {
+    const std::string path = dir + "/" + e.name;
     absl::StatusOr<std::string> sum = Sha256File(path);
     if (!sum.ok()) {
       return absl::DataLossError(absl::StrCat("checkpoint '", dir, "': ", sum.status().message()));
     }
-    if (*sum != parts[0]) {
+    if (*sum != e.sha256) {
       return absl::DataLossError(absl::StrCat(
           "checkpoint file '", path, "' does not match its SHA-256 in checksums.sha256 (",
           "corrupted or modified): resume from an earlier checkpoint"));
     }
-    saw_state |= parts[1] == kTrainerState;
+    saw_state |= e.name == kTrainerState;
   }
   if (!saw_state) {
     return absl::NotFoundError(absl::StrCat("checkpoint '", dir, "' lists no ", kTrainerState));
   }
-  absl::StatusOr<std::string> ts = runtime::ReadFileToString(dir + "/" + kTrainerState);
+  const std::string state_path = dir + "/" + kTrainerState;
+  absl::StatusOr<std::string> ts = runtime::ReadFileToString(state_path);
   if (!ts.ok()) {
     return absl::DataLossError(absl::StrCat("checkpoint '", dir, "': ", ts.status().message()));
   }
-  nlohmann::json j = nlohmann::json::parse(*ts, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
-      !j["step"].is_number_integer()) {
-    return absl::DataLossError(absl::StrCat("'", dir, "/", kTrainerState,
-                                            "' is not a valid trainer state"));
-  }
-  return j;
+  return ParseTrainerState(*ts, state_path);
 }
 
 absl::StatusOr<std::string> Sha256File(const std::string& path) {

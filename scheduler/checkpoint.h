@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace lspo::scheduler {
@@ -74,8 +75,29 @@ struct CheckpointLineage {
   int parent_step = -1;       // the step it resumed from; -1: a fresh start
 };
 
-// Reads the lineage fields of `dir`/trainer_state.json (no checksum verification). Errors:
-// kNotFound / kPermissionDenied naming the file, kDataLoss when it is not a trainer state.
+// Deepest nesting of arrays and objects a trainer_state.json may have (the written ones nest
+// under 10 levels): resume copies and dumps parts of it ("summary", "evals") recursively, so a
+// deeper file is refused instead of overflowing the stack.
+inline constexpr int kMaxTrainerStateDepth = 64;
+
+// Parses the text of a trainer_state.json (`path` only names it in errors) and checks what
+// resume reads (JobRunner::SelectResume / RestoreFromCheckpoint, and the lineage): a JSON
+// object nested at most kMaxTrainerStateDepth levels; "step" an integer in [0, INT_MAX];
+// when present, "run_id" and "training_fingerprint" strings, "skipped_steps" and
+// "nonfinite_in_a_row" integers in [0, INT_MAX], "summary" an object, "evals" an array,
+// "parent" null or an object whose "run_id" (when present) is a string and "step" (when
+// present) an integer in [0, INT_MAX]. Other fields are kept unchecked. Returns the parsed
+// object. Errors: kDataLoss naming `path` and the first problem (never an exception).
+absl::StatusOr<nlohmann::json> ParseTrainerState(absl::string_view text, const std::string& path);
+
+// The lineage fields ("step", "run_id", "parent") of a trainer state accepted by
+// ParseTrainerState. Fields absent, of another type or out of range keep CheckpointLineage's
+// defaults (step 0, no run id, parent_step -1); never fails.
+CheckpointLineage LineageOfTrainerState(const nlohmann::json& trainer_state);
+
+// Reads the lineage fields of `dir`/trainer_state.json (ParseTrainerState; no checksum
+// verification). Errors: kNotFound / kPermissionDenied naming the file, kDataLoss when it is
+// not a trainer state.
 absl::StatusOr<CheckpointLineage> ReadCheckpointLineage(const std::string& dir);
 
 // The lineage of the checkpoint `dir` among output_dir's complete checkpoints, newest first:
@@ -100,10 +122,32 @@ absl::Status PruneCheckpoints(const std::string& output_dir, int keep,
 absl::StatusOr<std::string> SupersedeCheckpoints(const std::string& output_dir,
                                                  const std::string& label);
 
-// Verifies every line of `dir`/checksums.sha256 (SHA-256 of each listed file) and returns the
-// parsed trainer_state.json. Errors: kNotFound (no checksums / trainer state: not a complete
-// checkpoint), kDataLoss naming the first file whose checksum differs or that is missing, or a
-// malformed trainer_state.json.
+// One line of a checkpoint's checksums.sha256.
+struct ChecksumEntry {
+  std::string sha256;  // 64 characters: the lower-case hex SHA-256 CommitCheckpoint wrote
+  std::string name;    // a file of the checkpoint, relative to its folder ("adapter/x.json")
+};
+
+// Parses the text of a checksums.sha256 (`path` only names it in errors): lines
+// "<sha256>  <name>" (`sha256sum` text mode) separated by '\n', empty lines skipped. The sha256
+// is the 64 characters before the first two spaces (not checked further: one that is not the
+// file's lower-case hex SHA-256 fails VerifyCheckpoint's comparison); the name is the rest of
+// the line, a relative path inside the checkpoint: not empty, not starting with '/', no empty
+// or ".." part, no NUL byte. Entries in file order (repeats kept). Errors: kDataLoss naming
+// `path` and the first malformed line.
+absl::StatusOr<std::vector<ChecksumEntry>> ParseChecksumManifest(absl::string_view text,
+                                                                 const std::string& path);
+
+// The checksums.sha256 text CommitCheckpoint writes for `entries`: "<sha256>  <name>\n" per
+// entry, in order ("" for none). ParseChecksumManifest reads it back to `entries` when each
+// entry is one it accepts.
+std::string ChecksumManifestText(const std::vector<ChecksumEntry>& entries);
+
+// Verifies `dir`/checksums.sha256 (ParseChecksumManifest, then the SHA-256 of each listed file
+// in order) and returns trainer_state.json parsed by ParseTrainerState. Errors: kNotFound (no
+// checksums / trainer state: not a complete checkpoint), kDataLoss for a malformed manifest
+// (before any file is hashed), naming the first file whose checksum differs or that is
+// missing, or a trainer_state.json ParseTrainerState refuses.
 absl::StatusOr<nlohmann::json> VerifyCheckpoint(const std::string& dir);
 
 // Hex SHA-256 of a file's bytes (OpenSSL EVP). Errors: kNotFound / kInternal naming the path.
