@@ -6,12 +6,15 @@
 
 namespace lspo::client {
 
-EmbeddedRuntime::EmbeddedRuntime()
-    : worker_service_(&worker_core_), optimizer_service_(&optimizer_core_) {}
+EmbeddedRuntime::EmbeddedRuntime(const std::vector<std::string>& allowed_roots)
+    : worker_core_(worker::WorkerOptions{allowed_roots}),
+      optimizer_core_(optimizer::OptimizerOptions{allowed_roots}),
+      worker_service_(&worker_core_),
+      optimizer_service_(&optimizer_core_) {}
 
 absl::StatusOr<std::unique_ptr<EmbeddedRuntime>> EmbeddedRuntime::Start(
     scheduler::SchedulerOptions options) {
-  std::unique_ptr<EmbeddedRuntime> rt(new EmbeddedRuntime());
+  std::unique_ptr<EmbeddedRuntime> rt(new EmbeddedRuntime(options.allowed_roots));
   grpc::ServerBuilder actors;
   actors.RegisterService(&rt->worker_service_);
   actors.RegisterService(&rt->optimizer_service_);

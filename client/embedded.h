@@ -5,6 +5,8 @@
 #define LSPO_CLIENT_EMBEDDED_H_
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "cpu_optimizer_service/optimizer_service.h"
@@ -18,9 +20,10 @@ namespace lspo::client {
 // the scheduler's server, the scheduler (cancels and joins its job), then the peers.
 class EmbeddedRuntime {
  public:
-  // Starts the three services; `options` configures the scheduler. Errors: kInternal when an
-  // in-process gRPC server does not start; SchedulerCore::Create's (an unusable
-  // options.state_dir, named).
+  // Starts the three services; `options` configures the scheduler, and its allowed_roots
+  // the worker's and the optimizer's too (WorkerOptions, OptimizerOptions: their RPCs check
+  // the same roots). Errors: kInternal when an in-process gRPC server does not start;
+  // SchedulerCore::Create's (an unusable options.state_dir, named).
   static absl::StatusOr<std::unique_ptr<EmbeddedRuntime>> Start(
       scheduler::SchedulerOptions options = {});
   ~EmbeddedRuntime();
@@ -29,7 +32,8 @@ class EmbeddedRuntime {
   std::shared_ptr<grpc::Channel> scheduler_channel() const { return scheduler_channel_; }
 
  private:
-  EmbeddedRuntime();
+  // The peers' cores confined to `allowed_roots` (empty = no restriction).
+  explicit EmbeddedRuntime(const std::vector<std::string>& allowed_roots);
 
   worker::WorkerCore worker_core_;
   optimizer::OptimizerCore optimizer_core_;

@@ -1,5 +1,8 @@
 // lsp_cpu_optimizer: the CPU optimizer service (fp32 master weights, subspace Adam).
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/process_env.h"
 #include "absl/flags/flag.h"
@@ -12,6 +15,8 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50062",
           "host:port to serve lspo.v1.Optimizer on (loopback by default)");
+ABSL_FLAG(std::vector<std::string>, allowed_roots, {},
+          "comma-separated directories job specs may read and write (empty = anywhere)");
 
 int main(int argc, char** argv) {
   lspo::runtime::UsePassiveOpenMpWaits(argc, argv);
@@ -25,7 +30,9 @@ int main(int argc, char** argv) {
   } else {
     LOG(WARNING) << "CPU BLAS: " << blas.Line();
   }
-  lspo::optimizer::OptimizerCore core;
+  lspo::optimizer::OptimizerOptions options;
+  options.allowed_roots = absl::GetFlag(FLAGS_allowed_roots);
+  lspo::optimizer::OptimizerCore core(std::move(options));
   lspo::optimizer::OptimizerService service(&core);
   lspo::runtime::ServerOptions server;
   server.listen = absl::GetFlag(FLAGS_listen);

@@ -18,6 +18,7 @@
 #include "offload/hf_export.h"
 #include "offload/state_file.h"
 #include "offload/job_assets.h"
+#include "offload/spec_paths.h"
 #include "offload/torch_call.h"
 #include "lsp/adam.h"
 #include "lsp/fit.h"
@@ -165,6 +166,8 @@ lsp::AdamHyper GaloreHyper(const lspo::v1::JobSpec& spec, const lsp::AdamHyper& 
 }  // namespace
 
 OptimizerCore::OptimizerCore() = default;
+OptimizerCore::OptimizerCore(OptimizerOptions options)
+    : roots_(std::move(options.allowed_roots), "optimizer", "lsp_cpu_optimizer") {}
 OptimizerCore::~OptimizerCore() = default;
 
 absl::StatusOr<OptimizerJob*> OptimizerCore::Find(const std::string& job_id) {
@@ -178,6 +181,9 @@ absl::StatusOr<OptimizerJob*> OptimizerCore::Find(const std::string& job_id) {
 absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(
     const std::string& job_id, const lspo::v1::JobSpec& spec,
     const lspo::v1::ArenaLayout& layout) {
+  // The roots first, before anything is opened or looked for (and before a stale job goes):
+  // an existence check would tell a client which files exist outside them.
+  RETURN_IF_ERROR(offload::CheckJobSpecPaths(spec, roots_));
   absl::MutexLock lock(&mu_);
   if (job_ != nullptr) {
     LOG(WARNING) << "optimizer: replacing stale job " << job_->id << " with " << job_id;
@@ -573,6 +579,7 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> OptimizerCore::ExportLayerWeights(
 
 absl::StatusOr<lspo::v1::SaveReply> OptimizerCore::SaveModel(const std::string& job_id,
                                                             const std::string& dir) {
+  RETURN_IF_ERROR(offload::CheckRequestFolder(roots_, "SaveModel", dir));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(OptimizerJob * job, Find(job_id));
   auto t0 = std::chrono::steady_clock::now();
@@ -605,6 +612,7 @@ absl::StatusOr<lspo::v1::SaveReply> OptimizerCore::SaveModel(const std::string& 
 
 absl::StatusOr<lspo::v1::StateReply> OptimizerCore::SaveState(const std::string& job_id,
                                                               const std::string& dir, int step) {
+  RETURN_IF_ERROR(offload::CheckRequestFolder(roots_, "SaveState", dir));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(OptimizerJob * job, Find(job_id));
   auto t0 = std::chrono::steady_clock::now();
@@ -644,6 +652,7 @@ absl::StatusOr<lspo::v1::StateReply> OptimizerCore::SaveState(const std::string&
 
 absl::StatusOr<lspo::v1::StateReply> OptimizerCore::LoadState(const std::string& job_id,
                                                               const std::string& dir, int step) {
+  RETURN_IF_ERROR(offload::CheckRequestFolder(roots_, "LoadState", dir));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(OptimizerJob * job, Find(job_id));
   auto t0 = std::chrono::steady_clock::now();

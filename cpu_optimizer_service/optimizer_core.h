@@ -24,6 +24,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -31,19 +32,37 @@
 #include "proto/job_spec.pb.h"
 #include "proto/optimizer.pb.h"
 #include "proto/peer.pb.h"
+#include "runtime/allowed_roots.h"
 #include "runtime/completion_flags.h"
 
 namespace lspo::optimizer {
 
 struct OptimizerJob;
 
+// How an optimizer is set up (lsp_cpu_optimizer's flags; the embedded runtime's scheduler
+// options).
+struct OptimizerOptions {
+  // Folders the paths of requests may resolve under (--allowed_roots; runtime/allowed_roots.h):
+  // LoadJob's spec (every field offload::JobSpecPaths lists), the folders of SaveModel,
+  // SaveState and LoadState. Empty = no restriction (single-user and embedded use).
+  std::vector<std::string> allowed_roots;
+};
+
 class OptimizerCore {
  public:
+  // An optimizer without path restrictions.
   OptimizerCore();
+  // An optimizer set up by `options` (see OptimizerOptions).
+  explicit OptimizerCore(OptimizerOptions options);
   ~OptimizerCore();
 
-  // Loads W0 (same loader as the worker, so bit-identical) and attaches the arena.
-  // Errors: kFailedPrecondition (arena missing or of another size; another job loaded),
+  // Loads W0 (same loader as the worker, so bit-identical) and attaches the arena. Every
+  // path of `spec` (and the links among the entries of a folder it names) is checked against
+  // the allowed roots first (offload::CheckJobSpecPaths), before anything is opened or looked
+  // for, and before a stale job is replaced. (arena.name is a POSIX shared-memory name, not a
+  // path: runtime::ShmArena refuses any name with a '/' after the first.)
+  // Errors: kPermissionDenied (a path outside the allowed roots, naming the field, the path
+  // and the fix), kFailedPrecondition (arena missing or of another size; another job loaded),
   // kInvalidArgument (layout does not match the model), model file errors.
   absl::StatusOr<lspo::v1::LoadJobReply> LoadJob(const std::string& job_id,
                                                  const lspo::v1::JobSpec& spec,
@@ -82,7 +101,10 @@ class OptimizerCore {
 
   // Writes `dir`/model.safetensors (F32, HF names) with every matrix materialised as
   // W_master = base + P (sum D) Q^T and the frozen tensors as loaded. Crash-consistent
-  // (temp file + fsync + rename).
+  // (temp file + fsync + rename). `dir` and the links among its entries are checked against
+  // the allowed roots first (offload::CheckRequestFolder).
+  // Errors: kPermissionDenied (outside the allowed roots, naming the request field and the
+  // path), kFailedPrecondition (no job), I/O errors naming the file.
   absl::StatusOr<lspo::v1::SaveReply> SaveModel(const std::string& job_id,
                                                 const std::string& dir);
 
@@ -92,14 +114,18 @@ class OptimizerCore {
   // * master + P sum_d Q^T; absent in older checkpoints: 1), `.sum_d` (d, d) fp32,
   // `.adam_m`, `.adam_v` (d, d) fp32, `.adam_step` () int64 and the projectors (`.p_index`
   // (m, r) int32, ...); zero: `.adam_m`, `.adam_v` (m, n) fp32 and `.adam_step`; metadata
-  // {job_id, mode, step}.
-  // Errors: kFailedPrecondition (no job), I/O errors naming the file.
+  // {job_id, mode, step}. `dir` and the links among its entries are checked against the
+  // allowed roots first (offload::CheckRequestFolder).
+  // Errors: kPermissionDenied (outside the allowed roots, naming the request field and the
+  // path), kFailedPrecondition (no job), I/O errors naming the file.
   absl::StatusOr<lspo::v1::StateReply> SaveState(const std::string& job_id,
                                                  const std::string& dir, int step);
 
   // Restores what SaveState wrote into the freshly loaded job. Every tensor is read and
-  // validated (shapes, dtypes, finite, v >= 0, step >= 0) before anything changes.
-  // Errors: kNotFound (missing file/tensor), kDataLoss naming the file and the tensor.
+  // validated (shapes, dtypes, finite, v >= 0, step >= 0) before anything changes. `dir` and
+  // the links among its entries are checked against the allowed roots before anything is
+  // opened. Errors: kPermissionDenied (outside the allowed roots, naming the request field and
+  // the path), kNotFound (missing file/tensor), kDataLoss naming the file and the tensor.
   absl::StatusOr<lspo::v1::StateReply> LoadState(const std::string& job_id,
                                                  const std::string& dir, int step);
 
@@ -113,6 +139,8 @@ class OptimizerCore {
   absl::StatusOr<OptimizerJob*> Find(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The --allowed_roots (immutable: read without mu_).
+  const runtime::AllowedRoots roots_;
   absl::Mutex mu_;
   std::unique_ptr<OptimizerJob> job_ ABSL_GUARDED_BY(mu_);
   // The loaded job's flags for AbortStep (which must not wait for mu_).

@@ -1,6 +1,9 @@
 // lsp_gpu_worker: the GPU worker service (model, forward/backward, projector compress/apply).
 #include <csignal>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/process_env.h"
 #include "absl/flags/flag.h"
@@ -13,6 +16,8 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50061",
           "host:port to serve lspo.v1.Worker on (loopback by default)");
+ABSL_FLAG(std::vector<std::string>, allowed_roots, {},
+          "comma-separated directories job specs may read and write (empty = anywhere)");
 
 int main(int argc, char** argv) {
   lspo::runtime::UsePassiveOpenMpWaits(argc, argv);
@@ -26,7 +31,9 @@ int main(int argc, char** argv) {
   } else {
     LOG(WARNING) << "CPU BLAS: " << blas.Line();
   }
-  lspo::worker::WorkerCore core;
+  lspo::worker::WorkerOptions options;
+  options.allowed_roots = absl::GetFlag(FLAGS_allowed_roots);
+  lspo::worker::WorkerCore core(std::move(options));
   lspo::worker::WorkerService service(&core);
   lspo::runtime::ServerOptions server;
   server.listen = absl::GetFlag(FLAGS_listen);

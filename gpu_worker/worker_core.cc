@@ -40,6 +40,7 @@
 #include "offload/hf_export.h"
 #include "offload/job_assets.h"
 #include "offload/memory_plan.h"
+#include "offload/spec_paths.h"
 #include "offload/torch_call.h"
 #include "runtime/clock.h"
 #include "runtime/cuda/device_runtime.h"
@@ -754,6 +755,8 @@ absl::Status RecordStepEnd(WorkerJob* job, lspo::v1::StepMetrics* metrics) {
 }  // namespace
 
 WorkerCore::WorkerCore() = default;
+WorkerCore::WorkerCore(WorkerOptions options)
+    : roots_(std::move(options.allowed_roots), "worker", "lsp_gpu_worker") {}
 WorkerCore::~WorkerCore() = default;
 
 absl::StatusOr<WorkerJob*> WorkerCore::Find(const std::string& job_id) {
@@ -766,6 +769,9 @@ absl::StatusOr<WorkerJob*> WorkerCore::Find(const std::string& job_id) {
 
 absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& job_id,
                                                           const JobSpec& requested) {
+  // The roots first, before anything is opened or looked for (and before a stale job goes):
+  // an existence check would tell a client which files exist outside them.
+  RETURN_IF_ERROR(offload::CheckJobSpecPaths(requested, roots_));
   // The spec this worker runs: the requested one with the settings it chose where it left
   // them unset (CheckJobFitsDevice).
   JobSpec spec = requested;
@@ -1147,6 +1153,7 @@ absl::StatusOr<lspo::v1::EvalMetrics> WorkerCore::Evaluate(const std::string& jo
 
 absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string& job_id,
                                                              const std::string& dir) {
+  RETURN_IF_ERROR(offload::CheckRequestFolder(roots_, "SaveArtifacts", dir));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
   auto t0 = std::chrono::steady_clock::now();
@@ -1177,6 +1184,7 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
 
 absl::StatusOr<lspo::v1::StateReply> WorkerCore::SaveState(const std::string& job_id,
                                                            const std::string& dir, int step) {
+  RETURN_IF_ERROR(offload::CheckRequestFolder(roots_, "SaveState", dir));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
   return SaveWorkerState(job, dir, step);
@@ -1184,6 +1192,7 @@ absl::StatusOr<lspo::v1::StateReply> WorkerCore::SaveState(const std::string& jo
 
 absl::StatusOr<lspo::v1::StateReply> WorkerCore::LoadState(const std::string& job_id,
                                                            const std::string& dir, int step) {
+  RETURN_IF_ERROR(offload::CheckRequestFolder(roots_, "LoadState", dir));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
   return LoadWorkerState(job, dir, step);

@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -34,22 +35,38 @@
 #include "proto/metrics.pb.h"
 #include "proto/peer.pb.h"
 #include "proto/worker.pb.h"
+#include "runtime/allowed_roots.h"
 #include "runtime/completion_flags.h"
 
 namespace lspo::worker {
 
 struct WorkerJob;  // gpu_worker/worker_job.h (holds torch state).
 
+// How a worker is set up (lsp_gpu_worker's flags; the embedded runtime's scheduler options).
+struct WorkerOptions {
+  // Folders the paths of requests may resolve under (--allowed_roots; runtime/allowed_roots.h):
+  // LoadJob's spec (every field offload::JobSpecPaths lists), the folders of SaveArtifacts,
+  // SaveState and LoadState. Empty = no restriction (single-user and embedded use).
+  std::vector<std::string> allowed_roots;
+};
+
 class WorkerCore {
  public:
+  // A worker without path restrictions.
   WorkerCore();
+  // A worker set up by `options` (see WorkerOptions).
+  explicit WorkerCore(WorkerOptions options);
   ~WorkerCore();
 
   // Loads the model (GGUF dequantised to fp32, or a seeded tiny random Llama), the tokenizer
   // and the data; in MODE_LSP validates d, r against every trained matrix and creates the
-  // arena (mode 0600). Errors: kInvalidArgument (d >= min(m, n) of some matrix, naming it;
-  // bad data rows), kNotFound (missing file), kDataLoss/kUnimplemented (bad model file),
-  // kFailedPrecondition (another job is loaded).
+  // arena (mode 0600). Every path of `spec` (and the links among the entries of a folder it
+  // names) is checked against the allowed roots first (offload::CheckJobSpecPaths), before
+  // anything is opened or looked for, and before a stale job is replaced.
+  // Errors: kPermissionDenied (a path outside the allowed roots, naming the field, the path
+  // and the fix), kInvalidArgument (d >= min(m, n) of some matrix, naming it; bad data rows),
+  // kNotFound (missing file), kDataLoss/kUnimplemented (bad model file), kFailedPrecondition
+  // (another job is loaded).
   absl::StatusOr<lspo::v1::LoadJobReply> LoadJob(const std::string& job_id,
                                                  const lspo::v1::JobSpec& spec);
 
@@ -92,7 +109,10 @@ class WorkerCore {
                                                  const std::function<bool()>& cancelled = {});
 
   // Writes config.json and the tokenizer files into `dir` (and model.safetensors from the
-  // worker's weights in MODE_NATIVE). Errors: kPermissionDenied/kInternal on I/O.
+  // worker's weights in MODE_NATIVE). `dir` and the links among its entries are checked
+  // against the allowed roots first (offload::CheckRequestFolder).
+  // Errors: kPermissionDenied (`dir` outside the allowed roots, naming it; or I/O),
+  // kInternal on I/O, kFailedPrecondition (no job).
   absl::StatusOr<lspo::v1::SaveReply> SaveArtifacts(const std::string& job_id,
                                                     const std::string& dir);
 
@@ -109,15 +129,20 @@ class WorkerCore {
   // MODE_LSP the projectors (`<name>.p_index` (m, r) int32, `.p_value` (m, r) fp32, `.q_*`
   // (n, r)), metadata {job_id, mode, step}; MODE_NATIVE also `dir`/worker_adamw.pt (the AdamW
   // state, torch::save). The data order and every random draw derive from (seed, step), so
-  // nothing else is needed. Errors: kFailedPrecondition (no job), I/O errors naming the file.
+  // nothing else is needed. `dir` and the links among its entries are checked against the
+  // allowed roots first (offload::CheckRequestFolder).
+  // Errors: kPermissionDenied (outside the allowed roots, naming the request field and the
+  // path), kFailedPrecondition (no job), I/O errors naming the file.
   absl::StatusOr<lspo::v1::StateReply> SaveState(const std::string& job_id,
                                                  const std::string& dir, int step);
 
   // Restores what SaveState wrote into the freshly loaded job (before any step): weights,
   // projectors (also into the arena and the model; the fit is then skipped), AdamW state.
-  // Errors: kNotFound (missing file/tensor), kDataLoss (other shapes/dtypes, non-finite values,
-  // invalid projectors, a state of another mode or step), each naming the file; the job's
-  // weights are unchanged unless every tensor was read.
+  // `dir` and the links among its entries are checked against the allowed roots before
+  // anything is opened. Errors: kPermissionDenied (outside the allowed roots, naming the
+  // request field and the path), kNotFound (missing file/tensor), kDataLoss (other
+  // shapes/dtypes, non-finite values, invalid projectors, a state of another mode or step),
+  // each naming the file; the job's weights are unchanged unless every tensor was read.
   absl::StatusOr<lspo::v1::StateReply> LoadState(const std::string& job_id,
                                                  const std::string& dir, int step);
 
@@ -137,6 +162,8 @@ class WorkerCore {
   absl::StatusOr<WorkerJob*> Find(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The --allowed_roots (immutable: read without mu_).
+  const runtime::AllowedRoots roots_;
   absl::Mutex mu_;
   std::unique_ptr<WorkerJob> job_ ABSL_GUARDED_BY(mu_);
   // The loaded job's flags for AbortStep (which must not wait for mu_).

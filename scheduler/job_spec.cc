@@ -4,7 +4,6 @@
 #include <cmath>
 #include <unistd.h>
 
-#include <filesystem>
 #include <iterator>
 #include <limits>
 #include <set>
@@ -18,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "offload/spec_paths.h"
+#include "runtime/allowed_roots.h"
 #include "runtime/file_io.h"
 #include "runtime/proto_json.h"
 #include "runtime/record_keys.h"
@@ -607,58 +608,10 @@ namespace lspo::scheduler {
 
 absl::Status CheckPathsUnderRoots(const lspo::v1::JobSpec& spec,
                                   const std::vector<std::string>& roots) {
-  if (roots.empty()) return absl::OkStatus();
-  namespace fs = std::filesystem;
-  // The longest existing prefix is resolved (symlinks, ..), the rest appended lexically.
-  auto resolve = [](const std::string& path) {
-    std::error_code ec;
-    fs::path p = fs::absolute(path, ec).lexically_normal();
-    fs::path existing = p, rest;
-    while (!existing.empty() && !fs::exists(existing, ec)) {
-      rest = existing.filename() / rest;
-      existing = existing.parent_path();
-    }
-    fs::path canon = fs::canonical(existing, ec);
-    if (ec) canon = existing;
-    return (canon / rest).lexically_normal();
-  };
-  std::vector<fs::path> canon_roots;
-  for (const std::string& r : roots) canon_roots.push_back(resolve(r));
-  auto under = [&](const fs::path& p) {
-    for (const fs::path& r : canon_roots) {
-      auto rel = p.lexically_relative(r);
-      if (!rel.empty() && *rel.begin() != "..") return true;
-    }
-    return false;
-  };
-  // data.chat_template is a path unless it is the Jinja text itself (model/chat_template.h).
-  const std::string& tmpl = spec.data().chat_template();
-  const bool tmpl_is_text =
-      tmpl.find("{{") != std::string::npos || tmpl.find("{%") != std::string::npos;
-  const std::pair<const char*, std::string> fields[] = {
-      {"model.path", spec.model().path()},
-      {"data.chat_template", tmpl_is_text ? std::string() : tmpl},
-      {"model.tokenizer_path", spec.model().tokenizer_path()},
-      {"model.adapter_path", spec.model().adapter_path()},
-      {"data.train_path", spec.data().train_path()},
-      {"data.eval_path", spec.data().eval_path()},
-      {"data.perplexity_path", spec.data().perplexity_path()},
-      {"output_dir", spec.output_dir()},
-      {"resume_from", spec.resume_from() == "latest" ? std::string() : spec.resume_from()},
-      // Its contents are sent to the rendezvous address as a bearer token.
-      {"distributed.rendezvous_token_file", spec.distributed().rendezvous_token_file()},
-  };
-  for (const auto& [field, path] : fields) {
-    if (path.empty()) continue;
-    const fs::path p = resolve(path);
-    if (!under(p)) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "job spec field ", field, ": '", path, "' (", p.string(),
-          ") is outside the scheduler's allowed roots (", absl::StrJoin(roots, ", "),
-          "): move the file under one of them or start lsp_scheduler with --allowed_roots"));
-    }
-  }
-  return absl::OkStatus();
+  // The field list and the resolution are shared with the worker and the optimizer, which
+  // check the same spec again at LoadJob.
+  return offload::CheckJobSpecPaths(spec,
+                                    runtime::AllowedRoots(roots, "scheduler", "lsp_scheduler"));
 }
 
 std::string TrainingFingerprint(lspo::v1::JobSpec spec) {

@@ -41,12 +41,15 @@ void ResolveDefaults(lspo::v1::JobSpec* spec);
 // file (naming the field and the path).
 absl::Status ValidateJobSpec(const lspo::v1::JobSpec& spec);
 
-// Path checks for a multi-user service: every path the spec reads or writes (model.path,
-// model.tokenizer_path, data.*_path, output_dir, resume_from, distributed.rendezvous_token_file)
-// must lie under one of `roots`
-// after resolving "..", symlinks of the existing prefix and relative paths (against the
-// working directory). Empty `roots` = no restriction. Errors: kPermissionDenied naming the
-// field, the path and the fix (--allowed_roots).
+// Path checks for a multi-user service: every path the spec reads or writes
+// (offload::JobSpecPaths: model.path, model.tokenizer_path, model.adapter_path,
+// data.chat_template given as a path, data.*_path, output_dir, resume_from,
+// distributed.rendezvous_token_file) must resolve under one of `roots`, as the kernel
+// resolves it: relative paths against the working directory, ".." and symlinks component by
+// component (runtime/allowed_roots.h). Nothing outside the roots is looked at, so the answer
+// does not depend on which files exist there. Empty `roots` = no restriction.
+// Errors: kPermissionDenied naming the field, the path, where it resolves, the roots and the
+// fix (--allowed_roots of lsp_scheduler).
 absl::Status CheckPathsUnderRoots(const lspo::v1::JobSpec& spec,
                                   const std::vector<std::string>& roots);
 

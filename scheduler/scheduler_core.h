@@ -46,7 +46,8 @@ struct SchedulerOptions {
   // checkpoint. Empty = jobs live in memory only.
   std::string state_dir;
   // Directories job specs may read from and write to (model, data, output, resume paths are
-  // checked after resolving symlinks). Empty = no restriction (embedded single-user mode).
+  // checked after resolving symlinks: CheckPathsUnderRoots). Empty = no restriction (embedded
+  // single-user mode). The embedded runtime gives the same roots to its worker and optimizer.
   std::vector<std::string> allowed_roots;
   // A job interrupted by scheduler restarts is resumed automatically at most this many times
   // (its JobStatus.restarts); the next interruption leaves it FAILED, naming the count and

@@ -462,8 +462,8 @@ TEST(MultiProcessTest, AsDeployedLspctlSubmitWatchesAJobToCompletion) {
   char shared[4096];
   ASSERT_NE(realpath((repo + "/datasets").c_str(), shared), nullptr);
   const std::string roots = var + "," + repo + "/models," + shared;
-  Process worker(LSPO_WORKER_BIN, {"--listen=" + w});
-  Process optimizer(LSPO_OPTIMIZER_BIN, {"--listen=" + o});
+  Process worker(LSPO_WORKER_BIN, {"--listen=" + w, "--allowed_roots=" + roots});
+  Process optimizer(LSPO_OPTIMIZER_BIN, {"--listen=" + o, "--allowed_roots=" + roots});
   Process scheduler(LSPO_SCHEDULER_BIN,
                     {"--listen=" + s, "--worker=" + w, "--optimizer=" + o,
                      "--runs_root=" + var + "/runs", "--state_dir=" + var + "/state",
