@@ -4,7 +4,12 @@
   compose_lint.py services FILE   deploy/compose/docker-compose.yml: worker, optimizer and
                                   scheduler; shared IPC worker -> optimizer, GPU reservation,
                                   health checks via `lspctl health`, loopback binding on the host
-                                  network, scheduler flags.
+                                  network, scheduler flags; the bearer token (issue 43): the
+                                  one-shot `token` service runs the script of
+                                  deploy/systemd/lsp-offload-token.service (run here for real in
+                                  a temporary directory), every other service gets
+                                  --auth_token_file and starts after it (self-check: a copy
+                                  without them must fail).
   compose_lint.py ranks FILE      deploy/compose/docker-compose.ranks.yml: ranks rank0..rankN-1,
                                   each `lspctl run` with its rank, rank 0's rendezvous and its
                                   own bind address, on an internal network only (the store and
@@ -12,12 +17,20 @@
 Both apply the same hardening to every service (hardening() below). Exit 0 and one PASS line,
 or 1 and a FAIL line per finding. Needs python3-yaml.
 """
+import copy
 import os
+import re
+import stat
+import subprocess
 import sys
+import tempfile
 
 import yaml
 
 STATE = "/var/lib/lsp-offload"
+TOKEN = f"{STATE}/auth_token"
+# The systemd unit that runs the same script, relative to the compose file.
+TOKEN_UNIT = os.path.join("..", "systemd", "lsp-offload-token.service")
 
 
 def hardening(name, svc, need):
@@ -35,11 +48,78 @@ def hardening(name, svc, need):
     return binds
 
 
+def run_token_script(script, need):
+    """Runs the token script ("$$" is compose's and systemd's "$") with STATE moved to a
+    temporary directory: a new token is 64 hex digits and a newline, mode 0600 (under umask
+    022 too), kept by a second run, replaced when the file is empty, no temporary file left."""
+    with tempfile.TemporaryDirectory() as d:
+        sh = script.replace("$$", "$").replace(STATE, d)
+        f = os.path.join(d, "auth_token")
+
+        def run():
+            r = subprocess.run(["sh", "-ec", sh], cwd=d, capture_output=True, text=True,
+                               preexec_fn=lambda: os.umask(0o022))
+            need(r.returncode == 0,
+                 f"token: the script failed (exit {r.returncode}): {r.stderr.strip()}")
+            return open(f).read() if os.path.exists(f) else ""
+
+        first = run()
+        need(re.fullmatch(r"[0-9a-f]{64}\n", first) is not None,
+             f"token: the file holds {first!r}, not 64 hex digits and a newline")
+        need(os.path.exists(f) and stat.S_IMODE(os.stat(f).st_mode) == 0o600,
+             "token: the file is not mode 0600")
+        need(run() == first, "token: a second run changed the token")
+        open(f, "w").close()
+        second = run()
+        need(re.fullmatch(r"[0-9a-f]{64}\n", second) is not None and second != first,
+             "token: an empty file was not replaced by a new token")
+        need(sorted(os.listdir(d)) == ["auth_token"], f"token: files left: {sorted(os.listdir(d))}")
+
+
+def lint_token(path, svcs, need):
+    """The deployment's bearer token (issue 43): the one-shot `token` service writes it into
+    the state volume, and every other service is given it and starts after it; otherwise any
+    local user could call the worker's and the optimizer's RPCs on 127.0.0.1."""
+    t = svcs.get("token")
+    need(t is not None, "no `token` service (the one-shot that writes the bearer token)")
+    if t is not None:
+        cmd = t.get("command", [])
+        need(cmd[:2] == ["sh", "-ec"] and len(cmd) == 3 and f"f={TOKEN};" in cmd[2],
+             f"token: command is not [sh, -ec, 'f={TOKEN}; ...']: {cmd}")
+        need(t.get("restart", "no") == "no", f"token: restart is {t.get('restart')!r} (a one-shot)")
+        need(t.get("network_mode") == "none" and "ports" not in t, "token: has a network")
+        need(t.get("read_only") is True, "token: root file system not read-only")
+        need(f"state:{STATE}" in t.get("volumes", []),
+             f"token: the state volume is not mounted writable at {STATE} (it writes {TOKEN})")
+        unit = os.path.normpath(os.path.join(os.path.dirname(path), TOKEN_UNIT))
+        if os.path.isfile(unit):
+            m = re.search(r"^ExecStart=/bin/sh -ec '(.*)'$", open(unit).read(), re.M)
+            need(m is not None and len(cmd) == 3 and m.group(1) == cmd[2],
+                 f"token: its script differs from the one of {unit}")
+        else:
+            need(False, f"token: no {unit} to compare its script with")
+        if len(cmd) == 3:
+            run_token_script(cmd[2], need)
+    for name, s in svcs.items():
+        if name == "token":
+            continue
+        need(f"--auth_token_file={TOKEN}" in s.get("command", []),
+             f"{name}: command lacks --auth_token_file={TOKEN} (any local user could call it)")
+        dep = s.get("depends_on") or {}
+        need(isinstance(dep, dict) and (dep.get("token") or {}).get("condition")
+             == "service_completed_successfully",
+             f"{name}: does not depend on token: {{condition: service_completed_successfully}}")
+
+
 def lint_services(path, doc, need):
     svcs = doc.get("services", {})
-    need(set(svcs) == {"worker", "optimizer", "scheduler"}, f"services are {sorted(svcs)}")
+    need(set(svcs) == {"token", "worker", "optimizer", "scheduler"}, f"services are {sorted(svcs)}")
+    lint_token(path, svcs, need)
     ports = {"worker": 50061, "optimizer": 50062, "scheduler": 50060}
     for name, s in svcs.items():
+        if name == "token":
+            hardening(name, s, need)
+            continue
         need(s.get("restart") in ("on-failure", "unless-stopped", "always"),
              f"{name}: restart policy is {s.get('restart')!r}")
         hc = s.get("healthcheck", {}).get("test", [])
@@ -64,6 +144,10 @@ def lint_services(path, doc, need):
     cmd = sch.get("command", [])
     for flag in (f"--state_dir={STATE}/state", f"--allowed_roots={STATE}"):
         need(flag in cmd, f"scheduler: command lacks {flag}")
+    # The worker's and the optimizer's RPCs check the same roots as the scheduler (issue 43).
+    for name in ("worker", "optimizer"):
+        need(f"--allowed_roots={STATE}" in svcs.get(name, {}).get("command", []),
+             f"{name}: command lacks --allowed_roots={STATE}")
     need("state" in (doc.get("volumes") or {}), "no top-level `state` volume")
     return f"{len(svcs)} services"
 
@@ -107,6 +191,25 @@ def lint_ranks(path, doc, need):
     return f"{len(svcs)} ranks"
 
 
+def self_check_token(path, doc, need):
+    """A copy of a passing file whose worker lacks the token, or does not wait for it, must
+    fail lint_services with a finding about the worker."""
+    edits = {
+        "without --auth_token_file":
+            lambda d: d["services"]["worker"]["command"].remove(f"--auth_token_file={TOKEN}"),
+        "without depends_on token": lambda d: d["services"]["worker"]["depends_on"].pop("token"),
+    }
+    for what, edit in edits.items():
+        bad = copy.deepcopy(doc)
+        edit(bad)
+        found = []
+        lint_services(path, bad, lambda cond, msg: cond or found.append(msg))
+        caught = [m for m in found if m.startswith("worker:")]
+        need(bool(caught), f"self-check: a worker {what} passed the lint")
+        if caught:
+            print(f"self-check: a worker {what} is caught: {caught[0]}")
+
+
 def main(argv):
     if len(argv) != 3 or argv[1] not in ("services", "ranks"):
         print("usage: compose_lint.py services|ranks FILE", file=sys.stderr)
@@ -121,6 +224,8 @@ def main(argv):
             errors.append(msg)
 
     what = (lint_services if argv[1] == "services" else lint_ranks)(path, doc, need)
+    if argv[1] == "services" and not errors:
+        self_check_token(path, doc, need)
     for e in errors:
         print("FAIL:", e)
     if errors:
