@@ -60,6 +60,19 @@ struct LinearUndo {
   lsp::SparseProjector p, q;
 };
 
+// Zero mode: where one matrix's state before the step in progress sits in the job's undo pool
+// (OptimizerJob::zero_undo_pool: master, m, v back to back, n floats each).
+struct ZeroUndo {
+  int index;
+  int64_t step;
+  int64_t offset;  // in floats
+};
+
+// The most host memory a zero-mode job keeps for undo records of the matrices it updates
+// before the worker's verdict on the step (overlap schedule; issue 43): 12 bytes per parameter
+// (fp32 master, m, v). Past it the optimizer waits for the verdict. See docs/operations.md.
+constexpr int64_t kZeroUndoBudgetBytes = int64_t{1} << 30;
+
 struct OptimizerJob {
   std::string id;
   // Caps oneTBB (the CPU kernels: Adam, sparse projector loops) at JobSpec.num_threads for the
@@ -75,6 +88,9 @@ struct OptimizerJob {
   // projectors read with each refresh step's gradients (see Update).
   bool galore = false;
   runtime::CompletionFlags flags;
+  // Zero mode, overlap schedule: the undo records' storage (allocated at the first such
+  // Update: min(kZeroUndoBudgetBytes, 12 bytes x the trained parameters)).
+  std::vector<float> zero_undo_pool;
 };
 
 namespace {
@@ -348,8 +364,25 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
   }
   lspo::v1::UpdateReply reply;
   std::vector<LinearUndo> undo;
-  // Restores the lsp state of every linear updated so far in this step.
+  // All or nothing (issue 43): a step is kept only once the worker's verdict says the loss and
+  // every gradient were finite. Serial schedule: the worker found them so before this call.
+  // Overlap: the matrices updated before the verdict keep undo records (lsp: the d x d state;
+  // zero: the full state, in the job's bounded pool, waiting for the verdict when it is full).
+  bool verdict_known = !request.wait_for_grads();
+  std::vector<ZeroUndo> zero_undo;
+  int64_t pool_used = 0;
+  // Restores the state of every linear updated so far in this step.
   auto roll_back = [&]() {
+    for (const ZeroUndo& z : zero_undo) {
+      LinearState& st = job->linears[z.index];
+      const size_t n = st.m.size();
+      const float* rec = job->zero_undo_pool.data() + z.offset;
+      std::memcpy(st.base.data_ptr<float>(), rec, n * sizeof(float));
+      std::memcpy(st.m.data(), rec + n, n * sizeof(float));
+      std::memcpy(st.v.data(), rec + 2 * n, n * sizeof(float));
+      st.step = z.step;
+    }
+    zero_undo.clear();
     for (auto& u : undo) {
       LinearState& st = job->linears[u.index];
       (void)st.adam->Restore(u.step, std::move(u.m), std::move(u.v));
@@ -409,11 +442,25 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
     }
     return static_cast<double>(*sq);
   };
-  // Clipping needs the global norm before any update: wait for every gradient first.
+  // Waits for the worker's verdict on this step (overlap), once. OK: keep the step; kAborted:
+  // the worker skipped it; kDeadlineExceeded.
+  double waited = 0;
+  auto await_verdict = [&]() -> absl::Status {
+    if (verdict_known) return absl::OkStatus();
+    const double tw = MonotonicSeconds();
+    absl::Status vs = job->flags.WaitVerdict(step, timeout);
+    waited += MonotonicSeconds() - tw;
+    verdict_known = vs.ok();
+    return vs;
+  };
+  // Clipping needs the global norm before any update: wait for every gradient first. The
+  // serial schedule checks every gradient first too, so that no bad gradient is found after
+  // some matrices were updated.
   float clip = 1.0f;
   double norm2 = 0;
   const bool clipping = o.max_grad_norm() > 0;
-  if (clipping) {
+  const bool prepass = clipping || !request.wait_for_grads();
+  if (prepass) {
     for (const auto& task : request.tasks()) {
       absl::Status st = wait(task.index());
       if (absl::IsAborted(st)) {
@@ -426,11 +473,23 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
       norm2 += sq;
     }
     const double norm = std::sqrt(norm2);
-    if (norm > o.max_grad_norm()) clip = static_cast<float>(o.max_grad_norm() / (norm + 1e-6));
+    if (clipping && norm > o.max_grad_norm()) {
+      clip = static_cast<float>(o.max_grad_norm() / (norm + 1e-6));
+    }
+    if (job->zero) {
+      // Every gradient is in: the verdict follows at once (the worker's loss check), and
+      // waiting for it costs less than undo records of the whole state.
+      absl::Status vs = await_verdict();
+      if (absl::IsAborted(vs)) {
+        reply.set_aborted(true);
+        return reply;
+      }
+      RETURN_IF_ERROR(vs);
+    }
   }
   std::vector<float> scaled;
   int current_layer = -1;
-  double layer_start = 0, waited = 0;
+  double layer_start = 0;
   auto close_layer = [&](double now) {
     if (current_layer < 0) return;
     lspo::v1::LayerEvent* e = reply.add_events();
@@ -444,7 +503,7 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
     const int i = task.index();
     const auto& slot = job->layout.linears(i);
     LinearState& st = job->linears[i];
-    if (!clipping) {
+    if (!prepass) {
       const double tw = MonotonicSeconds();
       absl::Status ws = wait(i);
       waited += MonotonicSeconds() - tw;
@@ -472,7 +531,7 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
     }
     const GradRef g = *grad;
     const int64_t n = g.n;
-    if (!clipping) {
+    if (!prepass) {
       absl::StatusOr<double> sq = stats_of(i, g);
       if (!sq.ok()) {
         roll_back();
@@ -481,10 +540,41 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
       norm2 += *sq;
     }
     if (job->zero) {
+      if (!verdict_known && job->flags.verdict_seq() >= step) verdict_known = true;
+      if (!verdict_known) {
+        // Before the verdict: keep the matrix's state to undo it, or, the pool full, wait.
+        if (job->zero_undo_pool.empty()) {
+          int64_t total = 0;
+          for (const LinearState& l : job->linears) total += 3 * static_cast<int64_t>(l.m.size());
+          job->zero_undo_pool.resize(std::min<int64_t>(
+              total, kZeroUndoBudgetBytes / static_cast<int64_t>(sizeof(float))));
+        }
+        if (pool_used + 3 * n <= static_cast<int64_t>(job->zero_undo_pool.size())) {
+          float* rec = job->zero_undo_pool.data() + pool_used;
+          std::memcpy(rec, st.base.data_ptr<float>(), n * sizeof(float));
+          std::memcpy(rec + n, st.m.data(), n * sizeof(float));
+          std::memcpy(rec + 2 * n, st.v.data(), n * sizeof(float));
+          zero_undo.push_back({i, st.step, pool_used});
+          pool_used += 3 * n;
+        } else {
+          absl::Status vs = await_verdict();
+          if (!vs.ok()) {
+            roll_back();
+            if (!absl::IsAborted(vs)) return vs;
+            reply.set_aborted(true);
+            return reply;
+          }
+        }
+      }
       // Full AdamW on the fp32 master weight, clip folded in, bf16 parameter out: one fused
       // pass over memory (lsp/adam.h FusedAdamStep).
+      absl::StatusOr<uint16_t*> param_slot = job->arena.At<uint16_t>(slot.param().offset(), n);
+      if (!param_slot.ok()) {
+        roll_back();
+        return param_slot.status();
+      }
+      uint16_t* out = *param_slot;
       ++st.step;
-      ASSIGN_OR_RETURN(uint16_t* out, job->arena.At<uint16_t>(slot.param().offset(), n));
       lsp::AdamOperands ops;
       ops.grad_bf16 = g.bf16;
       ops.grad_scale = clip;
@@ -541,6 +631,14 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
     job->flags.PublishStep(i, step);
   }
   close_layer(MonotonicSeconds());
+  // Keep the step only on the worker's verdict (a non-finite loss seen after the backward, a
+  // gradient of another rank): otherwise every matrix goes back to its state before it.
+  if (absl::Status vs = await_verdict(); !vs.ok()) {
+    roll_back();
+    if (!absl::IsAborted(vs)) return vs;
+    reply.set_aborted(true);
+    return reply;
+  }
   reply.set_grad_norm(std::sqrt(norm2));
   reply.set_peak_rss_bytes(runtime::PeakRssBytes());
   reply.set_clip_coefficient(clip);

@@ -81,11 +81,17 @@ class OptimizerCore {
   //   zero: G (m, n) bf16 -> fp32 -> AdamW on the fp32 master -> bf16 into the param slot;
   // and publish the step flag. With optim.max_grad_norm > 0 every gradient is waited for
   // first and all are scaled by min(1, max_norm / (|g|_global + 1e-6)) (lsp: |g| over all S).
-  // reply.aborted when the worker abandoned the step (no state changed in lsp mode).
-  // Errors (in lsp mode the state of every matrix this step updated is rolled back; step
-  // flags already published stay): kInvalidArgument (bad index; non-finite gradient),
+  // A step is all or nothing (issue 43): the serial schedule checks every gradient before the
+  // first update; under the overlap schedule (request.wait_for_grads) the step is kept only
+  // once the worker publishes its verdict (loss and every gradient finite: flags
+  // WaitVerdict), the matrices updated before it keeping undo records (lsp, galore: d x d
+  // state; zero: master, m, v in a pool of at most 1 GiB, past which Update waits for the
+  // verdict; with clipping zero waits for it after the norm pass).
+  // reply.aborted when the worker abandoned the step: no state changed, in every mode.
+  // Errors (the state of every matrix this step updated is rolled back; step flags already
+  // published stay): kInvalidArgument (bad index; non-finite gradient),
   // kFailedPrecondition (no projectors; gradient not published), kDeadlineExceeded (the
-  // worker never published: wait_timeout_seconds).
+  // worker never published a gradient or its verdict: wait_timeout_seconds).
   absl::StatusOr<lspo::v1::UpdateReply> Update(const lspo::v1::UpdateRequest& request);
 
   // Marks `step` abandoned in the arena so a waiting Update returns (the scheduler calls it

@@ -40,8 +40,13 @@ absl::Status OffloadPath::Setup(WorkerJob* job, lspo::v1::LoadJobReply* reply) {
   return absl::OkStatus();
 }
 
-bool OffloadPath::PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& grad,
+bool OffloadPath::PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& formed,
                                   uint32_t step) {
+  at::Tensor faulty;
+  if (job->fault_nonfinite_linear.count({static_cast<int>(step), i}) > 0) {
+    faulty = formed * std::numeric_limits<float>::quiet_NaN();  // Fault injection (tests).
+  }
+  const at::Tensor& grad = faulty.defined() ? faulty : formed;
   if (job->reducer != nullptr) {
     // Data parallel, overlap schedule: the reducer's thread sums it across the ranks and
     // publishes the sum (PublishHostGradient), checking that sum.
@@ -184,8 +189,11 @@ absl::Status OffloadPath::FinishStep(WorkerJob* job, const StepContext& ctx,
       }
     }
     for (size_t i = 0; i < n; ++i) {
-      PublishGradient(job, static_cast<int64_t>(i), Gradient(job, static_cast<int64_t>(i)),
-                      ctx.step);
+      if (!PublishGradient(job, static_cast<int64_t>(i), Gradient(job, static_cast<int64_t>(i)),
+                           ctx.step)) {
+        reply->set_nonfinite(true);  // The optimizer has not started: nothing to undo.
+        return absl::OkStatus();
+      }
     }
     return absl::OkStatus();
   }

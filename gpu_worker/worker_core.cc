@@ -708,10 +708,16 @@ absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& bat
   }
   if (device_loss_sum.defined()) {
     loss_sum = device_loss_sum.item<double>();  // One host synchronisation per step.
-    if (!std::isfinite(loss_sum)) {
-      reply->set_nonfinite(true);
-      return absl::OkStatus();
-    }
+  }
+  if (job->fault_nonfinite_loss_steps.count(step)) {
+    loss_sum = std::numeric_limits<double>::quiet_NaN();  // Fault injection (tests).
+  }
+  if (!std::isfinite(loss_sum)) {
+    // CUDA (or the fault): the loss is read after the last backward, when the gradients are
+    // published and an overlapped optimizer has taken the step; the missing verdict makes it
+    // undo that step (TrainStep aborts the flags).
+    reply->set_nonfinite(true);
+    return absl::OkStatus();
   }
   auto* metrics = reply->mutable_metrics();
   metrics->set_loss(total > 0 ? loss_sum / total : 0.0);
@@ -806,17 +812,33 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   job->id = job_id;
   job->spec = spec;
   if (const char* f = std::getenv("LSPO_FAULT_NONFINITE_GRAD_STEPS")) {
-    // "3,4": at steps 3 and 4; "3@1": at step 3 on rank 1 only (data-parallel tests).
+    // "3,4": at steps 3 and 4; "3@1": at step 3 on rank 1 only (data-parallel tests);
+    // "3:5": at step 3, linear 5's gradient only.
     const int rank = spec.distributed().world_size() > 1 ? spec.distributed().rank() : 0;
     for (absl::string_view part : absl::StrSplit(f, ',', absl::SkipEmpty())) {
       std::pair<absl::string_view, absl::string_view> at = absl::StrSplit(part, '@');
+      std::pair<absl::string_view, absl::string_view> which = absl::StrSplit(at.first, ':');
       int k = 0, r = rank;
-      if (absl::SimpleAtoi(at.first, &k) &&
+      int64_t linear = -1;
+      if (absl::SimpleAtoi(which.first, &k) &&
+          (which.second.empty() || absl::SimpleAtoi(which.second, &linear)) &&
           (at.second.empty() || absl::SimpleAtoi(at.second, &r)) && r == rank) {
-        job->fault_nonfinite_grad_steps.insert(k);
+        if (linear >= 0) {
+          job->fault_nonfinite_linear.insert({k, linear});
+        } else {
+          job->fault_nonfinite_grad_steps.insert(k);
+        }
       }
     }
     LOG(WARNING) << "worker: fault injection: non-finite gradients at steps " << f;
+  }
+  if (const char* f = std::getenv("LSPO_FAULT_NONFINITE_LOSS_STEPS")) {
+    for (absl::string_view part : absl::StrSplit(f, ',', absl::SkipEmpty())) {
+      int k = 0;
+      if (absl::SimpleAtoi(part, &k)) job->fault_nonfinite_loss_steps.insert(k);
+    }
+    LOG(WARNING) << "worker: fault injection: a non-finite loss after the backward at steps "
+                 << f;
   }
   ASSIGN_OR_RETURN(job->path, MakeUpdatePath(spec));
   job->classification = spec.data().format() == lspo::v1::DATA_FORMAT_CLASSIFICATION;
@@ -1012,6 +1034,12 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
       metrics->set_loss(agree[1].item<double>());
     }
     if (reply.nonfinite()) return absl::OkStatus();
+    if (offloaded && plan.overlap()) {
+      // The verdict (issue 43): the loss and every gradient are finite, on every rank. The
+      // overlapped optimizer took the step while the backward ran, keeping what it needs to
+      // undo it until now; a skipped step instead aborts the flags (below), and it undoes.
+      job->flags.PublishVerdict(static_cast<uint32_t>(step));
+    }
     StepContext ctx;
     ctx.collective = group;
     ctx.step = static_cast<uint32_t>(step);

@@ -101,6 +101,14 @@ struct WorkerJob {
   // steps the backward is seeded with NaN, so every gradient is non-finite and the real
   // detection / skip / abort path runs. Empty in normal operation.
   std::set<int> fault_nonfinite_grad_steps;
+  // "3:5" in the same variable: at step 3 only linear 5's gradient is made non-finite as it is
+  // published (issue 43: a skipped step is all or nothing even when the optimizer already took
+  // the other matrices' steps). Pairs (step, linear index).
+  std::set<std::pair<int, int64_t>> fault_nonfinite_linear;
+  // Env LSPO_FAULT_NONFINITE_LOSS_STEPS="3": at these steps the loss is reported non-finite
+  // after the last backward with every gradient finite, as a CUDA worker learns of a
+  // non-finite loss only once the overlapped optimizer has taken the step.
+  std::set<int> fault_nonfinite_loss_steps;
   // Data order cache.
   int64_t order_epoch = -1;
   std::vector<int64_t> order;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/completion_flags.h"
 #include "runtime/shm_arena.h"
 #include "runtime/status_macros.h"
 
@@ -37,11 +38,12 @@ lspo::v1::LinearSlot* AddSlot(const LinearShape& l, lspo::v1::ArenaLayout* layou
   return slot;
 }
 
-// The completion flags: 1 + 2 L uint32 words.
+// The completion flags: 2 + 2 L uint32 words (runtime/completion_flags.h).
 void AddFlags(const std::vector<LinearShape>& linears, lspo::v1::ArenaLayout* layout,
               uint64_t* cursor) {
   *layout->mutable_flags() =
-      MakeRef(cursor, lspo::v1::I32, {1 + 2 * static_cast<int64_t>(linears.size())});
+      MakeRef(cursor, lspo::v1::I32,
+              {runtime::CompletionFlags::Words(static_cast<int64_t>(linears.size()))});
 }
 
 // The one-layer fp32 staging region (`per_layer` matrices in linear order).

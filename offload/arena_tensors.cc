@@ -23,12 +23,13 @@ absl::StatusOr<at::Tensor> ArenaBf16(const runtime::ShmArena& arena, const Tenso
 absl::StatusOr<runtime::CompletionFlags> ArenaFlags(const runtime::ShmArena& arena,
                                                     const lspo::v1::ArenaLayout& layout) {
   const int64_t n = layout.linears_size();
-  if (Numel(layout.flags()) != 1 + 2 * n) {
+  if (Numel(layout.flags()) != runtime::CompletionFlags::Words(n)) {
     return absl::InvalidArgumentError(absl::StrCat("arena flags region has ",
                                                    Numel(layout.flags()), " words, expected ",
-                                                   1 + 2 * n));
+                                                   runtime::CompletionFlags::Words(n)));
   }
-  ASSIGN_OR_RETURN(uint32_t* words, arena.At<uint32_t>(layout.flags().offset(), 1 + 2 * n));
+  ASSIGN_OR_RETURN(uint32_t* words, arena.At<uint32_t>(layout.flags().offset(),
+                                                       runtime::CompletionFlags::Words(n)));
   return runtime::CompletionFlags(words, n);
 }
 

@@ -235,6 +235,12 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
       ASSIGN_OR_RETURN(lspo::v1::ArenaLayout layout,
                        BuildZeroArenaLayout(linears, kLinears, "plan"));
       AddOffloadTerms(&plan, layout, p_total, "Adam m, v (fp32)", 8 * p_lin, 2 * p_lin);
+      if (spec.schedule() != lspo::v1::STEP_SCHEDULE_SERIAL && spec.optim().max_grad_norm() <= 0) {
+        // cpu_optimizer_service/optimizer_core.cc: the undo records of the matrices updated
+        // before the worker's verdict (master, m, v), at most 1 GiB.
+        Add(&plan.optimizer_host, "undo records before the step's verdict (fp32, <= 1 GiB)",
+            std::min<int64_t>(12 * p_lin, int64_t{1} << 30));
+      }
       break;
     }
     case PlanMode::kNative: {

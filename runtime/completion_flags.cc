@@ -40,7 +40,7 @@ void CompletionFlags::Abort(uint32_t step) {
   Word(0)->store(step, std::memory_order_release);
   Futex(Word(0), FUTEX_WAKE, INT_MAX, nullptr);
   // Waiters sleep on their own word: wake them all so they re-check the abort word.
-  for (int64_t k = 1; k < 1 + 2 * n_; ++k) Futex(Word(k), FUTEX_WAKE, INT_MAX, nullptr);
+  for (int64_t k = 1; k < Words(n_); ++k) Futex(Word(k), FUTEX_WAKE, INT_MAX, nullptr);
 }
 
 absl::Status CompletionFlags::Wait(std::atomic<uint32_t>* w, uint32_t step,
@@ -55,8 +55,8 @@ absl::Status CompletionFlags::Wait(std::atomic<uint32_t>* w, uint32_t step,
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "timed out waiting for the ", what, " of linear ", i, " at step ", step,
-          " (last published: step ", seen, "); is the peer alive?"));
+          "timed out waiting for the ", what, i >= 0 ? absl::StrCat(" of linear ", i) : "",
+          " at step ", step, " (last published: step ", seen, "); is the peer alive?"));
     }
     // Sleep while the word still holds `seen`; wake-ups, signals and a 50 ms cap (to
     // re-check the abort word, which lives elsewhere) all lead back to the checks above.
@@ -74,6 +74,10 @@ absl::Status CompletionFlags::WaitGrad(int64_t i, uint32_t step, absl::Duration 
 absl::Status CompletionFlags::WaitStep(int64_t i, uint32_t step, absl::Duration timeout) const {
   CHECK(i >= 0 && i < n_) << "linear " << i;
   return Wait(Word(1 + n_ + i), step, timeout, "update", i);
+}
+
+absl::Status CompletionFlags::WaitVerdict(uint32_t step, absl::Duration timeout) const {
+  return Wait(Word(1 + 2 * n_), step, timeout, "worker's verdict", -1);
 }
 
 void StepAborter::Attach(const std::string& job_id, CompletionFlags flags,

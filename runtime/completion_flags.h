@@ -3,10 +3,14 @@
 // in different processes that map the same arena can wait on each other's words).
 //
 // Word layout (uint32, 4-byte aligned, inside the arena; see ArenaLayout.flags in
-// proto/arena.proto):  [abort_step, grad_seq[0..L), step_seq[0..L)]
+// proto/arena.proto):  [abort_step, grad_seq[0..L), step_seq[0..L), verdict_seq]
 //   grad_seq[i] = s  : the gradient of linear i for optimizer step s is in its slot
 //   step_seq[i] = s  : the update (D or parameters) of linear i for step s is in its slot
 //   abort_step  = s  : the worker abandoned step s (non-finite gradient); waiters give up
+//   verdict_seq = s  : the worker's verdict on step s: every gradient and the loss are finite
+//                      (and, data parallel, every rank agreed), so the optimizer may keep the
+//                      step it took while the backward ran (issue 43: a skipped step is all or
+//                      nothing: until the verdict, the optimizer keeps what it needs to undo)
 // Producers write the slot, then Publish (release store + FUTEX_WAKE); consumers Wait
 // (acquire load, FUTEX_WAIT while smaller) and then read the slot. Steps only grow, so a
 // counter never needs resetting and a stale value is never mistaken for a new one.
@@ -29,8 +33,10 @@ namespace lspo::runtime {
 
 class CompletionFlags {
  public:
-  // Bytes needed for `num_linears` linears: 4 * (1 + 2 * num_linears).
-  static uint64_t Bytes(int64_t num_linears) { return 4u * (1u + 2u * num_linears); }
+  // uint32 words for `num_linears` linears: 2 + 2 * num_linears (the layout above).
+  static int64_t Words(int64_t num_linears) { return 2 + 2 * num_linears; }
+  // Bytes needed for `num_linears` linears: 4 * Words(num_linears).
+  static uint64_t Bytes(int64_t num_linears) { return 4u * Words(num_linears); }
 
   CompletionFlags() = default;
   // `base` points at Bytes(num_linears) zero-initialised (or previously used) bytes in shared
@@ -44,18 +50,24 @@ class CompletionFlags {
   void PublishStep(int64_t i, uint32_t step) { Publish(Word(1 + n_ + i), step); }
   // Marks `step` abandoned (wakes every waiter).
   void Abort(uint32_t step);
+  // The worker's verdict: step `step` is finite everywhere and will be applied (wakes waiters).
+  void PublishVerdict(uint32_t step) { Publish(Word(1 + 2 * n_), step); }
 
   uint32_t grad_seq(int64_t i) const { return Word(1 + i)->load(std::memory_order_acquire); }
   uint32_t step_seq(int64_t i) const {
     return Word(1 + n_ + i)->load(std::memory_order_acquire);
   }
   uint32_t abort_step() const { return Word(0)->load(std::memory_order_acquire); }
+  uint32_t verdict_seq() const { return Word(1 + 2 * n_)->load(std::memory_order_acquire); }
 
   // Blocks until grad_seq(i) >= step (OK), abort_step() == step (kAborted), or `timeout`
   // passes (kDeadlineExceeded, naming the linear and the step).
   absl::Status WaitGrad(int64_t i, uint32_t step, absl::Duration timeout) const;
   // Blocks until step_seq(i) >= step; same errors.
   absl::Status WaitStep(int64_t i, uint32_t step, absl::Duration timeout) const;
+  // Blocks until verdict_seq() >= step (OK: keep the step), abort_step() == step (kAborted:
+  // undo it), or `timeout` passes (kDeadlineExceeded naming the step).
+  absl::Status WaitVerdict(uint32_t step, absl::Duration timeout) const;
 
  private:
   std::atomic<uint32_t>* Word(int64_t k) const { return words_ + k; }

@@ -139,6 +139,90 @@ TEST(OptimizerCoreTest, UnloadAbandonsAnUpdateWaitingForGradients) {
   EXPECT_TRUE(worker.UnloadJob("job-w").ok());
 }
 
+// Zero mode under the overlap schedule (issue 43): the optimizer updates each matrix as its
+// gradient arrives, but keeps the step only on the worker's verdict. Step 1: two matrices'
+// gradients arrive and are updated, then the worker abandons the step (a non-finite gradient
+// elsewhere, or loss): the master weights, moments and step counters are bitwise those of
+// before (undo records). Step 2, with the verdict: the step is kept.
+TEST(OptimizerCoreTest, AZeroUpdateIsKeptOnlyOnTheWorkersVerdict) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  v1::JobSpec spec =
+      testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("zero-verdict"), v1::MODE_ZERO, 2);
+  spec.mutable_optim()->set_weight_decay(0.1);
+  scheduler::ResolveDefaults(&spec);
+  worker::WorkerCore worker;
+  auto wload = worker.LoadJob("job-z", spec);
+  ASSERT_TRUE(wload.ok()) << wload.status();
+  const v1::ArenaLayout& layout = wload->arena();
+  optimizer::OptimizerCore core;
+  ASSERT_TRUE(core.LoadJob("job-z", spec, layout).ok());
+  auto arena = runtime::ShmArena::Attach(layout.name(), layout.bytes());
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  auto flags = offload::ArenaFlags(*arena, layout);
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  const int last = layout.linears_size() - 1;
+  auto publish = [&](uint32_t step) {
+    for (int i : {last, last - 1}) {
+      auto g = offload::ArenaBf16(*arena, layout.linears(i).full_grad());
+      ASSERT_TRUE(g.ok()) << g.status();
+      g->copy_(at::linspace(-0.5, 0.7, g->numel()).reshape(g->sizes()));
+      flags->PublishGrad(i, step);
+    }
+  };
+  auto request = [&](int step) {
+    v1::UpdateRequest req;
+    req.set_job_id("job-z");
+    req.set_step(step);
+    req.set_lr(1e-2);
+    req.set_wait_for_grads(true);
+    req.set_wait_timeout_seconds(30);
+    req.add_tasks()->set_index(last);
+    req.add_tasks()->set_index(last - 1);
+    return req;
+  };
+  auto state = [&](const std::string& tag) {
+    const std::string dir = testing_jobs::TempDir(tag);
+    EXPECT_TRUE(core.SaveState("job-z", dir, 0).ok());
+    std::ifstream in(dir + "/optimizer_state.safetensors", std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string before = state("zero-verdict-before");
+  ASSERT_GT(before.size(), 1000u);
+  publish(1);
+  absl::StatusOr<v1::UpdateReply> reply;
+  std::thread update([&] { reply = core.Update(request(1)); });
+  // Both matrices are updated (their step flags published), then Update waits for the verdict.
+  ASSERT_TRUE(flags->WaitStep(last - 1, 1, absl::Seconds(30)).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  flags->Abort(1);
+  update.join();
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_TRUE(reply->aborted());
+  EXPECT_TRUE(state("zero-verdict-aborted") == before)
+      << "an abandoned zero step changed the optimizer state";
+  publish(2);
+  flags->PublishVerdict(2);
+  reply = core.Update(request(2));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_FALSE(reply->aborted());
+  const std::string dir = testing_jobs::TempDir("zero-verdict-kept");
+  ASSERT_TRUE(core.SaveState("job-z", dir, 0).ok());
+  auto file = model::SafetensorsFile::Open(dir + "/optimizer_state.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  for (int i : {last, last - 1}) {
+    auto step = offload::ReadStateTensor(*file, "state", layout.linears(i).name() + ".adam_step",
+                                         at::kLong, {});
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_EQ(step->item<int64_t>(), 1) << layout.linears(i).name();
+  }
+  auto untouched = offload::ReadStateTensor(*file, "state", layout.linears(0).name() + ".adam_step",
+                                            at::kLong, {});
+  ASSERT_TRUE(untouched.ok()) << untouched.status();
+  EXPECT_EQ(untouched->item<int64_t>(), 0);
+  EXPECT_TRUE(core.UnloadJob("job-z").ok());
+  EXPECT_TRUE(worker.UnloadJob("job-z").ok());
+}
+
 // An lsp Update that fails part-way (here: matrix n-2's gradient never comes, a 1 s timeout)
 // leaves no trace of the step in the optimizer's state: matrix n-1, updated before the
 // failure, is rolled back (Adam step 0, sum of steps zero, as SaveState writes them), as for

@@ -642,6 +642,70 @@ TEST(ResumeTest, NonFiniteStepsAreSkippedCountedAndFailTheJobAfterTheLimit) {
   for (const auto& [step, loss] : done.loss) EXPECT_TRUE(std::isfinite(loss)) << step;
 }
 
+// A skipped step is all or nothing (issue 43), under the overlap schedule without clipping,
+// where the optimizer takes each matrix's step while the backward still forms the others:
+//   reference: every gradient of step 3 is NaN (the first one published aborts the step,
+//              before the optimizer touched anything);
+//   one:       only linear 0's gradient (layer 0: the last formed) is NaN, after the optimizer
+//              took every other matrix's step (zero mode kept no undo record before the fix:
+//              the master and the moments of those matrices moved);
+//   loss:      every gradient finite, the loss found non-finite after the backward (a CUDA
+//              worker reads it there), when the optimizer has taken the whole step.
+// All three skip step 3 and must then be bitwise the same run: the losses of steps 4 and 5
+// (the worker's weights) and the final weights (the optimizer's master and moments).
+void ExpectSkippedStepLeavesNoTrace(v1::TrainingMode mode) {
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  struct Case {
+    const char* name;
+    const char* grad_fault;  // LSPO_FAULT_NONFINITE_GRAD_STEPS
+    const char* loss_fault;  // LSPO_FAULT_NONFINITE_LOSS_STEPS
+  };
+  const Case cases[] = {{"reference", "3", nullptr}, {"one", "3:0", nullptr},
+                        {"loss", nullptr, "3"}};
+  std::vector<RunResult> runs;
+  std::vector<std::vector<uint8_t>> weights;
+  for (const Case& c : cases) {
+    const std::string dir = testing_jobs::TempDir(std::string("skip-") + c.name);
+    v1::JobSpec spec = Spec(dir, mode, 5);
+    spec.set_grad_accum(1);
+    spec.mutable_optim()->set_max_grad_norm(0);  // no clipping: updates start at once
+    spec.set_schedule(v1::STEP_SCHEDULE_OVERLAP);
+    spec.set_max_nonfinite_steps(3);
+    if (c.grad_fault) setenv("LSPO_FAULT_NONFINITE_GRAD_STEPS", c.grad_fault, 1);
+    if (c.loss_fault) setenv("LSPO_FAULT_NONFINITE_LOSS_STEPS", c.loss_fault, 1);
+    RunResult r = RunToEnd(stub.get(), spec);
+    unsetenv("LSPO_FAULT_NONFINITE_GRAD_STEPS");
+    unsetenv("LSPO_FAULT_NONFINITE_LOSS_STEPS");
+    ASSERT_EQ(r.last.state(), v1::SUCCEEDED) << c.name << ": " << r.last.error();
+    EXPECT_EQ(r.last.skipped_steps(), 1) << c.name;
+    EXPECT_EQ(r.loss.count(3), 0u) << c.name;
+    ASSERT_EQ(r.loss.size(), 4u) << c.name;
+    runs.push_back(std::move(r));
+    weights.push_back(Bytes(dir + "/model.safetensors"));
+    ASSERT_GT(weights.back().size(), 1000u) << c.name;
+  }
+  for (size_t k = 1; k < runs.size(); ++k) {
+    for (int step : {1, 2, 4, 5}) {
+      EXPECT_EQ(runs[k].loss[step], runs[0].loss[step])
+          << cases[k].name << " vs reference, step " << step;
+    }
+    EXPECT_TRUE(weights[k] == weights[0])
+        << cases[k].name << ": the final weights differ from the reference run's: the skipped "
+        << "step left a trace";
+  }
+}
+
+TEST(ResumeTest, ASkippedZeroStepIsAllOrNothingUnderTheOverlapSchedule) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  ExpectSkippedStepLeavesNoTrace(v1::MODE_ZERO);
+}
+
+TEST(ResumeTest, ASkippedLspStepIsAllOrNothingUnderTheOverlapSchedule) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  ExpectSkippedStepLeavesNoTrace(v1::MODE_LSP);
+}
+
 // Poisoned state (docs/known-failures.md #5): a NaN moment or a wrong shape in a state file is
 // refused naming the file and the tensor, before anything is restored.
 TEST(ResumeTest, PoisonedOrMismatchedStateTensorsAreRefused) {

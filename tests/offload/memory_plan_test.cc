@@ -272,7 +272,13 @@ TEST(MemoryPlanTest, StaticTermsAreExactCountsOnTheTinyShape) {
   // The arena is the layout the worker creates.
   const MemoryPlan zero = Plan(spec, c, PlanMode::kZero, false);
   EXPECT_EQ(zero.d2h_bytes_per_step, 2 * p_lin);
-  EXPECT_EQ(zero.OptimizerHost(), 4 * (p_lin + p_rest) + 8 * p_lin);
+  // The overlap schedule without clipping keeps undo records of the matrices updated before
+  // the worker's verdict (12 bytes per parameter here: under the 1 GiB cap); serial does not.
+  EXPECT_EQ(zero.OptimizerHost(), 4 * (p_lin + p_rest) + 8 * p_lin + 12 * p_lin);
+  lspo::v1::JobSpec serial = spec;
+  serial.set_schedule(lspo::v1::STEP_SCHEDULE_SERIAL);
+  EXPECT_EQ(Plan(serial, c, PlanMode::kZero, false).OptimizerHost(),
+            4 * (p_lin + p_rest) + 8 * p_lin);
   EXPECT_GE(zero.arena, 4 * p_lin);
   EXPECT_LT(zero.arena, 4 * p_lin + 64 * 15 + 4096);
   // Activations, no checkpointing, lsp on fp32 weights (N = 128 tokens, B = 4, T = 32): per

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <thread>
@@ -52,6 +53,39 @@ TEST(CompletionFlagsTest, AbortWakesWaitersOfThatStepOnly) {
   st = flags.WaitGrad(1, 8, absl::Milliseconds(30));
   EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
   EXPECT_NE(st.message().find("linear 1 at step 8"), std::string::npos) << st;
+}
+
+// The verdict word (issue 43): its own word after the step flags, set by PublishVerdict, seen
+// by WaitVerdict; an abort of the step ends the wait with kAborted, and nothing else writes it.
+TEST(CompletionFlagsTest, TheVerdictIsItsOwnWordAndAnAbortEndsItsWait) {
+  EXPECT_EQ(CompletionFlags::Words(3), 8);
+  EXPECT_EQ(CompletionFlags::Bytes(3), 32u);
+  std::vector<uint32_t> words(CompletionFlags::Words(3) + 1, 0xAAAAAAAAu);
+  std::fill(words.begin(), words.begin() + CompletionFlags::Words(3), 0u);
+  CompletionFlags flags(words.data(), 3);
+  for (int64_t i = 0; i < 3; ++i) {
+    flags.PublishGrad(i, 5);
+    flags.PublishStep(i, 5);
+  }
+  EXPECT_EQ(flags.verdict_seq(), 0u);
+  std::thread worker([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    flags.PublishVerdict(5);
+  });
+  EXPECT_TRUE(flags.WaitVerdict(5, absl::Seconds(10)).ok());
+  worker.join();
+  EXPECT_EQ(words[CompletionFlags::Words(3) - 1], 5u);  // the last word of the region
+  EXPECT_EQ(words[CompletionFlags::Words(3)], 0xAAAAAAAAu);  // nothing written past it
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    flags.Abort(6);
+  });
+  absl::Status st = flags.WaitVerdict(6, absl::Seconds(10));
+  aborter.join();
+  EXPECT_TRUE(absl::IsAborted(st)) << st;
+  st = flags.WaitVerdict(7, absl::Milliseconds(30));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
+  EXPECT_NE(st.message().find("verdict at step 7"), std::string::npos) << st;
 }
 
 TEST(CompletionFlagsTest, WorksAcrossProcessesThroughSharedMemory) {
