@@ -773,8 +773,9 @@ absl::StatusOr<WorkerJob*> WorkerCore::Find(const std::string& job_id) {
   return job_.get();
 }
 
-absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& job_id,
-                                                          const JobSpec& requested) {
+absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(
+    const std::string& job_id, const JobSpec& requested,
+    const std::vector<int>* resume_candidates) {
   // The roots first, before anything is opened or looked for (and before a stale job goes):
   // an existence check would tell a client which files exist outside them.
   RETURN_IF_ERROR(offload::CheckJobSpecPaths(requested, roots_));
@@ -843,8 +844,16 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   ASSIGN_OR_RETURN(job->path, MakeUpdatePath(spec));
   job->classification = spec.data().format() == lspo::v1::DATA_FORMAT_CLASSIFICATION;
   RETURN_IF_ERROR(LoadAssets(job.get()));
+  int agreed_resume_step = 0;
   if (job->collective != nullptr && job->collective->world_size() > 1) {
     RETURN_IF_ERROR(CheckRanksLoadedTheSame(*job));
+    if (resume_candidates != nullptr) {
+      // resume_from: latest (issue 43): one checkpoint for every rank, the newest all hold.
+      ASSIGN_OR_RETURN(agreed_resume_step,
+                       offload::AgreeOnNewestCommonStep(*job->collective, *resume_candidates));
+    }
+  } else if (resume_candidates != nullptr && !resume_candidates->empty()) {
+    agreed_resume_step = *std::max_element(resume_candidates->begin(), resume_candidates->end());
   }
   auto& model = *job->model;
   // bf16 weights by default on the GPU (issue 6), fp32 on the CPU (docs/known-failures.md).
@@ -918,6 +927,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(const std::string& jo
   reply.set_device(job->device.str());
   reply.set_activation_checkpointing(spec.activation_checkpointing());
   for (const std::string& line : chosen) reply.add_chosen_settings(line);
+  reply.set_agreed_resume_step(agreed_resume_step);
   reply.set_seconds(runtime::SecondsSince(t0));
   LOG(INFO) << "worker: loaded job " << job_id << " (mode " << job->path->name() << "): "
             << job->train.size()

@@ -67,8 +67,14 @@ class WorkerCore {
   // and the fix), kInvalidArgument (d >= min(m, n) of some matrix, naming it; bad data rows),
   // kNotFound (missing file), kDataLoss/kUnimplemented (bad model file), kFailedPrecondition
   // (another job is loaded).
-  absl::StatusOr<lspo::v1::LoadJobReply> LoadJob(const std::string& job_id,
-                                                 const lspo::v1::JobSpec& spec);
+  // `resume_candidates` (data parallel; issue 43): the steps this rank may resume from
+  // (proto LoadJobRequest.resume_candidate_steps); after joining the group the
+  // worker agrees with the other ranks on the newest step all hold
+  // (offload::AgreeOnNewestCommonStep; one rank: the newest) and returns it in
+  // agreed_resume_step; its errors (kFailedPrecondition: no step in common) fail the load.
+  absl::StatusOr<lspo::v1::LoadJobReply> LoadJob(
+      const std::string& job_id, const lspo::v1::JobSpec& spec,
+      const std::vector<int>* resume_candidates = nullptr);
 
   // Calibration gradients (dense G of every trained matrix over lsp.calibration_examples
   // held-out training examples, lsp.calibration_layers_per_pass decoder layers per

@@ -1,12 +1,18 @@
 #include "gpu_worker/worker_service.h"
 
+#include <vector>
+
 #include "runtime/rpc_status.h"
 
 namespace lspo::worker {
 
 grpc::Status WorkerService::LoadJob(grpc::ServerContext*, const lspo::v1::LoadJobRequest* req,
                                     lspo::v1::LoadJobReply* out) {
-  return rpc::Reply(core_->LoadJob(req->job_id(), req->spec()), out);
+  const std::vector<int> candidates(req->resume_candidate_steps().begin(),
+                                    req->resume_candidate_steps().end());
+  return rpc::Reply(
+      core_->LoadJob(req->job_id(), req->spec(), req->agree_resume() ? &candidates : nullptr),
+      out);
 }
 grpc::Status WorkerService::FitProjectors(grpc::ServerContext*,
                                           const lspo::v1::FitProjectorsRequest* req,

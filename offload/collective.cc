@@ -4,8 +4,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
+#include <functional>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -541,6 +544,52 @@ absl::Status Collective::Broadcast(at::Tensor& tensor, int root) {
   }
 #endif
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> AgreeOnNewestCommonStep(Collective& group, std::vector<int> held) {
+  for (int s : held) {
+    if (s <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resume agreement: checkpoint step ", s, " is not positive"));
+    }
+  }
+  std::sort(held.begin(), held.end(), std::greater<int>());
+  held.erase(std::unique(held.begin(), held.end()), held.end());
+  // This rank's newest step <= bound, or 0 (none).
+  auto propose = [&](int64_t bound) -> int64_t {
+    for (int s : held) {
+      if (s <= bound) return s;
+    }
+    return 0;
+  };
+  int64_t bound = std::numeric_limits<int64_t>::max();
+  std::vector<int64_t> first;
+  // Every rank sees the same proposals, so all take the same decisions; each round that does
+  // not end lowers the bound strictly (to a positive step), so the rounds end.
+  while (true) {
+    absl::StatusOr<std::vector<int64_t>> proposals = group.AllGather(propose(bound));
+    if (!proposals.ok()) return proposals.status();
+    if (first.empty()) first = *proposals;
+    const auto [lo, hi] = std::minmax_element(proposals->begin(), proposals->end());
+    if (*lo == *hi) {
+      if (*lo > 0 || *std::max_element(first.begin(), first.end()) == 0) {
+        return static_cast<int>(*lo);
+      }
+      break;
+    }
+    if (*lo == 0) break;  // a rank holds nothing at or below the others' proposals
+    bound = *lo;
+  }
+  std::vector<std::string> newest;
+  for (size_t r = 0; r < first.size(); ++r) {
+    newest.push_back(absl::StrCat("rank ", r, " (", group.labels()[r], "): ",
+                                  first[r] > 0 ? absl::StrCat("step ", first[r]) : "none"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "distributed: the ranks hold no checkpoint of one step in common (newest verified "
+      "checkpoint per rank: ", absl::StrJoin(newest, "; "), "): resume every rank from a "
+      "checkpoint of the same step (resume_from: <output_dir>/checkpoints/step-NNNNNNNN), or "
+      "start afresh with overwrite_output_dir: true"));
 }
 
 absl::StatusOr<std::vector<int64_t>> Collective::AllGather(int64_t value) {

@@ -160,6 +160,17 @@ class Collective {
 // Whether this build can form groups of more than one rank (c10d with Gloo was found).
 bool CollectivesAvailable();
 
+// The newest checkpoint step every rank of `group` holds (issue 43: data-parallel ranks resume
+// from one checkpoint, the newest that all of them committed and verified, not each its own
+// newest). `held`: this rank's checkpoint steps (> 0, any order; duplicates ignored). Rounds
+// of one all-gather each: every rank proposes its newest step not above the bound (the
+// smallest proposal of the previous round; at first unbounded) until all propose the same
+// one (each round lowers the bound: at most as many rounds as distinct steps held). Returns that step, or 0 when no rank holds any. Errors:
+// kFailedPrecondition when some rank holds checkpoints but no step is held by all (naming
+// every rank's newest and the fix), kInvalidArgument (a step <= 0), else as AllGather.
+// Every rank must call it (it is a collective).
+absl::StatusOr<int> AgreeOnNewestCommonStep(Collective& group, std::vector<int> held);
+
 // Sums a list of tensors over the ranks in one fp32 all-reduce, the way DDP sums a bucket of
 // gradients (PyTorch, torch/nn/parallel/distributed.py): every tensor is flattened into one
 // fp32 host buffer of 1 + sum(numels) values, element 0 counting the undefined entries, so that

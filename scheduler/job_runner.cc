@@ -133,6 +133,10 @@ absl::Status JobRunner::SelectResume() {
   } else {
     candidates.push_back({0, spec_.resume_from()});
   }
+  // Data parallel: the ranks agree on one checkpoint at LoadJob (Load), so every one of this
+  // rank's is verified now; one rank verifies only until it finds a sound one. A checkpoint
+  // that does not verify is not offered (the others may then agree on an older one).
+  const bool agree = spec_.resume_from() == "latest" && spec_.distributed().world_size() > 1;
   for (const CheckpointInfo& c : candidates) {
     absl::StatusOr<nlohmann::json> state = VerifyCheckpoint(c.dir);
     if (!state.ok()) {
@@ -141,11 +145,19 @@ absl::Status JobRunner::SelectResume() {
                  << state.status();
       continue;
     }
+    if (agree) {
+      resume_candidates_.push_back({state->value("step", 0), c.dir, *state});
+      if (!resume_dir_.empty()) continue;
+    }
     resume_state_ = std::move(*state);
     resume_dir_ = c.dir;
-    break;
+    if (!agree) break;
   }
   if (resume_dir_.empty()) return absl::OkStatus();  // "latest" with none: start afresh.
+  return AdoptResume();
+}
+
+absl::Status JobRunner::AdoptResume() {
   const std::string stored = resume_state_.value("training_fingerprint", std::string());
   if (!SameTraining(stored, spec_)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -178,8 +190,41 @@ absl::Status JobRunner::Load() {
   v1::LoadJobRequest load;
   load.set_job_id(id_);
   *load.mutable_spec() = spec_;
+  // Data parallel: every rank's worker takes part in the agreement (a collective), each
+  // offering what it may resume from: with latest every verified checkpoint of its lineage,
+  // with a path that checkpoint's step, starting afresh nothing. Ranks that cannot agree
+  // (another step, or some start afresh) fail here, each naming every rank's newest.
+  const bool agree = spec_.distributed().world_size() > 1;
+  if (agree) {
+    load.set_agree_resume(true);
+    if (spec_.resume_from() == "latest") {
+      for (const ResumeCandidate& c : resume_candidates_) load.add_resume_candidate_steps(c.step);
+    } else if (start_step_ > 0) {
+      load.add_resume_candidate_steps(start_step_);
+    }
+  }
   ASSIGN_OR_RETURN(wload_, worker_->LoadJob(load, dl_));
   loaded_ = true;
+  if (agree && wload_.agreed_resume_step() != start_step_) {
+    // Another rank does not hold this rank's newest checkpoint (it died before committing
+    // it): resume from the newest one every rank holds.
+    const int agreed = wload_.agreed_resume_step();
+    auto it = std::find_if(resume_candidates_.begin(), resume_candidates_.end(),
+                           [&](const ResumeCandidate& c) { return c.step == agreed; });
+    if (it == resume_candidates_.end()) {
+      return absl::InternalError(absl::StrCat(
+          "distributed: the ranks agreed on resuming from step ", agreed,
+          ", which this rank does not hold (report this: the worker agrees on held steps)"));
+    }
+    LOG(WARNING) << "scheduler: " << id_ << ": rank " << spec_.distributed().rank()
+                 << " holds step " << start_step_ << " but not every rank does: resuming from "
+                 << it->dir << ", the newest checkpoint every rank holds";
+    Log({{"kind", "resume_agreed"}, {"own_newest", start_step_}, {"step", agreed},
+         {"checkpoint", it->dir}});
+    resume_dir_ = it->dir;
+    resume_state_ = it->state;
+    RETURN_IF_ERROR(AdoptResume());
+  }
   if (offload_) {
     // A layout this scheduler cannot split into layers (a worker of another version) fails
     // now, not after the evaluation and the projector fit.
@@ -501,7 +546,12 @@ absl::StatusOr<std::string> JobRunner::WriteCheckpoint(int step) {
     return st;
   }
   ASSIGN_OR_RETURN(std::string dir, CommitCheckpoint(tmp, TrainerState(step)));
-  RETURN_IF_ERROR(PruneCheckpoints(spec_.output_dir(), spec_.keep_checkpoints(), dir));
+  // Data parallel: keep at least the previous checkpoint too. Every other rank has committed
+  // it (it began the step after it, whose first collective this rank passed), but perhaps not
+  // this one yet: the ranks resume from the newest step all of them hold (Load).
+  const int keep = spec_.distributed().world_size() > 1 ? std::max(2, spec_.keep_checkpoints())
+                                                       : spec_.keep_checkpoints();
+  RETURN_IF_ERROR(PruneCheckpoints(spec_.output_dir(), keep, dir));
   return dir;
 }
 

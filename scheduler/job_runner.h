@@ -83,6 +83,9 @@ class JobRunner {
 
  private:
   absl::Status SelectResume();
+  // Resumes from resume_dir_ / resume_state_: checks the training fingerprint and the step
+  // (the errors of Run), sets start_step_.
+  absl::Status AdoptResume();
   absl::Status Load();
   void UnloadPeers();
   void InitSummary();
@@ -120,6 +123,14 @@ class JobRunner {
   int start_step_ = 0;
   nlohmann::json resume_state_;
   std::string resume_dir_;
+  // Data parallel with resume_from: latest: every verified checkpoint of this run's lineage,
+  // newest first; the worker agrees with the other ranks on one of them at LoadJob (issue 43).
+  struct ResumeCandidate {
+    int step;
+    std::string dir;
+    nlohmann::json state;
+  };
+  std::vector<ResumeCandidate> resume_candidates_;
   // This run's id in its checkpoints' lineage (checkpoint.h): UTC start time and 32 random
   // bits, e.g. 20261207T021500Z-9f3a61c2.
   const std::string run_id_ = NewRunId();

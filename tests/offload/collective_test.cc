@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -348,6 +349,71 @@ TEST(CollectiveTest, SumTensorsAcrossRanksSumsAListCountingTheMissingOnes) {
     EXPECT_TRUE(at::equal(out[r][1].to(at::kFloat), b1)) << r;
     EXPECT_EQ(bytes[r], (1 + 12 + 5) * 4) << r;  // one fp32 buffer, count element included
   }
+}
+
+// Resume agreement (issue 43): three ranks, each with the checkpoints it committed and
+// verified; they agree on the newest step all of them hold (the reference: the intersection's
+// maximum), whatever each one's own newest is; none at all is 0; none in common is refused
+// naming each rank's newest.
+TEST(CollectiveTest, RanksAgreeOnTheNewestCheckpointAllOfThemHold) {
+  if (!CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo (libgloo-dev)";
+  const int world = 3;
+  struct Case {
+    std::vector<std::vector<int>> held;
+    int want;  // -1: refused
+  };
+  const std::vector<Case> cases = {
+      {{{3, 6}, {3}, {6, 3}}, 3},              // rank 1 died before committing 6
+      {{{9, 6, 3}, {6, 3, 9}, {9, 3, 6}}, 9},  // all committed 9
+      {{{2, 4, 6, 8}, {1, 4, 8}, {4, 7, 8, 3}}, 8},
+      {{{10, 8, 5}, {9, 7, 5}, {8, 6, 5, 4}}, 5},  // several rounds: 10/9/8 -> 8 -> 5
+      {{{}, {}, {}}, 0},                       // nothing anywhere: start afresh
+      {{{4}, {}, {4}}, -1},                    // rank 1 holds none
+      {{{4, 2}, {3}, {4}}, -1},                // no step in common
+  };
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    std::set<int> common(c.held[0].begin(), c.held[0].end());
+    for (int r = 1; r < world; ++r) {
+      std::set<int> next;
+      for (int s : c.held[r]) {
+        if (common.count(s)) next.insert(s);
+      }
+      common = next;
+    }
+    const bool anything = !c.held[0].empty() || !c.held[1].empty() || !c.held[2].empty();
+    const int reference = !common.empty() ? *common.rbegin() : anything ? -1 : 0;
+    ASSERT_EQ(reference, c.want) << "case " << k << ": the table's expectation is wrong";
+    const int port = FreePort();
+    std::vector<absl::StatusOr<int>> got(world, absl::UnknownError("not run"));
+    OnRanks(world, [&](int r) {
+      auto g = Collective::Join(Options(r, world, port, absl::Seconds(30)));
+      if (!g.ok()) {
+        got[r] = g.status();
+        return;
+      }
+      got[r] = AgreeOnNewestCommonStep(**g, c.held[r]);
+    });
+    for (int r = 0; r < world; ++r) {
+      if (c.want >= 0) {
+        ASSERT_TRUE(got[r].ok()) << "case " << k << " rank " << r << ": " << got[r].status();
+        EXPECT_EQ(*got[r], c.want) << "case " << k << " rank " << r;
+      } else {
+        ASSERT_FALSE(got[r].ok()) << "case " << k << " rank " << r << ": agreed " << *got[r];
+        EXPECT_EQ(got[r].status().code(), absl::StatusCode::kFailedPrecondition) << got[r].status();
+        EXPECT_NE(got[r].status().message().find("rank 1 (rank1-host)"), std::string::npos)
+            << got[r].status();
+        EXPECT_NE(got[r].status().message().find("resume_from"), std::string::npos)
+            << got[r].status();
+      }
+    }
+  }
+  // One rank alone agrees with itself; a bad step is refused.
+  auto one = Collective::Join(CollectiveOptions());
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(*AgreeOnNewestCommonStep(**one, {5, 2}), 5);
+  EXPECT_EQ(AgreeOnNewestCommonStep(**one, {0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CollectiveTest, SumTensorsAcrossRanksRefusesSizesThatDoNotMatch) {
