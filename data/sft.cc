@@ -12,6 +12,7 @@
 #include "data/records.h"
 #include "runtime/record_keys.h"
 #include "runtime/status_macros.h"
+#include "runtime/utf8.h"
 
 namespace lspo::data {
 namespace {
@@ -378,14 +379,29 @@ void CountExample(const model::BpeTokenizer& tok, const TokenizedExample& ex, bo
 }
 
 std::string RenderLossMask(const model::BpeTokenizer& tok, const TokenizedExample& ex) {
+  // Each run of tokens on one side of the mask is decoded as a whole (a character that byte-
+  // level BPE split over several tokens comes out whole), then repaired: a character cut by
+  // the mask boundary or by the truncation at seq_len becomes U+FFFD, as tokenizers' decode
+  // shows it, so the text is well-formed UTF-8 (it goes into protobuf strings and JSON).
   std::string text;
   bool in_loss = false;
+  size_t start = 0;
+  auto flush = [&](size_t end) {
+    if (end > start) {
+      text += runtime::Utf8Lossy(
+          tok.Decode(absl::MakeConstSpan(ex.input_ids.data() + start, end - start)));
+    }
+    start = end;
+  };
   for (size_t i = 0; i < ex.input_ids.size(); ++i) {
     const bool l = i < ex.labels.size() && ex.labels[i] != kIgnoreIndex;
-    if (l != in_loss) text += l ? "[[" : "]]";
+    if (l != in_loss) {
+      flush(i);
+      text += l ? "[[" : "]]";
+    }
     in_loss = l;
-    text += tok.Decode(absl::MakeConstSpan(&ex.input_ids[i], 1));
   }
+  flush(ex.input_ids.size());
   if (in_loss) text += "]]";
   return text;
 }

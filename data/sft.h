@@ -141,8 +141,9 @@ absl::StatusOr<std::vector<TokenizedExample>> LoadSftExamples(
 void CountExample(const model::BpeTokenizer& tokenizer, const TokenizedExample& example,
                   bool truncated, int64_t full_length, DataSummary* summary);
 
-// `example` decoded token by token, its loss tokens (labels != kIgnoreIndex) between "[[" and
-// "]]".
+// `example` decoded, its loss tokens (labels != kIgnoreIndex) between "[[" and "]]": each run
+// of tokens on one side of the mask decoded as a whole, then made well-formed UTF-8 (a
+// character cut by the mask boundary or by truncation becomes U+FFFD, runtime/utf8.h).
 std::string RenderLossMask(const model::BpeTokenizer& tokenizer, const TokenizedExample& example);
 
 // The summary as lines for a log: "data FILE (FORMAT): N examples (R records, S skipped, C

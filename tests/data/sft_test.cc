@@ -14,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "nlohmann/json.hpp"
+#include "runtime/utf8.h"
 #include "tests/test_files.h"
 
 namespace lspo::data {
@@ -45,6 +47,50 @@ Family Load(const std::string& tokenizer, const std::string& tmpl_file) {
   auto tmpl = model::ChatTemplate::ForTokenizer(*tok, kTemplates + tmpl_file);
   EXPECT_TRUE(tmpl.ok()) << tmpl.status();
   return Family{*std::move(tok), *std::move(tmpl)};
+}
+
+// RenderLossMask on text whose characters byte-level BPE splits over several tokens (issue 43):
+// each side of the mask is decoded as a run, so whole characters come out whole; a mask
+// boundary inside a character, and a truncation inside one, give U+FFFD (as tokenizers'
+// decode does); the result is always well-formed UTF-8 (it goes into protobuf strings).
+TEST(SftTest, TheRenderedLossMaskIsWellFormedUtf8ForTextInAnyScript) {
+  auto tok = model::BpeTokenizer::FromHfFolder(std::string(kTokenizers) + "smollm2");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::string text = "鶏肉は中心温度が七十五度になるまで加熱 Как сварить рис?";
+  TokenizedExample ex;
+  ex.input_ids = tok->Encode(text);
+  ASSERT_GT(ex.input_ids.size(), 10u);
+  ASSERT_EQ(tok->Decode(ex.input_ids), text);
+  // Whole text, no loss: the text itself.
+  ex.labels.assign(ex.input_ids.size(), kIgnoreIndex);
+  EXPECT_EQ(RenderLossMask(*tok, ex), text);
+  // A boundary k that falls inside a character (the prefix is not well-formed on its own),
+  // and one that does not.
+  int inside = -1, outside = -1;
+  for (size_t k = 1; k < ex.input_ids.size(); ++k) {
+    const std::string prefix = tok->Decode(absl::MakeConstSpan(ex.input_ids.data(), k));
+    (runtime::IsValidUtf8(prefix) ? outside : inside) = static_cast<int>(k);
+    if (inside > 0 && outside > 0) break;
+  }
+  ASSERT_GT(inside, 0) << "no token boundary inside a character: pick other text";
+  ASSERT_GT(outside, 0);
+  for (int k : {inside, outside}) {
+    TokenizedExample m = ex;
+    for (size_t i = k; i < m.labels.size(); ++i) m.labels[i] = m.input_ids[i];
+    const auto ids = absl::MakeConstSpan(m.input_ids);
+    const std::string want = runtime::Utf8Lossy(tok->Decode(ids.subspan(0, k))) + "[[" +
+                             runtime::Utf8Lossy(tok->Decode(ids.subspan(k))) + "]]";
+    const std::string got = RenderLossMask(*tok, m);
+    EXPECT_EQ(got, want) << k;
+    EXPECT_TRUE(runtime::IsValidUtf8(got)) << k;
+    EXPECT_EQ(got.find("\xEF\xBF\xBD") != std::string::npos, k == inside) << k;
+    // Cut inside a character at the end (truncation): U+FFFD there, the rest intact.
+    TokenizedExample cut = m;
+    cut.input_ids.resize(inside);
+    cut.labels.resize(inside);
+    const std::string c = RenderLossMask(*tok, cut);
+    EXPECT_TRUE(runtime::IsValidUtf8(c)) << c;
+  }
 }
 
 TEST(SftTest, IdsAndLossMasksEqualTransformersAndTrl) {

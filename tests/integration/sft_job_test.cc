@@ -13,6 +13,7 @@
 #include <iterator>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -254,6 +255,101 @@ TEST(SftJobTest, GenerativeEvaluationScoresGreedyAnswers) {
                            std::istreambuf_iterator<char>());
   EXPECT_NE(report.find("<svg"), std::string::npos);
   EXPECT_NE(report.find("F1 (tag set)"), std::string::npos);
+}
+
+// Text in non-Latin scripts through a generative evaluation, end to end (issue 43): byte-level
+// BPE splits CJK, Cyrillic, Greek and Arabic characters over several tokens, so an example cut
+// at seq_len ends mid-character, as greedy tokens may. The data summary's rendered example
+// (cut: before the fix the worker's LoadJob reply could not be serialised and the job failed
+// with "No message returned"), every sample in metrics.jsonl (a JSON writer refuses ill-formed
+// UTF-8), the watch stream (a protobuf string must be UTF-8) and the run report are
+// well-formed, a cut character as U+FFFD (tokenizers' decode shows it so), the rest intact.
+TEST(SftJobTest, GenerativeEvaluationOfNonLatinTextKeepsEveryMessageWellFormed) {
+  if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  const std::string out = testing_jobs::TempDir("sft-non-latin");
+  const std::string data = out + "/non_latin.alpaca.jsonl";
+  {
+    // Answers long enough to be cut at seq_len 64, after prompts of different lengths (so
+    // the cuts fall at different byte offsets of the multi-byte characters).
+    const std::vector<std::pair<std::string, std::string>> rows = {
+        {"料理", "鶏肉は中心温度が七十五度になるまで加熱してください。焼き色を付けてから弱火で蒸し焼きにすると、中まで火が通り、しっとり仕上がります。"},
+        {"Как сварить рис?", "Промойте рис холодной водой, залейте водой в пропорции один к полутора, доведите до кипения и варите под крышкой на слабом огне пятнадцать минут."},
+        {"Πώς ψήνω ψωμί;", "Ζυμώστε το αλεύρι με νερό, αλάτι και μαγιά, αφήστε τη ζύμη να φουσκώσει δύο ώρες και ψήστε στους διακόσιους βαθμούς για σαράντα λεπτά."},
+        {"كيف أطبخ العدس؟", "اغسل العدس جيدا ثم ضعه في قدر مع الماء والبصل والكمون واتركه يغلي على نار هادئة لمدة عشرين دقيقة حتى ينضج تماما."},
+        {"麺の茹で方を教えてください", "たっぷりのお湯を沸かし、塩を少し入れてから麺を入れます。袋に書かれた時間より一分短く茹で、ざるに上げて冷水でしめます。"},
+        {"如何做蛋炒饭？", "先把米饭打散，锅里放油炒鸡蛋，盛出后再炒葱花和米饭，最后把鸡蛋倒回锅里，加盐和酱油翻炒均匀即可。"},
+    };
+    std::ofstream f(data);
+    for (int k = 0; k < 2; ++k) {
+      for (const auto& [q, a] : rows) {
+        f << nlohmann::json{{"instruction", q}, {"input", ""}, {"output", a}}.dump() << "\n";
+      }
+    }
+  }
+  v1::JobSpec spec = SftSpec(out, "train.alpaca.jsonl", 2);
+  spec.mutable_data()->set_train_path(data);
+  spec.mutable_data()->set_eval_path(data);
+  spec.set_seq_len(64);
+  spec.mutable_eval()->set_metric(v1::EVAL_METRIC_GENERATIVE);
+  spec.mutable_eval()->set_max_new_tokens(12);
+  spec.mutable_eval()->set_max_generate_examples(6);
+  const auto w = SubmitAndWatch(stub.get(), spec);
+  ASSERT_EQ(w.last.state(), v1::SUCCEEDED) << w.last.error();
+  const std::string kFffd = "\xEF\xBF\xBD";
+  int cut = 0, samples = 0;  // examples cut inside a character; samples seen
+  auto check = [&](const std::string& text, const std::string& where) {
+    size_t bad = 0;
+    EXPECT_TRUE(runtime::IsValidUtf8(text, &bad)) << where << ": ill-formed at byte " << bad;
+  };
+  const auto evals = Lines(out, "eval");
+  ASSERT_EQ(evals.size(), 2u);
+  for (const auto& e : evals) {
+    ASSERT_EQ(e.at("samples").size(), 3u);
+    for (const auto& sample : e.at("samples")) {
+      const std::string ref = sample.at("reference").get<std::string>();
+      const std::string pred = sample.at("prediction").get<std::string>();
+      check(ref, "metrics.jsonl reference");
+      check(pred, "metrics.jsonl prediction");
+      ++samples;
+      // The reference is a prefix of a row's answer, up to a cut character at its end.
+      const std::string kept = ref.size() >= kFffd.size() &&
+                                       ref.compare(ref.size() - kFffd.size(), kFffd.size(), kFffd) == 0
+                                   ? ref.substr(0, ref.size() - kFffd.size())
+                                   : ref;
+      EXPECT_GT(kept.size(), 10u) << ref;
+      std::ifstream in(data);
+      bool found = false;
+      for (std::string line; std::getline(in, line);) {
+        const std::string answer = nlohmann::json::parse(line).at("output").get<std::string>();
+        found |= answer.compare(0, kept.size(), kept) == 0;
+      }
+      EXPECT_TRUE(found) << "reference '" << ref << "' is not a prefix of any answer";
+    }
+  }
+  // The examples are cut at seq_len, the first one inside a character.
+  for (const auto& d : Lines(out, "data")) {
+    const std::string r = d.at("rendered_example").get<std::string>();
+    check(r, "metrics.jsonl rendered_example");
+    if (r.find(kFffd + "]]") != std::string::npos) ++cut;
+  }
+  EXPECT_GT(cut, 0) << "no example was cut mid-character: the test data no longer tests the cut";
+  ASSERT_EQ(w.last.data_size(), 2);
+  for (const auto& d : w.last.data()) check(d.rendered_example(), "watch stream data summary");
+  // The watch stream carried the samples (protobuf strings: well-formed).
+  ASSERT_GT(w.last.evals_size(), 0);
+  for (const auto& e : w.last.evals()) {
+    for (const auto& sample : e.samples()) {
+      check(sample.reference(), "watch stream reference");
+      check(sample.prediction(), "watch stream prediction");
+    }
+  }
+  std::ifstream report_in(out + "/report.html");
+  const std::string report((std::istreambuf_iterator<char>(report_in)), {});
+  EXPECT_NE(report.find("<svg"), std::string::npos);
+  check(report, "report.html");
+  EXPECT_EQ(samples, 6);
 }
 
 // data.packing end to end: the worker trains on PackExamples of the loaded examples (the
