@@ -441,14 +441,17 @@ void PrintChoice(const lspo::v1::JobSpec& in, bool in_process) {
                           " scale=", spec.galore().scale(), ", ");
   }
   std::printf(
-      "LSP-Offload job '%s': mode %s (%s), %ssteps=%d, micro-batch %d x %d "
+      "LSP-Offload job '%s': mode %s (%s), %ssteps=%d, micro-batch %s x %d "
       "accum, seq_len %d, lr %g (%s, warm-up %d), %d threads\n",
       spec.name().c_str(), lspo::runtime::EnumShortName(spec.mode()).c_str(),
       on_worker ? "no offload"
                 : absl::StrCat(lspo::runtime::EnumShortName(spec.schedule()), " schedule",
                                spec.distributed().world_size() > 1 ? ", data parallel" : "")
                       .c_str(),
-      method.c_str(), spec.steps(), spec.micro_batch_size(), spec.grad_accum(), spec.seq_len(),
+      method.c_str(), spec.steps(),
+      spec.has_micro_batch_size() ? absl::StrCat(spec.micro_batch_size()).c_str()
+                                  : "auto (8 on the CPU; a GPU worker takes the largest that fits)",
+      spec.grad_accum(), spec.seq_len(),
       spec.optim().lr(), lspo::runtime::EnumShortName(spec.optim().schedule()).c_str(),
       spec.optim().warmup_steps(), spec.num_threads());
   if (spec.distributed().world_size() > 1) {

@@ -432,8 +432,8 @@ absl::Status RunPlan(const PlanCommand& cmd, std::FILE* out) {
       spec.model().path().empty() ? "a random model" : spec.model().path(), config.num_layers,
       config.hidden_size, config.num_heads, config.num_kv_heads, config.intermediate_size,
       config.vocab_size, config.NumParameters() / 1e6, plans[0].trained_parameters / 1e6,
-      plans[0].trained_matrices, spec.micro_batch_size(), spec.seq_len(),
-      spec.micro_batch_size() * spec.seq_len(), spec.grad_accum(),
+      plans[0].trained_matrices, offload::MicroBatchOf(spec), spec.seq_len(),
+      offload::MicroBatchOf(spec) * spec.seq_len(), spec.grad_accum(),
       spec.activation_checkpointing() ? "on" : "off", cuda ? "cuda" : "cpu",
       assumed_cuda ? " (the spec names no device: --device=cpu plans for the CPU)" : "",
       plans.empty() || plans[0].weight_bytes == 4 ? "fp32" : "bf16");
@@ -498,9 +498,11 @@ absl::Status RunPlan(const PlanCommand& cmd, std::FILE* out) {
   }
   // What a CUDA worker chooses for the job's unset settings on this budget (issue 42).
   lspo::v1::JobSpec chosen = spec;
-  ASSIGN_OR_RETURN(std::string choice,
+  ASSIGN_OR_RETURN(std::vector<std::string> choice,
                    offload::ChooseFittingDefaults(&chosen, config, own, cuda, budget));
-  if (!choice.empty()) std::fprintf(out, "the worker would choose: %s\n", choice.c_str());
+  for (const std::string& line : choice) {
+    std::fprintf(out, "the worker would choose: %s\n", line.c_str());
+  }
   return absl::OkStatus();
 }
 

@@ -288,11 +288,13 @@ absl::Status CheckJobFitsDevice(JobSpec* spec_in, bool cuda, std::vector<std::st
     if (budget <= 0) return absl::OkStatus();
   }
   // Settings the spec left unset, chosen to fit (issue 42): then the plan of the chosen ones.
-  absl::StatusOr<std::string> choice =
+  absl::StatusOr<std::vector<std::string>> choice =
       offload::ChooseFittingDefaults(spec_in, *config, mode, cuda, budget);
   if (choice.ok() && !choice->empty()) {
-    LOG(INFO) << "worker: " << *choice;
-    chosen->push_back(*choice);
+    for (const std::string& line : *choice) {
+      LOG(INFO) << "worker: " << line;
+      chosen->push_back(line);
+    }
     planned = offload::PlanJobMemory(spec, *config, mode, cuda);
     if (!planned.ok()) return absl::OkStatus();
   }
@@ -802,6 +804,8 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(
         "or run with device: cuda on a GPU host"));
   }
   RETURN_IF_ERROR(CheckJobFitsDevice(&spec, use_cuda, &chosen));
+  // Unset and not chosen (the CPU, data parallel, an unreadable config, the check skipped).
+  if (spec.micro_batch_size() < 1) spec.set_micro_batch_size(offload::kDefaultMicroBatchSize);
   auto job = std::make_unique<WorkerJob>();
   if (spec.distributed().world_size() > 1) {
     // A CUDA worker's collectives run over Gloo too, on host copies (offload/collective.h):
@@ -926,6 +930,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(
   reply.set_trainable_parameters(trainable);
   reply.set_device(job->device.str());
   reply.set_activation_checkpointing(spec.activation_checkpointing());
+  reply.set_micro_batch_size(spec.micro_batch_size());
   for (const std::string& line : chosen) reply.add_chosen_settings(line);
   reply.set_agreed_resume_step(agreed_resume_step);
   reply.set_seconds(runtime::SecondsSince(t0));

@@ -142,7 +142,7 @@ int64_t MemoryPlan::OptimizerHost() const {
 
 absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::LlamaConfig& c,
                                          PlanMode mode, bool cuda) {
-  const int64_t B = spec.micro_batch_size(), T = spec.seq_len();
+  const int64_t B = MicroBatchOf(spec), T = spec.seq_len();
   if (B < 1 || T < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("job spec fields micro_batch_size = ", B, ", seq_len = ", T,
@@ -356,22 +356,69 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
   return plan;
 }
 
-absl::StatusOr<std::string> ChooseFittingDefaults(JobSpec* spec, const model::LlamaConfig& config,
-                                                  PlanMode mode, bool cuda, int64_t device_bytes) {
-  if (!cuda || spec->has_activation_checkpointing()) return std::string();
-  ASSIGN_OR_RETURN(MemoryPlan plan, PlanJobMemory(*spec, config, mode, cuda));
-  if (plan.device_peak <= device_bytes) return std::string();
-  JobSpec with = *spec;
-  with.set_activation_checkpointing(true);
-  ASSIGN_OR_RETURN(MemoryPlan ckpt, PlanJobMemory(with, config, mode, cuda));
-  if (ckpt.device_peak > device_bytes) return std::string();
-  spec->set_activation_checkpointing(true);
+absl::StatusOr<std::vector<std::string>> ChooseFittingDefaults(
+    JobSpec* spec, const model::LlamaConfig& config, PlanMode mode, bool cuda,
+    int64_t device_bytes) {
+  std::vector<std::string> lines;
+  if (!cuda) return lines;
   constexpr double kGiB = 1LL << 30;
-  return absl::StrFormat(
-      "activation checkpointing: on (chosen: the %s plan needs %.2f GiB without it and %.2f "
-      "GiB with it, of %.2f GiB on the device; set activation_checkpointing to decide)",
-      PlanModeName(mode), plan.device_peak / kGiB, ckpt.device_peak / kGiB,
-      device_bytes / kGiB);
+  const bool ckpt_unset = !spec->has_activation_checkpointing();
+  if (ckpt_unset) {
+    ASSIGN_OR_RETURN(MemoryPlan plan, PlanJobMemory(*spec, config, mode, cuda));
+    if (plan.device_peak > device_bytes) {
+      JobSpec with = *spec;
+      with.set_activation_checkpointing(true);
+      ASSIGN_OR_RETURN(MemoryPlan ckpt, PlanJobMemory(with, config, mode, cuda));
+      if (ckpt.device_peak <= device_bytes) {
+        spec->set_activation_checkpointing(true);
+        lines.push_back(absl::StrFormat(
+            "activation checkpointing: on (chosen: the %s plan at micro-batch %d needs %.2f GiB "
+            "without it and %.2f GiB with it, of %.2f GiB on the device; set "
+            "activation_checkpointing to decide)",
+            PlanModeName(mode), MicroBatchOf(*spec), plan.device_peak / kGiB,
+            ckpt.device_peak / kGiB, device_bytes / kGiB));
+      }
+    }
+  }
+  if (spec->micro_batch_size() != 0 || spec->distributed().world_size() > 1) return lines;
+  // The largest power of two up to kMaxChosenMicroBatch that fits with `ckpt`, and its peak.
+  auto largest = [&](bool ckpt, int64_t* peak) -> absl::StatusOr<int32_t> {
+    JobSpec s = *spec;
+    s.set_activation_checkpointing(ckpt);
+    for (int32_t b = kMaxChosenMicroBatch; b >= 1; b /= 2) {
+      s.set_micro_batch_size(b);
+      ASSIGN_OR_RETURN(MemoryPlan p, PlanJobMemory(s, config, mode, cuda));
+      if (p.device_peak <= device_bytes) {
+        *peak = p.device_peak;
+        return b;
+      }
+    }
+    return 0;
+  };
+  int64_t peak = 0;
+  ASSIGN_OR_RETURN(int32_t b, largest(spec->activation_checkpointing(), &peak));
+  if (b == 0 && ckpt_unset && !spec->activation_checkpointing()) {
+    ASSIGN_OR_RETURN(b, largest(true, &peak));
+    if (b > 0) {
+      spec->set_activation_checkpointing(true);
+      lines.push_back(absl::StrFormat(
+          "activation checkpointing: on (chosen: no micro-batch fits %.2f GiB on the device "
+          "without it; set activation_checkpointing to decide)",
+          device_bytes / kGiB));
+    }
+  }
+  if (b == 0) {
+    spec->set_micro_batch_size(kDefaultMicroBatchSize);  // refused by the caller's fit check
+    return lines;
+  }
+  spec->set_micro_batch_size(b);
+  lines.push_back(absl::StrFormat(
+      "micro_batch_size: %d (chosen: the largest power of two up to %d whose %s plan fits, "
+      "%.2f GiB of %.2f GiB on the device with activation checkpointing %s; set "
+      "micro_batch_size to decide)",
+      b, kMaxChosenMicroBatch, PlanModeName(mode), peak / kGiB, device_bytes / kGiB,
+      spec->activation_checkpointing() ? "on" : "off"));
+  return lines;
 }
 
 absl::StatusOr<FitAnswer> FitOnDevice(const JobSpec& spec, const model::LlamaConfig& config,

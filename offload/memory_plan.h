@@ -137,6 +137,15 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const lspo::v1::JobSpec& spec,
 
 // The largest micro-batch FitOnDevice tries.
 inline constexpr int32_t kMaxPlannedMicroBatch = 4096;
+// The micro-batch of a job spec that leaves micro_batch_size unset, where nothing is chosen
+// (the CPU, data parallel), and the largest a CUDA worker chooses (ChooseFittingDefaults).
+inline constexpr int32_t kDefaultMicroBatchSize = 8;
+inline constexpr int32_t kMaxChosenMicroBatch = 32;
+// spec.micro_batch_size(), or kDefaultMicroBatchSize when unset or 0 (a negative value is
+// returned as it is, for the planner to refuse).
+inline int32_t MicroBatchOf(const lspo::v1::JobSpec& spec) {
+  return spec.micro_batch_size() != 0 ? spec.micro_batch_size() : kDefaultMicroBatchSize;
+}
 
 // Whether an lsp worker with 16-bit weights keeps a 16-bit compensation residual per trained
 // weight: lsp.apply_rounding compensated or unset (the default); nearest and stochastic keep
@@ -164,15 +173,23 @@ absl::StatusOr<FitAnswer> FitOnDevice(const lspo::v1::JobSpec& spec,
                                       int64_t device_bytes);
 
 // Settings a CUDA job left unset, chosen so that its plan fits `device_bytes` (issue 42,
-// "defaults that fit the card"): when the plan as given does not fit, activation_checkpointing
-// is absent from the spec (has_activation_checkpointing() false) and the plan with it fits,
-// it is turned on in *spec. Returns the run header's line saying what was chosen and why (the
-// peaks without and with, the budget), "" when nothing changed (the job fits, or an explicit
-// setting stands, or checkpointing would not make it fit: the caller's fit check then refuses
-// it, naming what would). Nothing changes on the CPU. Errors: PlanJobMemory's.
-absl::StatusOr<std::string> ChooseFittingDefaults(lspo::v1::JobSpec* spec,
-                                                  const model::LlamaConfig& config,
-                                                  PlanMode mode, bool cuda, int64_t device_bytes);
+// "defaults that fit the card"), in this order:
+//  1. activation_checkpointing, when absent from the spec (has_activation_checkpointing()
+//     false): turned on when the plan at the spec's micro-batch (kDefaultMicroBatchSize when
+//     unset) does not fit and the plan with checkpointing does;
+//  2. micro_batch_size, when absent (or 0) and the job is not data parallel (every rank must
+//     train the same batch): the largest power of two up to kMaxChosenMicroBatch whose plan
+//     fits with the checkpointing setting of step 1; when none fits and checkpointing was
+//     left unset, the largest that fits with it on (turning it on); when none fits at all,
+//     kDefaultMicroBatchSize (the caller's fit check then refuses the job, naming what would
+//     fit).
+// Returns one line per setting chosen, for the run header, saying what and why (the peaks,
+// the budget); empty when nothing was chosen (an explicit setting stands, or the CPU: nothing
+// changes there). Errors: PlanJobMemory's.
+absl::StatusOr<std::vector<std::string>> ChooseFittingDefaults(lspo::v1::JobSpec* spec,
+                                                               const model::LlamaConfig& config,
+                                                               PlanMode mode, bool cuda,
+                                                               int64_t device_bytes);
 
 // The plans as a table, one column per plan (each column headed by its mode; the spec's own
 // mode marked with '*' when `own` matches), every term in MiB, then the host memory and the

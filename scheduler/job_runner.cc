@@ -159,6 +159,7 @@ absl::Status JobRunner::SelectResume() {
 
 absl::Status JobRunner::AdoptResume() {
   const std::string stored = resume_state_.value("training_fingerprint", std::string());
+  TakeChosenSettingsFrom(stored, &spec_);
   if (!SameTraining(stored, spec_)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint '", resume_dir_, "' was written by a job with a different training spec (",
@@ -205,6 +206,11 @@ absl::Status JobRunner::Load() {
   }
   ASSIGN_OR_RETURN(wload_, worker_->LoadJob(load, dl_));
   loaded_ = true;
+  if (!spec_.has_micro_batch_size()) {
+    // The worker's choice (issue 42; a worker of an older version: its default, 8).
+    spec_.set_micro_batch_size(wload_.micro_batch_size() > 0 ? wload_.micro_batch_size() : 8);
+    *load.mutable_spec() = spec_;
+  }
   if (agree && wload_.agreed_resume_step() != start_step_) {
     // Another rank does not hold this rank's newest checkpoint (it died before committing
     // it): resume from the newest one every rank holds.

@@ -109,7 +109,9 @@ class JobRunner {
   absl::Status CheckCancel() const;
 
   const std::string id_;
-  const lspo::v1::JobSpec spec_;
+  // The job's spec; settings it leaves for the worker to choose (micro_batch_size) are filled
+  // in from the checkpoint resumed (AdoptResume) or the worker's LoadJob reply (Load), once.
+  lspo::v1::JobSpec spec_;
   WorkerClient* worker_;
   OptimizerClient* optimizer_;  // Null in mode native.
   JobHost* host_;

@@ -242,7 +242,15 @@ void ResolveDefaults(JobSpec* spec) {
   if (optim->schedule() == v1::LR_SCHEDULE_UNSPECIFIED) {
     optim->set_schedule(v1::LR_SCHEDULE_CONSTANT);
   }
-  if (spec->micro_batch_size() == 0) spec->set_micro_batch_size(8);
+  // micro_batch_size stays unset where a CUDA worker may choose it (issue 42; LoadJob says
+  // which it took); elsewhere 8, as before.
+  if (spec->has_micro_batch_size() && spec->micro_batch_size() == 0) {
+    spec->clear_micro_batch_size();
+  }
+  if (!spec->has_micro_batch_size() &&
+      (spec->device() == v1::DEVICE_CPU || spec->distributed().world_size() > 1)) {
+    spec->set_micro_batch_size(8);
+  }
   if (spec->grad_accum() == 0) spec->set_grad_accum(1);
   if (spec->seq_len() == 0) spec->set_seq_len(128);
   if (spec->keep_checkpoints() == 0) spec->set_keep_checkpoints(2);
@@ -571,8 +579,9 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return bad("lsp.kernels", lsp.kernels(), "use aten, custom or leave it empty");
   }
   if (spec.steps() < 1) return bad("steps", spec.steps(), "run at least 1 step");
-  if (spec.micro_batch_size() < 1) {
-    return bad("micro_batch_size", spec.micro_batch_size(), "must be >= 1");
+  if (spec.has_micro_batch_size() && spec.micro_batch_size() < 1) {
+    return bad("micro_batch_size", spec.micro_batch_size(),
+               "must be >= 1 (or left unset: a CUDA worker chooses the largest that fits)");
   }
   if (spec.grad_accum() < 1) return bad("grad_accum", spec.grad_accum(), "must be >= 1");
   if (spec.seq_len() < 8 || spec.seq_len() > 8192) {
@@ -655,6 +664,14 @@ std::string TrainingFingerprint(lspo::v1::JobSpec spec) {
   if (lsp->apply_rounding() == lspo::v1::APPLY_ROUNDING_COMPENSATED) lsp->clear_apply_rounding();
   if (lsp->compression() == lspo::v1::COMPRESSION_SPARSE) lsp->clear_compression();
   return runtime::ProtoToJson(spec);
+}
+
+void TakeChosenSettingsFrom(const std::string& fingerprint, lspo::v1::JobSpec* spec) {
+  lspo::v1::JobSpec stored;
+  if (!runtime::ProtoFromJson(fingerprint, &stored, "training_fingerprint").ok()) return;
+  if (!spec->has_micro_batch_size() && stored.micro_batch_size() > 0) {
+    spec->set_micro_batch_size(stored.micro_batch_size());
+  }
 }
 
 bool SameTraining(const std::string& fingerprint, const lspo::v1::JobSpec& spec) {

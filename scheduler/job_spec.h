@@ -32,8 +32,16 @@ absl::StatusOr<lspo::v1::JobSpec> LoadJobSpecFile(const std::string& path);
 // Renders a spec as pretty JSON (for logs and summary files).
 std::string JobSpecToJson(const lspo::v1::JobSpec& spec);
 
-// Fills every zero/empty field that has a documented default (see the proto comments).
+// Fills every zero/empty field that has a documented default (see the proto comments), except
+// those a CUDA worker chooses to fit its device (activation_checkpointing; micro_batch_size
+// unless the job runs on the CPU or is data parallel: issue 42).
 void ResolveDefaults(lspo::v1::JobSpec* spec);
+
+// For a job resumed from a checkpoint: the settings the worker chooses that `spec` leaves
+// unset (micro_batch_size) are taken from the checkpoint's training fingerprint (the spec it
+// trained with), so the resumed job trains the batch it trained before whatever device it now
+// runs on. Nothing changes when the fingerprint cannot be read (SameTraining then refuses it).
+void TakeChosenSettingsFrom(const std::string& fingerprint, lspo::v1::JobSpec* spec);
 
 // Checks a spec with defaults resolved: value ranges (d >= 1, 1 <= r <= d, steps >= 1, ...),
 // known formats and modes, and that model/data files exist and are readable.

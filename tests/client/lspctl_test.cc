@@ -279,6 +279,15 @@ TEST(LspctlPlanTest, SaysWhenTheWorkerWouldTurnOnActivationCheckpointing) {
   r = Lspctl(absl::StrCat("plan --spec=", spec, " --device=cuda --device_memory_gb=80"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, Not(HasSubstr("the worker would choose"))) << r.output;
+  // micro_batch_size unset: the largest power of two that fits the 8 GiB cap is chosen too.
+  std::ofstream(spec) << "name: p\nmode: lsp\nmodel: {path: " << dir << "}\n"
+                      << "data: {format: text, train_path: x.txt}\n"
+                      << "lsp: {d: 256, r: 8}\nseq_len: 512\nsteps: 1\n"
+                      << "device_memory_limit_mb: 8192\n";
+  r = Lspctl(absl::StrCat("plan --spec=", spec, " --device=cuda --device_memory_gb=80"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("the worker would choose: micro_batch_size: ")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("whose lsp plan fits")) << r.output;
 }
 
 // Ctrl-C during `lspctl run` (embedded): the first SIGINT cancels the job through the

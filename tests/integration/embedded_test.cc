@@ -139,6 +139,34 @@ TEST(OptimizerCoreTest, UnloadAbandonsAnUpdateWaitingForGradients) {
   EXPECT_TRUE(worker.UnloadJob("job-w").ok());
 }
 
+// Issue 42: a spec that leaves micro_batch_size unset keeps it unset through ResolveDefaults
+// (unless it names the CPU or is data parallel), and a worker on the CPU runs 8 (the old
+// default), choosing nothing; the reply says which it runs.
+TEST(WorkerCoreTest, AnUnsetMicroBatchIsEightOnTheCpu) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  v1::JobSpec spec =
+      testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("micro-unset"), v1::MODE_LSP, 1);
+  spec.clear_micro_batch_size();
+  spec.clear_device();
+  scheduler::ResolveDefaults(&spec);
+  EXPECT_FALSE(spec.has_micro_batch_size());
+  v1::JobSpec on_cpu = spec;
+  on_cpu.set_device(v1::DEVICE_CPU);
+  on_cpu.clear_micro_batch_size();
+  scheduler::ResolveDefaults(&on_cpu);
+  EXPECT_EQ(on_cpu.micro_batch_size(), 8);
+  v1::JobSpec ranks = spec;
+  ranks.mutable_distributed()->set_world_size(2);
+  scheduler::ResolveDefaults(&ranks);
+  EXPECT_EQ(ranks.micro_batch_size(), 8);
+  worker::WorkerCore worker;
+  auto load = worker.LoadJob("job-m", spec);
+  ASSERT_TRUE(load.ok()) << load.status();
+  EXPECT_EQ(load->micro_batch_size(), 8);
+  EXPECT_EQ(load->chosen_settings_size(), 0);
+  EXPECT_TRUE(worker.UnloadJob("job-m").ok());
+}
+
 // Zero mode under the overlap schedule (issue 43): the optimizer updates each matrix as its
 // gradient arrives, but keeps the step only on the worker's verdict. Step 1: two matrices'
 // gradients arrive and are updated, then the worker abandons the step (a non-finite gradient

@@ -12,8 +12,11 @@
 #include <string>
 #include <utility>
 #include <tuple>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "model/linear_cross_entropy.h"
 #include "model/llama_config.h"
@@ -201,10 +204,10 @@ TEST(MemoryPlanTest, AnUnsetCheckpointingIsTurnedOnOnlyWhenThatMakesTheJobFit) {
   ASSERT_LT(with, without / 2) << "checkpointing must save most of the activations here";
   const int64_t between = (with + without) / 2;
   auto choose = [&](lspo::v1::JobSpec s, bool cuda, int64_t budget) {
-    absl::StatusOr<std::string> line =
+    absl::StatusOr<std::vector<std::string>> lines =
         ChooseFittingDefaults(&s, Llama11b(), PlanMode::kLsp, cuda, budget);
-    EXPECT_TRUE(line.ok()) << line.status();
-    return std::make_pair(s, line.ok() ? *line : std::string("<error>"));
+    EXPECT_TRUE(lines.ok()) << lines.status();
+    return std::make_pair(s, lines.ok() ? absl::StrJoin(*lines, "\n") : std::string("<error>"));
   };
   auto [chosen, line] = choose(spec, true, between);
   EXPECT_TRUE(chosen.has_activation_checkpointing() && chosen.activation_checkpointing());
@@ -227,6 +230,69 @@ TEST(MemoryPlanTest, AnUnsetCheckpointingIsTurnedOnOnlyWhenThatMakesTheJobFit) {
   EXPECT_TRUE(kept.has_activation_checkpointing());
   EXPECT_FALSE(kept.activation_checkpointing());
   EXPECT_EQ(nothing, "");
+}
+
+TEST(MemoryPlanTest, AnUnsetMicroBatchIsTheLargestPowerOfTwoThatFits) {
+  // Issue 42: with device cuda and micro_batch_size unset, the worker takes the largest power
+  // of two up to kMaxChosenMicroBatch whose plan fits; with checkpointing unset and no
+  // micro-batch fitting without it, it turns checkpointing on too; never data parallel, never
+  // on the CPU, never over an explicit micro-batch.
+  lspo::v1::JobSpec spec = DeviceCheckSpec(256, 4, 512);
+  spec.clear_micro_batch_size();
+  ASSERT_FALSE(spec.has_micro_batch_size());
+  EXPECT_EQ(MicroBatchOf(spec), kDefaultMicroBatchSize);
+  auto peak = [&](int b, bool ckpt) {
+    lspo::v1::JobSpec s = spec;
+    s.set_micro_batch_size(b);
+    s.set_activation_checkpointing(ckpt);
+    return Plan(s, Llama11b(), PlanMode::kLsp, true).device_peak;
+  };
+  for (int b = 1; b < kMaxChosenMicroBatch; b *= 2) {
+    ASSERT_LT(peak(b, false), peak(2 * b, false)) << b;  // the plan grows with the batch
+  }
+  auto choose = [&](lspo::v1::JobSpec s, bool cuda, int64_t budget) {
+    absl::StatusOr<std::vector<std::string>> lines =
+        ChooseFittingDefaults(&s, Llama11b(), PlanMode::kLsp, cuda, budget);
+    EXPECT_TRUE(lines.ok()) << lines.status();
+    return std::make_pair(s, lines.ok() ? *lines : std::vector<std::string>{"<error>"});
+  };
+  lspo::v1::JobSpec no_ckpt = spec;
+  no_ckpt.set_activation_checkpointing(false);
+  // Exactly the peak of 16 (and one byte less: 8); far above everything: the cap, 32.
+  for (const auto& [budget, want] : {std::make_pair(peak(16, false), 16),
+                                     std::make_pair(peak(16, false) - 1, 8),
+                                     std::make_pair(int64_t{1} << 50, kMaxChosenMicroBatch)}) {
+    auto [s, lines] = choose(no_ckpt, true, budget);
+    EXPECT_EQ(s.micro_batch_size(), want) << budget;
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_NE(lines[0].find(absl::StrCat("micro_batch_size: ", want, " (chosen")),
+              std::string::npos)
+        << lines[0];
+    EXPECT_LE(Plan(s, Llama11b(), PlanMode::kLsp, true).device_peak, budget);
+  }
+  // Nothing fits: the default stays for the fit check to refuse, nothing said.
+  auto [none, silent] = choose(no_ckpt, true, peak(1, false) - 1);
+  EXPECT_EQ(none.micro_batch_size(), kDefaultMicroBatchSize);
+  EXPECT_TRUE(silent.empty());
+  // Checkpointing unset, no micro-batch fits without it: on, and the largest with it.
+  const int64_t tight = peak(2, true);
+  if (peak(1, false) > tight) {
+    auto [both, two] = choose(spec, true, tight);
+    EXPECT_TRUE(both.activation_checkpointing());
+    EXPECT_EQ(both.micro_batch_size(), 2);
+    EXPECT_EQ(two.size(), 2u);
+  } else {
+    ADD_FAILURE() << "the shape no longer needs checkpointing at micro-batch 1 under "
+                  << tight << " bytes: pick a tighter case";
+  }
+  // Data parallel, the CPU, an explicit micro-batch: unchanged.
+  lspo::v1::JobSpec dp = no_ckpt;
+  dp.mutable_distributed()->set_world_size(2);
+  EXPECT_FALSE(choose(dp, true, int64_t{1} << 50).first.has_micro_batch_size());
+  EXPECT_FALSE(choose(no_ckpt, false, int64_t{1} << 50).first.has_micro_batch_size());
+  lspo::v1::JobSpec four = no_ckpt;
+  four.set_micro_batch_size(4);
+  EXPECT_EQ(choose(four, true, int64_t{1} << 50).first.micro_batch_size(), 4);
 }
 
 TEST(MemoryPlanTest, StaticTermsAreExactCountsOnTheTinyShape) {
@@ -296,7 +362,7 @@ TEST(MemoryPlanTest, StaticTermsAreExactCountsOnTheTinyShape) {
 }
 
 TEST(MemoryPlanTest, BadSettingsAreRefusedNamingTheField) {
-  lspo::v1::JobSpec spec = DeviceCheckSpec(16, 0, 32);
+  lspo::v1::JobSpec spec = DeviceCheckSpec(16, -1, 32);  // 0 is unset: planned as 8
   absl::StatusOr<MemoryPlan> p = PlanJobMemory(spec, Smol(), PlanMode::kLsp, true);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("micro_batch_size"), std::string::npos) << p.status();

@@ -118,11 +118,18 @@ class FakeWorker final : public WorkerClient {
   std::map<std::string, Behaviour> behaviour;  // method name -> behaviour
   std::set<int> nonfinite_steps;
   std::function<void(int step)> on_train_step;  // runs inside TrainStep
+  // The micro-batch this worker "chooses" when the spec leaves it unset (0: none, the reply
+  // says 0, as a worker of an older version), and the spec of the last LoadJob.
+  int32_t chosen_micro_batch = 0;
+  lspo::v1::JobSpec loaded_spec;
 
   absl::StatusOr<lspo::v1::LoadJobReply> LoadJob(const lspo::v1::LoadJobRequest& r,
                                                  double d) override {
     RETURN_IF_ERROR(Record("LoadJob", -1, d));
+    loaded_spec = r.spec();
     lspo::v1::LoadJobReply rep;
+    rep.set_micro_batch_size(r.spec().has_micro_batch_size() ? r.spec().micro_batch_size()
+                                                             : chosen_micro_batch);
     if (r.spec().mode() != lspo::v1::MODE_NATIVE) {
       lspo::v1::ArenaLayout* a = rep.mutable_arena();
       a->set_linears_per_layer(7);

@@ -281,6 +281,53 @@ TEST(JobRunnerTest, ResumeSelectsTheNewestCheckpointThatVerifies) {
   fs::remove_all(out);
 }
 
+// Issue 42: a spec that leaves micro_batch_size unset (the default off the CPU) runs the
+// worker's choice: the data cursor, the summary and the checkpoint's training fingerprint
+// count it; a resume with it still unset sends the checkpoint's to the worker (which then
+// chooses nothing), whatever it would choose now; an explicit other value is another training.
+TEST(JobRunnerTest, TheWorkersMicroBatchIsAdoptedAndAResumeKeepsIt) {
+  const std::string out = TempDir();
+  v1::JobSpec spec = Spec(out, v1::MODE_LSP, 4);
+  spec.clear_micro_batch_size();
+  spec.set_checkpoint_every(2);
+  {
+    Fixture f;
+    f.worker.chosen_micro_batch = 16;
+    ASSERT_TRUE(f.Run(spec).ok());
+    EXPECT_FALSE(f.worker.loaded_spec.has_micro_batch_size());
+    EXPECT_EQ(Summary(out)["micro_batch_size"], 16);
+    std::ifstream in(ListCheckpoints(out).back().dir + "/trainer_state.json");
+    const nlohmann::json state = nlohmann::json::parse(in);
+    EXPECT_EQ(state["data_cursor"]["examples_per_step"], 16);  // x 1 accumulation x 1 rank
+    const nlohmann::json trained =
+        nlohmann::json::parse(state["training_fingerprint"].get<std::string>());
+    EXPECT_EQ(trained.value("micro_batch_size", 0), 16) << trained.dump();
+  }
+  Fixture f;
+  f.worker.chosen_micro_batch = 32;  // another card: it would choose otherwise
+  v1::JobSpec resume = spec;
+  resume.set_steps(6);
+  resume.set_resume_from("latest");
+  ASSERT_TRUE(f.Run(resume).ok());
+  EXPECT_TRUE(f.worker.loaded_spec.has_micro_batch_size());
+  EXPECT_EQ(f.worker.loaded_spec.micro_batch_size(), 16);
+  EXPECT_EQ(f.host.status().resumed_from_step(), 4);
+  EXPECT_EQ(Summary(out)["micro_batch_size"], 16);
+  Fixture g;
+  v1::JobSpec other = resume;
+  other.set_micro_batch_size(8);
+  EXPECT_EQ(g.Run(other).code(), absl::StatusCode::kFailedPrecondition);
+  // A worker that says nothing (an older version): 8, as the default was.
+  const std::string old = TempDir();
+  v1::JobSpec unset = Spec(old, v1::MODE_LSP, 2);
+  unset.clear_micro_batch_size();
+  Fixture h;
+  ASSERT_TRUE(h.Run(unset).ok());
+  EXPECT_EQ(Summary(old)["micro_batch_size"], 8);
+  fs::remove_all(out);
+  fs::remove_all(old);
+}
+
 std::string RunIdOf(const std::string& out, int step) {
   absl::StatusOr<CheckpointLineage> l =
       ReadCheckpointLineage(absl::StrFormat("%s/checkpoints/step-%08d", out, step));
