@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <set>
 #include <thread>
 #include <vector>
@@ -386,14 +387,19 @@ TEST(CollectiveTest, RanksAgreeOnTheNewestCheckpointAllOfThemHold) {
     ASSERT_EQ(reference, c.want) << "case " << k << ": the table's expectation is wrong";
     const int port = FreePort();
     std::vector<absl::StatusOr<int>> got(world, absl::UnknownError("not run"));
+    // The groups outlive every rank's last collective (one destroyed early closes its
+    // connections while another may still be finishing).
+    std::vector<std::unique_ptr<Collective>> groups(world);
     OnRanks(world, [&](int r) {
       auto g = Collective::Join(Options(r, world, port, absl::Seconds(30)));
       if (!g.ok()) {
         got[r] = g.status();
         return;
       }
-      got[r] = AgreeOnNewestCommonStep(**g, c.held[r]);
+      groups[r] = std::move(*g);
+      got[r] = AgreeOnNewestCommonStep(*groups[r], c.held[r]);
     });
+    groups.clear();
     for (int r = 0; r < world; ++r) {
       if (c.want >= 0) {
         ASSERT_TRUE(got[r].ok()) << "case " << k << " rank " << r << ": " << got[r].status();

@@ -241,18 +241,17 @@ TEST(RendezvousStoreTest, TheStoreListensOnTheRendezvousAddressOnly) {
   const std::string other = OtherAddressOfThisHost();
   if (other.empty()) GTEST_SKIP() << "this host has no IPv4 address but loopback";
   const int port = FreePort();
-  absl::Status st0, st1;
+  // Both groups live until both joins returned: a rank whose group is destroyed at once closes
+  // its Gloo connections while the other may still be making its own (flaky under load).
+  absl::StatusOr<std::unique_ptr<Collective>> c0, c1;
   bool reachable_on_loopback = false, reachable_elsewhere = true;
-  std::thread rank0([&] {
-    auto c = Collective::Join(Options(0, 2, port, absl::Seconds(20)));
-    st0 = c.status();
-  });
+  std::thread rank0([&] { c0 = Collective::Join(Options(0, 2, port, absl::Seconds(20))); });
   reachable_on_loopback = AwaitListener(port);
   reachable_elsewhere = Connects(other, port);
-  std::thread rank1(
-      [&] { st1 = Collective::Join(Options(1, 2, port, absl::Seconds(20))).status(); });
+  std::thread rank1([&] { c1 = Collective::Join(Options(1, 2, port, absl::Seconds(20))); });
   rank0.join();
   rank1.join();
+  const absl::Status st0 = c0.status(), st1 = c1.status();
   EXPECT_TRUE(reachable_on_loopback) << "rank 0's store never listened on 127.0.0.1:" << port;
   EXPECT_FALSE(reachable_elsewhere) << "rank 0's store is reachable at " << other << ":" << port
                                     << " although the rendezvous is 127.0.0.1";
@@ -366,9 +365,8 @@ TEST(RendezvousStoreTest, TokenFilesAndRemoteRendezvousAreChecked) {
   // A rank with a token refuses a store without one (rank 0 started without the token file).
   {
     const int port = FreePort();
-    absl::Status st0, st1;
-    std::thread rank0(
-        [&] { st0 = Collective::Join(Options(0, 2, port, absl::Seconds(20))).status(); });
+    absl::StatusOr<std::unique_ptr<Collective>> c0, c1;  // alive until both joined
+    std::thread rank0([&] { c0 = Collective::Join(Options(0, 2, port, absl::Seconds(20))); });
     ASSERT_TRUE(AwaitListener(port));
     CollectiveOptions with_token = Options(1, 2, port, absl::Seconds(20));
     with_token.secret_file = TokenFile("rank1_token", "0123456789abcdef0123456789abcdef");
@@ -376,12 +374,11 @@ TEST(RendezvousStoreTest, TokenFilesAndRemoteRendezvousAreChecked) {
     const absl::Status s = JoinWithin(with_token, 30, &took);
     EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
     EXPECT_NE(s.message().find("takes no token but this rank has one"), std::string::npos) << s;
-    std::thread rank1(
-        [&] { st1 = Collective::Join(Options(1, 2, port, absl::Seconds(20))).status(); });
+    std::thread rank1([&] { c1 = Collective::Join(Options(1, 2, port, absl::Seconds(20))); });
     rank0.join();
     rank1.join();
-    EXPECT_TRUE(st0.ok()) << st0;
-    EXPECT_TRUE(st1.ok()) << st1;
+    EXPECT_TRUE(c0.ok()) << c0.status();
+    EXPECT_TRUE(c1.ok()) << c1.status();
   }
 
   // Both given, on an address of this host that is not loopback: the group forms there.
@@ -389,7 +386,7 @@ TEST(RendezvousStoreTest, TokenFilesAndRemoteRendezvousAreChecked) {
   if (other.empty()) GTEST_SKIP() << "this host has no IPv4 address but loopback";
   const int port = FreePort();
   const std::string token = TokenFile("remote_token", "0123456789abcdef0123456789abcdef");
-  absl::Status st[2];
+  absl::StatusOr<std::unique_ptr<Collective>> joined[2];  // alive until both joined
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.emplace_back([&, r] {
@@ -397,12 +394,12 @@ TEST(RendezvousStoreTest, TokenFilesAndRemoteRendezvousAreChecked) {
       ro.host = other;
       ro.allow_remote = true;
       ro.secret_file = token;
-      st[r] = Collective::Join(ro).status();
+      joined[r] = Collective::Join(ro);
     });
   }
   for (auto& t : ranks) t.join();
-  EXPECT_TRUE(st[0].ok()) << st[0];
-  EXPECT_TRUE(st[1].ok()) << st[1];
+  EXPECT_TRUE(joined[0].ok()) << joined[0].status();
+  EXPECT_TRUE(joined[1].ok()) << joined[1].status();
 }
 
 // Junk on the port (a raw TCP client, a half-open connection, an HTTP/1 request) neither
