@@ -3,12 +3,14 @@
 // job fails with a clear "optimizer ... unavailable" error instead of hanging.
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -462,12 +464,18 @@ TEST(MultiProcessTest, AsDeployedLspctlSubmitWatchesAJobToCompletion) {
   char shared[4096];
   ASSERT_NE(realpath((repo + "/datasets").c_str(), shared), nullptr);
   const std::string roots = var + "," + repo + "/models," + shared;
-  Process worker(LSPO_WORKER_BIN, {"--listen=" + w, "--allowed_roots=" + roots});
-  Process optimizer(LSPO_OPTIMIZER_BIN, {"--listen=" + o, "--allowed_roots=" + roots});
+  // One bearer token for the three services and lspctl, mode 0600, as
+  // deploy/systemd/lsp-offload-token.service writes it; the scheduler sends it to its peers.
+  const std::string token_file = var + "/auth_token";
+  std::ofstream(token_file) << "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n";
+  ASSERT_EQ(chmod(token_file.c_str(), 0600), 0);
+  const std::string auth = "--auth_token_file=" + token_file;
+  Process worker(LSPO_WORKER_BIN, {"--listen=" + w, "--allowed_roots=" + roots, auth});
+  Process optimizer(LSPO_OPTIMIZER_BIN, {"--listen=" + o, "--allowed_roots=" + roots, auth});
   Process scheduler(LSPO_SCHEDULER_BIN,
                     {"--listen=" + s, "--worker=" + w, "--optimizer=" + o,
                      "--runs_root=" + var + "/runs", "--state_dir=" + var + "/state",
-                     "--allowed_roots=" + roots});
+                     "--allowed_roots=" + roots, auth});
   ASSERT_TRUE(WaitReady(w) && WaitReady(o) && WaitReady(s));
   const std::string spec_path = var + "/job.yaml";
   {
@@ -495,14 +503,21 @@ TEST(MultiProcessTest, AsDeployedLspctlSubmitWatchesAJobToCompletion) {
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
   };
   std::string out;
-  EXPECT_EQ(run("submit --spec=" + spec_path + " --watch --scheduler=" + s, &out), 0) << out;
+  EXPECT_EQ(run("submit --spec=" + spec_path + " --watch --scheduler=" + s + " " + auth, &out), 0)
+      << out;
   EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
   EXPECT_NE(out.find("last checkpoint: step 3"), std::string::npos) << out;
   // The scheduler lists it (persisted in --state_dir).
   std::string ls;
-  EXPECT_EQ(run("list --scheduler=" + s, &ls), 0) << ls;
+  EXPECT_EQ(run("list --scheduler=" + s + " " + auth, &ls), 0) << ls;
   EXPECT_NE(ls.find("SUCCEEDED"), std::string::npos) << ls;
   EXPECT_NE(ls.find("3/3"), std::string::npos) << ls;
+  // Without the token neither the scheduler nor a peer answers (a call straight to the
+  // worker's port is refused before its method is looked up).
+  for (const std::string& addr : {s, w, o}) {
+    EXPECT_NE(run("list --scheduler=" + addr, &ls), 0) << addr << ": " << ls;
+    EXPECT_NE(ls.find("authorization: Bearer"), std::string::npos) << addr << ": " << ls;
+  }
   // Outside the allowed roots: refused at submit, naming the field.
   const std::string bad_path = var + "/bad.yaml";
   {
@@ -515,7 +530,7 @@ TEST(MultiProcessTest, AsDeployedLspctlSubmitWatchesAJobToCompletion) {
                  repo.c_str(), testing_jobs::kModel, shared);
     std::fclose(f);
   }
-  EXPECT_NE(run("submit --spec=" + bad_path + " --scheduler=" + s, &out), 0) << out;
+  EXPECT_NE(run("submit --spec=" + bad_path + " --scheduler=" + s + " " + auth, &out), 0) << out;
   EXPECT_NE(out.find("output_dir"), std::string::npos) << out;
   EXPECT_NE(out.find("allowed roots"), std::string::npos) << out;
 }
