@@ -375,11 +375,8 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
   auto roll_back = [&]() {
     for (const ZeroUndo& z : zero_undo) {
       LinearState& st = job->linears[z.index];
-      const size_t n = st.m.size();
-      const float* rec = job->zero_undo_pool.data() + z.offset;
-      std::memcpy(st.base.data_ptr<float>(), rec, n * sizeof(float));
-      std::memcpy(st.m.data(), rec + n, n * sizeof(float));
-      std::memcpy(st.v.data(), rec + 2 * n, n * sizeof(float));
+      lsp::RestoreAdamState(job->zero_undo_pool.data() + z.offset, st.base.data_ptr<float>(),
+                            st.m.data(), st.v.data(), static_cast<int64_t>(st.m.size()));
       st.step = z.step;
     }
     zero_undo.clear();
@@ -540,6 +537,7 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
       norm2 += *sq;
     }
     if (job->zero) {
+      float* undo_record = nullptr;
       if (!verdict_known && job->flags.verdict_seq() >= step) verdict_known = true;
       if (!verdict_known) {
         // Before the verdict: keep the matrix's state to undo it, or, the pool full, wait.
@@ -550,12 +548,7 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
               total, kZeroUndoBudgetBytes / static_cast<int64_t>(sizeof(float))));
         }
         if (pool_used + 3 * n <= static_cast<int64_t>(job->zero_undo_pool.size())) {
-          float* rec = job->zero_undo_pool.data() + pool_used;
-          std::memcpy(rec, st.base.data_ptr<float>(), n * sizeof(float));
-          std::memcpy(rec + n, st.m.data(), n * sizeof(float));
-          std::memcpy(rec + 2 * n, st.v.data(), n * sizeof(float));
-          zero_undo.push_back({i, st.step, pool_used});
-          pool_used += 3 * n;
+          undo_record = job->zero_undo_pool.data() + pool_used;  // written by the step below
         } else {
           absl::Status vs = await_verdict();
           if (!vs.ok()) {
@@ -574,6 +567,10 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
         return param_slot.status();
       }
       uint16_t* out = *param_slot;
+      if (undo_record != nullptr) {  // recorded only once the step that writes it runs
+        zero_undo.push_back({i, st.step, pool_used});
+        pool_used += 3 * n;
+      }
       ++st.step;
       lsp::AdamOperands ops;
       ops.grad_bf16 = g.bf16;
@@ -583,6 +580,7 @@ absl::StatusOr<lspo::v1::UpdateReply> OptimizerCore::Update(
       ops.out = st.base.data_ptr<float>();
       ops.accumulate = true;
       ops.out_bf16 = out;
+      ops.undo = undo_record;
       ops.n = n;
       lsp::FusedAdamStep(hyper, st.step, ops);
     } else {

@@ -71,6 +71,10 @@ struct AdamOperands {
   // Optional (accumulate only): out_bf16[i] = bf16(out[i]) after the update, round to nearest
   // even (runtime/float16.h Fp32ToBf16, NaN kept quiet). Null = no bf16 copy.
   uint16_t* out_bf16 = nullptr;
+  // Optional (zero-mode step only: grad_bf16, accumulate, out_bf16): 3 n floats that receive,
+  // in the same pass, the state before the update: undo[i] = out[i] (the master), undo[n + i]
+  // = m[i], undo[2 n + i] = v[i] (12 bytes written per parameter; RestoreAdamState undoes).
+  float* undo = nullptr;
   int64_t n = 0;
 };
 
@@ -89,6 +93,12 @@ struct AdamOperands {
 // not alias out. Non-finite gradients are NOT filtered (no silent NaN-to-zero): call
 // CheckFinite / GradientStats first.
 void FusedAdamStep(const AdamHyper& h, int64_t step, const AdamOperands& ops);
+
+// Copies an undo record (AdamOperands::undo: record[0, n) = w, [n, 2n) = m, [2n, 3n) = v, all
+// fp32) back into w, m, v, in parallel chunks (oneTBB). Issue 43: the optimizer's zero mode
+// keeps one per matrix it updates before the worker's verdict on the step, and restores it
+// when the step is skipped. record holds 3 n floats, overlapping none of the others; n >= 0.
+void RestoreAdamState(const float* record, float* w, float* m, float* v, int64_t n);
 
 // Convenience form for fp32 gradients: FusedAdamStep with grad_fp32 = grad, grad_scale = 1,
 // out_bf16 = null.

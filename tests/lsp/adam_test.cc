@@ -262,6 +262,51 @@ TEST(FusedAdamStep, Bf16GradientEqualsWidenedFp32GradientBitwise) {
   EXPECT_EQ(b1, b2);
 }
 
+// Issue 43: the zero-mode step with an undo record writes exactly the state it read (master,
+// m, v before the update) and updates bitwise as without one; RestoreAdamState puts it back.
+TEST(FusedAdamStep, TheUndoRecordIsTheStateBeforeTheStepAndRestoresIt) {
+  const int64_t n = 70001;  // several oneTBB chunks and a ragged end
+  std::mt19937 rng(12);
+  std::vector<uint16_t> g16(n);
+  const std::vector<float> g = RandomVector(n, 1.0f, rng);
+  for (int64_t i = 0; i < n; ++i) g16[i] = ToBf16(g[i]);
+  AdamHyper h;
+  h.weight_decay = 0.01f;
+  const std::vector<float> w0 = RandomVector(n, 1.0f, rng), m0 = RandomVector(n, 0.1f, rng);
+  std::vector<float> v0 = RandomVector(n, 0.1f, rng);
+  for (float& x : v0) x = x * x;
+  std::vector<float> m1(m0), v1(v0), w1(w0), m2(m0), v2(v0), w2(w0), record(3 * n, -1.0f);
+  std::vector<uint16_t> b1(n), b2(n);
+  AdamOperands a;
+  a.grad_bf16 = g16.data();
+  a.grad_scale = 0.5f;
+  a.m = m1.data();
+  a.v = v1.data();
+  a.out = w1.data();
+  a.accumulate = true;
+  a.out_bf16 = b1.data();
+  a.n = n;
+  FusedAdamStep(h, 3, a);
+  AdamOperands b = a;
+  b.m = m2.data();
+  b.v = v2.data();
+  b.out = w2.data();
+  b.out_bf16 = b2.data();
+  b.undo = record.data();
+  FusedAdamStep(h, 3, b);
+  EXPECT_EQ(w1, w2);
+  EXPECT_EQ(m1, m2);
+  EXPECT_EQ(v1, v2);
+  EXPECT_EQ(b1, b2);
+  EXPECT_EQ(std::vector<float>(record.begin(), record.begin() + n), w0);
+  EXPECT_EQ(std::vector<float>(record.begin() + n, record.begin() + 2 * n), m0);
+  EXPECT_EQ(std::vector<float>(record.begin() + 2 * n, record.end()), v0);
+  RestoreAdamState(record.data(), w2.data(), m2.data(), v2.data(), n);
+  EXPECT_EQ(w2, w0);
+  EXPECT_EQ(m2, m0);
+  EXPECT_EQ(v2, v0);
+}
+
 TEST(NonFiniteError, NamesInputIndexAndFix) {
   const absl::Status st = NonFiniteError("model.layers.3.mlp.up_proj", 17, 100, NAN);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
