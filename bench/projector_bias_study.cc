@@ -66,10 +66,10 @@
 #include "lsp/subspace.h"
 #include "model/gguf.h"
 #include "model/llama.h"
-#include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "runtime/status_macros.h"
 #include "tbb/global_control.h"
+#include "text/tokenizer.h"
 
 ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf",
           "GGUF checkpoint (model + tokenizer), relative to the repository root");

@@ -6,15 +6,16 @@
 
 namespace lspo::client {
 
-EmbeddedRuntime::EmbeddedRuntime(const std::vector<std::string>& allowed_roots)
-    : worker_core_(worker::WorkerOptions{allowed_roots}),
-      optimizer_core_(optimizer::OptimizerOptions{allowed_roots}),
+EmbeddedRuntime::EmbeddedRuntime(worker::WorkerOptions worker)
+    : worker_core_(worker),
+      optimizer_core_(optimizer::OptimizerOptions{worker.allowed_roots}),
       worker_service_(&worker_core_),
       optimizer_service_(&optimizer_core_) {}
 
 absl::StatusOr<std::unique_ptr<EmbeddedRuntime>> EmbeddedRuntime::Start(
-    scheduler::SchedulerOptions options) {
-  std::unique_ptr<EmbeddedRuntime> rt(new EmbeddedRuntime(options.allowed_roots));
+    scheduler::SchedulerOptions options, worker::WorkerOptions worker) {
+  worker.allowed_roots = options.allowed_roots;  // One set of roots for the three services.
+  std::unique_ptr<EmbeddedRuntime> rt(new EmbeddedRuntime(std::move(worker)));
   grpc::ServerBuilder actors;
   actors.RegisterService(&rt->worker_service_);
   actors.RegisterService(&rt->optimizer_service_);

@@ -21,19 +21,20 @@ namespace lspo::client {
 class EmbeddedRuntime {
  public:
   // Starts the three services; `options` configures the scheduler, and its allowed_roots
-  // the worker's and the optimizer's too (WorkerOptions, OptimizerOptions: their RPCs check
-  // the same roots). Errors: kInternal when an in-process gRPC server does not start;
-  // SchedulerCore::Create's (an unusable options.state_dir, named).
+  // the worker's and the optimizer's too (their RPCs check the same roots, replacing
+  // worker.allowed_roots); `worker` the rest of the worker (gpu_worker/worker_options.h: the
+  // memory check, the tests' fault injection). Errors: kInternal when an in-process gRPC
+  // server does not start; SchedulerCore::Create's (an unusable options.state_dir, named).
   static absl::StatusOr<std::unique_ptr<EmbeddedRuntime>> Start(
-      scheduler::SchedulerOptions options = {});
+      scheduler::SchedulerOptions options = {}, worker::WorkerOptions worker = {});
   ~EmbeddedRuntime();
 
   // A channel to the in-process Scheduler service (use lspo::v1::Scheduler::NewStub).
   std::shared_ptr<grpc::Channel> scheduler_channel() const { return scheduler_channel_; }
 
  private:
-  // The peers' cores confined to `allowed_roots` (empty = no restriction).
-  explicit EmbeddedRuntime(const std::vector<std::string>& allowed_roots);
+  // The worker's core set up by `worker`, the optimizer's confined to its allowed_roots.
+  explicit EmbeddedRuntime(worker::WorkerOptions worker);
 
   worker::WorkerCore worker_core_;
   optimizer::OptimizerCore optimizer_core_;

@@ -18,11 +18,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "gpu_worker/worker_core.h"
-#include "model/chat_template.h"
 #include "model/generate.h"
 #include "model/hf_checkpoint.h"
 #include "model/llama.h"
-#include "model/tokenizer.h"
+#include "text/chat_template.h"
 #include "nlohmann/json.hpp"
 #include "offload/hf_export.h"
 #include "offload/job_assets.h"
@@ -33,7 +32,9 @@
 #include "runtime/proto_json.h"
 #include "runtime/status_macros.h"
 #include "runtime/utf8.h"
+#include "offload/training_mode.h"
 #include "scheduler/job_spec.h"
+#include "text/tokenizer.h"
 
 namespace lspo::client {
 namespace {
@@ -43,7 +44,8 @@ lspo::v1::JobSpec ModelSpec(const std::string& model, int32_t num_threads) {
   lspo::v1::JobSpec spec;
   spec.mutable_model()->set_path(model);
   spec.set_num_threads(num_threads);
-  spec.set_mode(lspo::v1::MODE_NATIVE);
+  // No optimizer service: the worker alone (the native mode's descriptor).
+  spec.set_mode((*offload::ModeByName("native"))->mode);
   spec.set_steps(1);
   spec.set_skip_checkpoint(true);
   return spec;
@@ -409,19 +411,18 @@ absl::Status RunPlan(const PlanCommand& cmd, std::FILE* out) {
   scheduler::ResolveDefaults(&spec);
   const bool cuda = spec.device() != lspo::v1::DEVICE_CPU;
   ASSIGN_OR_RETURN(model::LlamaConfig config, offload::LoadJobModelConfig(spec));
-  const offload::PlanMode own = offload::PlanModeOf(spec);
+  const lspo::v1::TrainingMode own = offload::ModeOf(spec).mode;
   std::vector<offload::MemoryPlan> plans;
   std::vector<std::string> left_out;
-  for (offload::PlanMode mode :
-       {offload::PlanMode::kLsp, offload::PlanMode::kZero, offload::PlanMode::kNative,
-        offload::PlanMode::kLora, offload::PlanMode::kGalore, offload::PlanMode::kGaloreOffload}) {
+  for (const offload::ModeDescriptor& m : offload::AllModes()) {
+    const lspo::v1::TrainingMode mode = m.mode;
     absl::StatusOr<offload::MemoryPlan> plan = offload::PlanJobMemory(spec, config, mode, cuda);
     if (plan.ok()) {
       plans.push_back(*plan);
     } else if (mode == own) {
       return plan.status();
     } else {
-      left_out.push_back(absl::StrCat(offload::PlanModeName(mode), ": ", plan.status().message()));
+      left_out.push_back(absl::StrCat(m.name, ": ", plan.status().message()));
     }
   }
   const std::string title = absl::StrFormat(
@@ -467,7 +468,7 @@ absl::Status RunPlan(const PlanCommand& cmd, std::FILE* out) {
                      offload::FitOnDevice(spec, config, plan.mode, cuda, budget));
     std::string line = absl::StrFormat(
         "  %-15s %s: peak %.2f GiB",
-        absl::StrCat(offload::PlanModeName(plan.mode), plan.mode == own ? " *" : ""),
+        absl::StrCat(offload::DescriptorOf(plan.mode).name, plan.mode == own ? " *" : ""),
         a.fits ? "fits" : "does not fit", plan.device_peak / double(1LL << 30));
     auto batches = [](int32_t mb) {
       return mb >= offload::kMaxPlannedMicroBatch ? absl::StrCat(">= ", mb) : absl::StrCat(mb);
@@ -487,7 +488,7 @@ absl::Status RunPlan(const PlanCommand& cmd, std::FILE* out) {
       absl::StrAppend(&line, "; not even micro-batch 1",
                       ckpt ? "" : ", with or without activation checkpointing");
     }
-    if (plan.mode == offload::PlanMode::kLsp) {
+    if (offload::DescriptorOf(plan.mode).learned_projectors) {  // lsp's d and rounding
       absl::StrAppend(&line, a.largest_d > 0 ? absl::StrCat("; largest lsp.d ", a.largest_d)
                                              : std::string("; no lsp.d fits"));
       if (a.fits_with_nearest_rounding) {

@@ -53,7 +53,7 @@ struct GenerateCommand {
 // plus max_new_tokens exceeds max_position_embeddings; kNotFound for a missing model path or
 // a folder without config.json; the model's and tokenizer's load errors; for --chat,
 // kFailedPrecondition when the model has no chat template and none is given, and the
-// template's parse and render errors (model/chat_template.h: kInvalidArgument naming the
+// template's parse and render errors (text/chat_template.h: kInvalidArgument naming the
 // template line, e.g. the template's own "roles must alternate"; kUnimplemented for Jinja
 // outside the supported subset), with the chat file and conversation number; Generate's
 // errors.

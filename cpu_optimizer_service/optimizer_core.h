@@ -16,6 +16,10 @@
 // Gradients and updates are handed over through the arena's completion flags
 // (runtime/completion_flags.h), so Update can run while the worker's backward still forms
 // the shallower layers' gradients (overlap schedule).
+// What differs by mode lives in one update rule per offloaded mode (update_rule.h: lsp_rule.cc,
+// zero_rule.cc, galore_offload_rule.cc), chosen at LoadJob from the arena layout's mode, as the
+// worker's update paths are (gpu_worker/update_path.h); this class is what the modes share:
+// the job slot, Update's waits, verdicts and roll-back, exports and checkpoint files.
 //
 // Thread-safety: all methods may be called concurrently; they serialise on a mutex.
 #ifndef LSPO_CPU_OPTIMIZER_SERVICE_OPTIMIZER_CORE_H_
@@ -33,11 +37,11 @@
 #include "proto/optimizer.pb.h"
 #include "proto/peer.pb.h"
 #include "runtime/allowed_roots.h"
-#include "runtime/completion_flags.h"
+#include "runtime/job_slot.h"
 
 namespace lspo::optimizer {
 
-struct OptimizerJob;
+struct OptimizerJob;  // optimizer_job.h (holds torch state).
 
 // How an optimizer is set up (lsp_cpu_optimizer's flags; the embedded runtime's scheduler
 // options).
@@ -111,8 +115,7 @@ class OptimizerCore {
   // the allowed roots first (offload::CheckRequestFolder).
   // Errors: kPermissionDenied (outside the allowed roots, naming the request field and the
   // path), kFailedPrecondition (no job), I/O errors naming the file.
-  absl::StatusOr<lspo::v1::SaveReply> SaveModel(const std::string& job_id,
-                                                const std::string& dir);
+  absl::StatusOr<lspo::v1::SaveReply> SaveModel(const std::string& job_id, const std::string& dir);
 
   // Checkpoint (exact resume): writes `dir`/optimizer_state.safetensors with, per trained
   // matrix (HF name prefix), `.master` (m, n) fp32 (zero: the master weight; lsp: the base
@@ -124,16 +127,16 @@ class OptimizerCore {
   // allowed roots first (offload::CheckRequestFolder).
   // Errors: kPermissionDenied (outside the allowed roots, naming the request field and the
   // path), kFailedPrecondition (no job), I/O errors naming the file.
-  absl::StatusOr<lspo::v1::StateReply> SaveState(const std::string& job_id,
-                                                 const std::string& dir, int step);
+  absl::StatusOr<lspo::v1::StateReply> SaveState(const std::string& job_id, const std::string& dir,
+                                                 int step);
 
   // Restores what SaveState wrote into the freshly loaded job. Every tensor is read and
   // validated (shapes, dtypes, finite, v >= 0, step >= 0) before anything changes. `dir` and
   // the links among its entries are checked against the allowed roots before anything is
   // opened. Errors: kPermissionDenied (outside the allowed roots, naming the request field and
   // the path), kNotFound (missing file/tensor), kDataLoss naming the file and the tensor.
-  absl::StatusOr<lspo::v1::StateReply> LoadState(const std::string& job_id,
-                                                 const std::string& dir, int step);
+  absl::StatusOr<lspo::v1::StateReply> LoadState(const std::string& job_id, const std::string& dir,
+                                                 int step);
 
   // Forgets the job. An Update of it still waiting for the worker's gradients (one a dead
   // scheduler started: its worker never runs that step) is first abandoned through the flags,
@@ -142,17 +145,13 @@ class OptimizerCore {
   absl::Status UnloadJob(const std::string& job_id);
 
  private:
-  absl::StatusOr<OptimizerJob*> Find(const std::string& job_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   // The --allowed_roots (immutable: read without mu_).
   const runtime::AllowedRoots roots_;
   absl::Mutex mu_;
-  std::unique_ptr<OptimizerJob> job_ ABSL_GUARDED_BY(mu_);
-  // The loaded job's flags for AbortStep (which must not wait for mu_).
-  runtime::StepAborter aborter_;
-  // The step of the Update in progress (0 = none): UnloadJob abandons it without mu_.
-  std::atomic<int> update_step_{0};
+  // The loaded job (guarded by mu_), its flags for AbortStep (which must not wait for mu_)
+  // and the step of the Update in progress, which UnloadJob abandons without mu_.
+  // (Initialised in the constructors, where OptimizerJob is complete.)
+  runtime::JobSlot<OptimizerJob> slot_;
 };
 
 }  // namespace lspo::optimizer

@@ -15,11 +15,11 @@
 #include "absl/strings/str_split.h"
 #include "data/records.h"
 #include "data/sft.h"
-#include "model/chat_template.h"
 #include "nlohmann/json.hpp"
 #include "runtime/file_io.h"
 #include "runtime/status_macros.h"
 #include "runtime/json_text.h"
+#include "text/chat_template.h"
 
 namespace lspo::data {
 namespace {

@@ -20,8 +20,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "data/records.h"
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace lspo::data {
 
@@ -90,7 +90,7 @@ std::vector<TokenizedExample> PackExamples(absl::Span<const TokenizedExample> ex
                                            int64_t max_len);
 
 // Builds a supervised classification chat with the model's chat template
-// (model/chat_template.h; the job's ChatTemplate::ForTokenizer(tokenizer, data.chat_template)):
+// (text/chat_template.h; the job's ChatTemplate::ForTokenizer(tokenizer, data.chat_template)):
 //   messages  = [system: system_prompt (omitted if empty, so that a template's default system
 //                turn, e.g. SmolLM2's, is used)] + [user: question + "\n\n" + text]
 //   prompt    = Encode(Render(messages, add_generation_prompt=true))

@@ -43,8 +43,8 @@
 #include "absl/types/span.h"
 #include "data/datasets.h"
 #include "data/records.h"
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace lspo::data {
 

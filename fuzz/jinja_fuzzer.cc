@@ -1,4 +1,4 @@
-// Fuzzes the chat-template interpreter (model/jinja.h): Template::Parse of the input as Jinja
+// Fuzzes the chat-template interpreter (text/jinja.h): Template::Parse of the input as Jinja
 // source, then Render with a fixed conversation (a system, a user and an assistant turn,
 // add_generation_prompt, bos / eos strings, raise_exception, a namespace-capable context).
 // Seeds: fuzz/corpus/jinja/, the real chat templates of tests/oracle/data/chat_templates/.
@@ -11,7 +11,7 @@
 
 #include "absl/strings/string_view.h"
 #include "fuzz/fuzz_harness.h"
-#include "model/jinja.h"
+#include "text/jinja.h"
 
 namespace lspo::fuzz {
 

@@ -1,4 +1,4 @@
-// Fuzzes Encode / Decode / PreTokenize (model/tokenizer.h) on a real vocabulary (SmolLM2, see
+// Fuzzes Encode / Decode / PreTokenize (text/tokenizer.h) on a real vocabulary (SmolLM2, see
 // InitTokenizerFuzzer in fuzz_harness.h). The input is text (any bytes). Checked:
 //   - PreTokenize (both kinds) returns pieces that concatenate to the text;
 //   - Encode returns ids inside the vocabulary;
@@ -14,7 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "fuzz/fuzz_harness.h"
 #include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace lspo::fuzz {
 namespace {

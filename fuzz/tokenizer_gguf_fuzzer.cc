@@ -1,4 +1,4 @@
-// Fuzzes BpeTokenizer::FromGguf (model/tokenizer.h) with fuzzed GGUF metadata: the input is a
+// Fuzzes BpeTokenizer::FromGguf (text/tokenizer.h) with fuzzed GGUF metadata: the input is a
 // whole GGUF file (seeds: fuzz/corpus/tokenizer_gguf/, a cut-down SmolLM2 vocabulary); if
 // it parses and yields a tokenizer, fixed texts are encoded and the ids decoded.
 //
@@ -10,7 +10,7 @@
 
 #include "fuzz/fuzz_harness.h"
 #include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace lspo::fuzz {
 

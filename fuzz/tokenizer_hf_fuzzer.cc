@@ -1,4 +1,4 @@
-// Fuzzes BpeTokenizer::FromHfJson (model/tokenizer.h), the Hugging Face tokenizer.json reader,
+// Fuzzes BpeTokenizer::FromHfJson (text/tokenizer.h), the Hugging Face tokenizer.json reader,
 // then Encode / Decode / TokenToId of what it builds. The input is
 //   <tokenizer.json text> [\0 <tokenizer_config.json text> [\0 <text to encode>]]
 // (seeds: fuzz/corpus/tokenizer_hf/, the committed test tokenizers of
@@ -9,14 +9,14 @@
 //   - Encode returns ids inside the vocabulary; Decode of any ids does not crash;
 //   - IdToToken(id) maps back to an id (TokenToId(IdToToken(id)) >= 0).
 // Decode(Encode(s)) == s is not asserted: normalizers, Strip decoders and prefix spaces change
-// the text by design (tests/model/hf_tokenizer_test.cc checks it against `tokenizers`).
+// the text by design (tests/text/hf_tokenizer_test.cc checks it against `tokenizers`).
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
 #include "fuzz/fuzz_harness.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace lspo::fuzz {
 

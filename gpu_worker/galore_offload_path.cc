@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "offload/training_mode.h"
 #include "third_party/torch/torch_api.h"
 
 #include "absl/strings/str_cat.h"
@@ -74,9 +75,9 @@ class GaloreOffloadPath final : public LspPath {
   absl::StatusOr<lspo::v1::ArenaLayout> BuildLayout(const WorkerJob& job) override {
     rank_ = job.spec.galore().rank() > 0 ? job.spec.galore().rank() : 128;
     gap_ = job.spec.galore().update_proj_gap() > 0 ? job.spec.galore().update_proj_gap() : 200;
-    absl::StatusOr<lspo::v1::ArenaLayout> layout = offload::BuildGaloreArenaLayout(
-        job.linears, model::kLinearsPerLayer, static_cast<int32_t>(rank_),
-        runtime::ShmArena::UniqueName(job.id));
+    // The mode's one layout builder, the planner's too (offload/training_mode.h).
+    absl::StatusOr<lspo::v1::ArenaLayout> layout = offload::ModeOf(job.spec).layout(
+        job.linears, model::kLinearsPerLayer, job.spec, runtime::ShmArena::UniqueName(job.id));
     if (!layout.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("job spec field ", layout.status().message()));
     }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "lsp/subspace.h"
+#include "offload/training_mode.h"
 #include "runtime/proto_json.h"
 #include "gpu_worker/device_offload.h"
 #include "gpu_worker/worker_job.h"
@@ -41,8 +42,9 @@ absl::StatusOr<lspo::v1::ArenaLayout> LspPath::BuildLayout(const WorkerJob& job)
     }
   }
   if (narrow > 2) LOG(INFO) << "worker: " << narrow << " matrices in all have a narrow side";
-  return offload::BuildArenaLayout(job.linears, model::kLinearsPerLayer, subspaces, lsp.d(),
-                                   lsp.r(), runtime::ShmArena::UniqueName(job.id));
+  // The mode's one layout builder, the planner's too (offload/training_mode.h).
+  return offload::ModeOf(job.spec).layout(job.linears, model::kLinearsPerLayer, job.spec,
+                                          runtime::ShmArena::UniqueName(job.id));
 }
 
 absl::Status LspPath::AttachGradients(WorkerJob* job) {
@@ -289,7 +291,7 @@ absl::StatusOr<LspPath*> LspPathOf(WorkerJob* job, const char* what) {
   auto* path = dynamic_cast<LspPath*>(job->path.get());
   if (path == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat(what, " needs MODE_LSP (or MODE_GALORE with galore.offload)"));
+        absl::StrCat(what, " needs mode lsp (or galore-offload)"));
   }
   return path;
 }

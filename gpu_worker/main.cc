@@ -18,6 +18,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50061",
           "host:port to serve lspo.v1.Worker on (loopback by default)");
 ABSL_FLAG(std::vector<std::string>, allowed_roots, {},
           "comma-separated directories job specs may read and write (empty = anywhere)");
+ABSL_FLAG(bool, skip_memory_check, false,
+          "load jobs whose memory plan does not fit the device (for a plan that overestimates a "
+          "job known to fit; `lspctl plan` prints the plan)");
 
 int main(int argc, char** argv) {
   lspo::runtime::UsePassiveOpenMpWaits(argc, argv);
@@ -33,6 +36,7 @@ int main(int argc, char** argv) {
   }
   lspo::worker::WorkerOptions options;
   options.allowed_roots = absl::GetFlag(FLAGS_allowed_roots);
+  options.skip_memory_check = absl::GetFlag(FLAGS_skip_memory_check);
   lspo::worker::WorkerCore core(std::move(options));
   lspo::worker::WorkerService service(&core);
   lspo::runtime::ServerOptions server;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/worker_job.h"
+#include "offload/training_mode.h"
 
 namespace lspo::worker {
 
@@ -27,25 +28,26 @@ struct Registration {
   std::unique_ptr<UpdatePath> (*make)();
 };
 constexpr Registration kRegistry[] = {
-    {lspo::v1::MODE_UNSPECIFIED, &MakeLspPath},  // The proto's default.
     {lspo::v1::MODE_LSP, &MakeLspPath},
     {lspo::v1::MODE_NATIVE, &MakeNativePath},
     {lspo::v1::MODE_ZERO, &MakeZeroPath},
     {lspo::v1::MODE_LORA, &MakeLoraPath},
     {lspo::v1::MODE_GALORE, &MakeGalorePath},
+    {lspo::v1::MODE_GALORE_OFFLOAD, &MakeGaloreOffloadPath},
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<UpdatePath>> MakeUpdatePath(const lspo::v1::JobSpec& spec) {
-  const lspo::v1::TrainingMode mode = spec.mode();
-  if (mode == lspo::v1::MODE_GALORE && spec.galore().offload()) return MakeGaloreOffloadPath();
+  // The descriptor's mode: unset is lsp, a spec of mode galore with galore.offload is
+  // GaLore-Offload (offload/training_mode.h).
+  const lspo::v1::TrainingMode mode = offload::ModeOf(spec).mode;
   for (const Registration& r : kRegistry) {
     if (r.mode == mode) return r.make();
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "job spec field mode = ", lspo::v1::TrainingMode_Name(mode),
-      " has no update path on this worker: use lsp, zero, native, lora or galore"));
+      " has no update path on this worker: use ", offload::ModeNames()));
 }
 
 int64_t UpdatePath::TrainableParameters(const WorkerJob& job) const {
@@ -74,8 +76,8 @@ absl::StatusOr<std::vector<std::string>> UpdatePath::WriteArtifacts(WorkerJob* j
 
 absl::Status UpdatePath::ApplyUpdate(WorkerJob* job, int64_t i, uint32_t step, double decay) {
   return absl::FailedPreconditionError(absl::StrCat(
-      "mode ", name(), " has no offloaded update to apply (ApplyUpdates needs MODE_LSP or "
-      "MODE_ZERO)"));
+      "mode ", name(), " has no offloaded update to apply (ApplyUpdates needs a mode with an "
+      "optimizer service)"));
 }
 
 }  // namespace lspo::worker

@@ -31,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "gpu_worker/worker_options.h"
 #include "proto/job_spec.pb.h"
 #include "proto/metrics.pb.h"
 #include "proto/peer.pb.h"
@@ -41,14 +42,6 @@
 namespace lspo::worker {
 
 struct WorkerJob;  // gpu_worker/worker_job.h (holds torch state).
-
-// How a worker is set up (lsp_gpu_worker's flags; the embedded runtime's scheduler options).
-struct WorkerOptions {
-  // Folders the paths of requests may resolve under (--allowed_roots; runtime/allowed_roots.h):
-  // LoadJob's spec (every field offload::JobSpecPaths lists), the folders of SaveArtifacts,
-  // SaveState and LoadState. Empty = no restriction (single-user and embedded use).
-  std::vector<std::string> allowed_roots;
-};
 
 class WorkerCore {
  public:
@@ -170,6 +163,8 @@ class WorkerCore {
 
   // The --allowed_roots (immutable: read without mu_).
   const runtime::AllowedRoots roots_;
+  const bool skip_memory_check_ = false;
+  const WorkerFaults faults_;
   absl::Mutex mu_;
   std::unique_ptr<WorkerJob> job_ ABSL_GUARDED_BY(mu_);
   // The loaded job's flags for AbortStep (which must not wait for mu_).

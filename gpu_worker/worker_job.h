@@ -22,7 +22,6 @@
 #include "gpu_worker/device_offload.h"
 #include "gpu_worker/update_path.h"
 #include "model/llama.h"
-#include "model/tokenizer.h"
 #include "offload/arena_layout.h"
 #include "offload/collective.h"
 #include "offload/overlap_reducer.h"
@@ -32,6 +31,7 @@
 #include "runtime/completion_flags.h"
 #include "runtime/shm_arena.h"
 #include "tbb/global_control.h"
+#include "text/tokenizer.h"
 
 namespace lspo::worker {
 
@@ -97,7 +97,7 @@ struct WorkerJob {
   std::vector<lspo::v1::LayerEvent> events;  // Timeline of the current step.
   double layer_t0 = 0;               // Start of the current layer's forward / backward.
   double wait_seconds = 0;
-  // Fault injection for the fault tests (env LSPO_FAULT_NONFINITE_GRAD_STEPS="3,4"): at these
+  // Fault injection for the fault tests (WorkerOptions::faults, "3,4"): at these
   // steps the backward is seeded with NaN, so every gradient is non-finite and the real
   // detection / skip / abort path runs. Empty in normal operation.
   std::set<int> fault_nonfinite_grad_steps;
@@ -105,7 +105,7 @@ struct WorkerJob {
   // published (issue 43: a skipped step is all or nothing even when the optimizer already took
   // the other matrices' steps). Pairs (step, linear index).
   std::set<std::pair<int, int64_t>> fault_nonfinite_linear;
-  // Env LSPO_FAULT_NONFINITE_LOSS_STEPS="3": at these steps the loss is reported non-finite
+  // WorkerFaults::nonfinite_loss_steps "3": at these steps the loss is reported non-finite
   // after the last backward with every gradient finite, as a CUDA worker learns of a
   // non-finite loss only once the overlapped optimizer has taken the step.
   std::set<int> fault_nonfinite_loss_steps;
@@ -123,6 +123,10 @@ struct WorkerJob {
   // thread joined) before the collective and the path it calls.
   std::unique_ptr<offload::OverlapReducer> reducer;
 };
+
+// Appends the worker's timeline event `what` ("forward", "apply", ...) of decoder layer
+// `layer`, from `start` to `end` (runtime::MonotonicSeconds), to job->events.
+void AddEvent(WorkerJob* job, int64_t layer, const char* what, double start, double end);
 
 // Applies every pending update of decoder layer `layer` (all layers when layer < 0): the
 // overlap schedule's deferred updates (UpdatePath::ApplyUpdate), recorded as timeline events

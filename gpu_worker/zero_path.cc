@@ -4,6 +4,7 @@
 // returns the bf16 parameters (m, n), copied into W. Internal to gpu_worker/.
 #include <algorithm>
 
+#include "offload/training_mode.h"
 #include "third_party/torch/torch_api.h"
 
 #include "gpu_worker/device_offload.h"
@@ -26,8 +27,9 @@ class ZeroPath final : public OffloadPath {
 
  private:
   absl::StatusOr<lspo::v1::ArenaLayout> BuildLayout(const WorkerJob& job) override {
-    return offload::BuildZeroArenaLayout(job.linears, model::kLinearsPerLayer,
-                                         runtime::ShmArena::UniqueName(job.id));
+    // The mode's one layout builder, the planner's too (offload/training_mode.h).
+    return offload::ModeOf(job.spec).layout(job.linears, model::kLinearsPerLayer, job.spec,
+                                            runtime::ShmArena::UniqueName(job.id));
   }
 
   absl::Status AttachGradients(WorkerJob* job) override {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "lsp/projector.h"
+#include "runtime/status_macros.h"
 
 namespace lspo::lsp {
 namespace {
@@ -100,6 +101,53 @@ FitTerms FitObjective(const at::Tensor& Gn, const at::Tensor& p_index, const at:
 
 }  // namespace internal
 
+namespace {
+
+// FitProjectors' input check. Errors: kInvalidArgument naming the count and the first
+// non-finite entry of the calibration gradient g (m, n).
+absl::Status CheckFiniteGradient(const at::Tensor& g) {
+  const at::Tensor bad = at::isfinite(g).logical_not();  // (m, n) bool
+  const int64_t n_bad = bad.sum().item<int64_t>();
+  if (n_bad == 0) return absl::OkStatus();
+  const int64_t first = bad.reshape({-1}).nonzero()[0][0].item<int64_t>();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "FitProjectors: calibration gradient G (%d x %d) has %d non-finite entries (first "
+      "at flat index %d); expected finite values. Fix: skip this calibration batch or "
+      "lower the learning rate / use loss scaling",
+      g.size(0), g.size(1), n_bad, first));
+}
+
+// The closed-form start of the fit: every learned value of P, Q scaled by the lambda that
+// best fits the normalised gradient gn (m, n) in dtype `ct` (see the comment inside);
+// `learned_sides` (1 or 2) of P, Q are not the identity. Leaves P, Q as they are when the
+// terms are not finite and positive.
+void RescaleToTheGradient(const at::Tensor& gn, int learned_sides, at::ScalarType ct,
+                          SparseProjector* P, SparseProjector* Q) {
+  // Closed-form start: scaling every learned value by lambda scales the reconstruction
+  // P P^T G Q Q^T by lambda^(2k), k = number of learned sides (2, or 1 for a one-sided
+  // subspace), so |lambda^(2k) R - Gn|^2 = lambda^(4k) |R|^2 - 2 lambda^(2k) <R, Gn> + 1
+  // with |R|^2 = <A S, S B> and <R, Gn> = |S|^2 (S = P^T Gn Q, A = P^T P, B = Q^T Q) is
+  // minimised at lambda^(2k) = |S|^2 / |R|^2, giving error^2 = 1 - |S|^4/|R|^2 <= 1.
+  // Random N(0, 1/r) values start far above 1 (~6.7 on SmolLM2), so this one step removes
+  // the scale mismatch that Adam would otherwise spend its iterations on.
+  torch::NoGradGuard no_grad;
+  const at::Tensor pv0 = P->value.to(ct), qv0 = Q->value.to(ct);
+  const at::Tensor ptg = internal::ScatterRows(gn, P->index, pv0, P->d);  // (d_p, n)
+  const at::Tensor st = internal::ScatterRows(ptg.t().contiguous(), Q->index, qv0, Q->d);
+  const at::Tensor sm = st.t();                                             // (d_p, d_q)
+  const at::Tensor a = internal::CrossGram(P->index, pv0, P->d, P->index, pv0, P->d);
+  const at::Tensor b = internal::CrossGram(Q->index, qv0, Q->d, Q->index, qv0, Q->d);
+  const double quad = (a.mm(sm) * sm.mm(b)).sum().item<double>();
+  const double s2 = sm.pow(2).sum().item<double>();
+  if (quad > 0 && s2 > 0 && std::isfinite(quad) && std::isfinite(s2)) {
+    const double lambda = std::pow(s2 / quad, 1.0 / (2.0 * learned_sides));
+    if (!P->identity) P->value = (P->value * lambda).to(at::kFloat);
+    if (!Q->identity) Q->value = (Q->value * lambda).to(at::kFloat);
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<FitResult> FitProjectors(const at::Tensor& G, SparseProjector* P,
                                         SparseProjector* Q, const FitOptions& options) {
   absl::Status st = ValidateOptions(options);
@@ -109,18 +157,7 @@ absl::StatusOr<FitResult> FitProjectors(const at::Tensor& G, SparseProjector* P,
   try {
     torch::AutoGradMode enable_grad(true);
     const at::Tensor g = G.detach();
-    {
-      const at::Tensor bad = at::isfinite(g).logical_not();  // (m, n) bool
-      const int64_t n_bad = bad.sum().item<int64_t>();
-      if (n_bad > 0) {
-        const int64_t first = bad.reshape({-1}).nonzero()[0][0].item<int64_t>();
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "FitProjectors: calibration gradient G (%d x %d) has %d non-finite entries (first "
-            "at flat index %d); expected finite values. Fix: skip this calibration batch or "
-            "lower the learning rate / use loss scaling",
-            g.size(0), g.size(1), n_bad, first));
-      }
-    }
+    RETURN_IF_ERROR(CheckFiniteGradient(g));
     const double g_norm = g.to(at::kDouble).norm().item<double>();
     if (g_norm == 0) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -142,27 +179,7 @@ absl::StatusOr<FitResult> FitProjectors(const at::Tensor& G, SparseProjector* P,
     const at::ScalarType ct = options.float64 ? at::kDouble : at::kFloat;
     const at::Tensor gn = (g.to(at::kDouble) / g_norm).to(ct).contiguous();  // (m, n), |gn| = 1
     if (options.rescale && result.initial_error > options.alpha) {
-      // Closed-form start: scaling every learned value by lambda scales the reconstruction
-      // P P^T G Q Q^T by lambda^(2k), k = number of learned sides (2, or 1 for a one-sided
-      // subspace), so |lambda^(2k) R - Gn|^2 = lambda^(4k) |R|^2 - 2 lambda^(2k) <R, Gn> + 1
-      // with |R|^2 = <A S, S B> and <R, Gn> = |S|^2 (S = P^T Gn Q, A = P^T P, B = Q^T Q) is
-      // minimised at lambda^(2k) = |S|^2 / |R|^2, giving error^2 = 1 - |S|^4/|R|^2 <= 1.
-      // Random N(0, 1/r) values start far above 1 (~6.7 on SmolLM2), so this one step removes
-      // the scale mismatch that Adam would otherwise spend its iterations on.
-      torch::NoGradGuard no_grad;
-      const at::Tensor pv0 = P->value.to(ct), qv0 = Q->value.to(ct);
-      const at::Tensor ptg = internal::ScatterRows(gn, P->index, pv0, P->d);  // (d_p, n)
-      const at::Tensor st = internal::ScatterRows(ptg.t().contiguous(), Q->index, qv0, Q->d);
-      const at::Tensor sm = st.t();                                             // (d_p, d_q)
-      const at::Tensor a = internal::CrossGram(P->index, pv0, P->d, P->index, pv0, P->d);
-      const at::Tensor b = internal::CrossGram(Q->index, qv0, Q->d, Q->index, qv0, Q->d);
-      const double quad = (a.mm(sm) * sm.mm(b)).sum().item<double>();
-      const double s2 = sm.pow(2).sum().item<double>();
-      if (quad > 0 && s2 > 0 && std::isfinite(quad) && std::isfinite(s2)) {
-        const double lambda = std::pow(s2 / quad, 1.0 / (2.0 * learned_sides));
-        if (!P->identity) P->value = (P->value * lambda).to(at::kFloat);
-        if (!Q->identity) Q->value = (Q->value * lambda).to(at::kFloat);
-      }
+      RescaleToTheGradient(gn, learned_sides, ct, P, Q);
     }
     at::Tensor pv = P->value.detach().to(at::kFloat).clone();  // (m, r_p)
     at::Tensor qv = Q->value.detach().to(at::kFloat).clone();  // (n, r_q)

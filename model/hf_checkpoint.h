@@ -1,6 +1,6 @@
 // A Hugging Face model folder as `save_pretrained` writes it (torch-free): config.json, the
 // weights as one `model.safetensors` or as shards listed by `model.safetensors.index.json`,
-// and the optional generation_config.json. Tokenizer files are read by model/tokenizer.h.
+// and the optional generation_config.json. Tokenizer files are read by text/tokenizer.h.
 //
 // Layout (docs/formats.md §7; transformers modeling_utils.py, huggingface/safetensors):
 //   config.json                       architecture and sizes (model/llama_config.h)

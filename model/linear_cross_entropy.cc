@@ -82,10 +82,6 @@ struct LinearCrossEntropyFunction
 
 }  // namespace
 
-int64_t LossBlockRows(int64_t vocab, int64_t budget_bytes) {
-  return std::max<int64_t>(1, budget_bytes / (4 * std::max<int64_t>(vocab, 1)));
-}
-
 at::Tensor LinearCrossEntropySum(const at::Tensor& h, const at::Tensor& w,
                                  const at::Tensor& target, int64_t ignore_index,
                                  int64_t budget_bytes) {

@@ -25,15 +25,9 @@
 
 #include <ATen/ATen.h>
 
+#include "model/loss_blocks.h"
+
 namespace lspo::model {
-
-// Byte budget of one block of fp32 logits (block_rows = max(1, budget / (4 V))): 64 MiB is 128
-// rows of a 128k vocabulary, 512 rows of a 32k one: large enough GEMMs for a GPU, small beside
-// the activations. The memory planner counts two such blocks (logits and logsumexp's temporary).
-inline constexpr int64_t kLossBlockBytes = int64_t{64} << 20;
-
-// Rows of one logits block of a vocabulary of `vocab` entries under `budget_bytes` (>= 1).
-int64_t LossBlockRows(int64_t vocab, int64_t budget_bytes = kLossBlockBytes);
 
 // Summed cross-entropy of the head `w` over hidden rows `h` (see the file comment).
 //   h (R, H) fp32 or bf16/fp16, any device, R >= 0; may require grad.

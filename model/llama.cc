@@ -1,7 +1,9 @@
-// Llama decoder forward pass. Legend and formulas: llama.h.
+// LlamaModel's forward pass: batch checks, RMSNorm, the linears (through the LinearImpl seam),
+// RoPE, causal / packed / KV-cached attention, the MLP, activation checkpointing, layer hooks,
+// logits and the causal-LM loss. Weights and loading: llama_weights.cc. Legend and formulas:
+// llama.h.
 #include "model/llama.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -10,29 +12,17 @@
 #include <limits>
 #include <tuple>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "model/gguf.h"
-#include "model/hf_checkpoint.h"
-#include "model/hf_names.h"
 #include "model/linear_cross_entropy.h"
 #include "runtime/status_macros.h"
 
 namespace lspo::model {
 namespace {
 
-using torch::autograd::variable_list;
-
-constexpr const char* kLinearSuffix[kLinearsPerLayer] = {
-    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
-
 std::string ShapeString(at::IntArrayRef shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
-
-std::string LayerPrefix(int64_t layer) { return absl::StrCat("model.layers.", layer, "."); }
 
 // Concatenation of the two halves swapped: [x2, x1] for x = [x1, x2] along the last dim.
 at::Tensor SwapHalves(const at::Tensor& x) {
@@ -92,7 +82,7 @@ at::Tensor RopeInverseFrequencies(const LlamaConfig& c, const at::Device& device
       const double old_len = static_cast<double>(s.original_max_position_embeddings);
       const double low_wavelen = old_len / s.low_freq_factor;
       const double high_wavelen = old_len / s.high_freq_factor;
-      at::Tensor wavelen = 2.0 * M_PI / inv_freq;                      // (hd/2)
+      at::Tensor wavelen = 2.0 * M_PI / inv_freq;  // (hd/2)
       at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq);
       at::Tensor smooth =
           (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
@@ -102,144 +92,6 @@ at::Tensor RopeInverseFrequencies(const LlamaConfig& c, const at::Device& device
     }
   }
   return inv_freq;
-}
-
-LlamaModel LlamaModel::Allocate(const LlamaConfig& c) {
-  LlamaModel model;
-  model.config_ = c;
-  const int64_t H = c.hidden_size, F = c.intermediate_size;
-  const int64_t q_out = c.num_heads * c.head_dim, kv_out = c.num_kv_heads * c.head_dim;
-  const auto opts = at::TensorOptions().dtype(at::kFloat);
-  auto add = [&model, &opts](std::string name, std::vector<int64_t> shape) {
-    const int64_t slot = static_cast<int64_t>(model.tensors_.size());
-    model.slot_of_[name] = slot;
-    model.names_.push_back(std::move(name));
-    model.tensors_.push_back(at::empty(shape, opts));
-    return slot;
-  };
-  model.embed_slot_ = add("model.embed_tokens.weight", {c.vocab_size, H});
-  const std::vector<int64_t> linear_shapes[kLinearsPerLayer] = {
-      {q_out, H}, {kv_out, H}, {kv_out, H}, {H, q_out}, {F, H}, {F, H}, {H, F}};
-  const bool has_bias[kLinearsPerLayer] = {c.qkv_bias, c.qkv_bias, c.qkv_bias, c.o_bias,
-                                           false,      false,      false};
-  // transformers' state_dict order: input_layernorm, q, k, v, o (each weight then bias),
-  // post_attention_layernorm, gate, up, down.
-  auto add_linear = [&](const std::string& prefix, int64_t k) {
-    model.linear_slot_.push_back(
-        add(absl::StrCat(prefix, kLinearSuffix[k], ".weight"), linear_shapes[k]));
-    model.bias_slot_.push_back(
-        has_bias[k] ? add(absl::StrCat(prefix, kLinearSuffix[k], ".bias"), {linear_shapes[k][0]})
-                    : -1);
-  };
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string prefix = LayerPrefix(l);
-    model.input_norm_slot_.push_back(add(prefix + "input_layernorm.weight", {H}));
-    for (int64_t k = 0; k < 4; ++k) add_linear(prefix, k);
-    model.post_norm_slot_.push_back(add(prefix + "post_attention_layernorm.weight", {H}));
-    for (int64_t k = 4; k < kLinearsPerLayer; ++k) add_linear(prefix, k);
-  }
-  model.final_norm_slot_ = add("model.norm.weight", {H});
-  model.lm_head_slot_ =
-      c.tie_word_embeddings ? model.embed_slot_ : add("lm_head.weight", {c.vocab_size, H});
-  model.modes_.assign(model.linear_slot_.size(), LinearMode::kFrozen);
-  return model;
-}
-
-absl::StatusOr<LlamaModel> LlamaModel::RandomInit(const LlamaConfig& config, uint64_t seed) {
-  RETURN_IF_ERROR(config.Validate());
-  try {
-    LlamaModel model = Allocate(config);
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-    at::NoGradGuard no_grad;
-    for (size_t slot = 0; slot < model.tensors_.size(); ++slot) {
-      at::Tensor& t = model.tensors_[slot];
-      if (absl::EndsWith(model.names_[slot], ".bias")) {
-        t.zero_();
-      } else if (t.dim() == 1) {
-        t.fill_(1.0);  // RMSNorm weights
-      } else {
-        t.normal_(0.0, 0.02, gen);
-      }
-    }
-    return model;
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("LlamaModel::RandomInit: ", e.what_without_backtrace()));
-  }
-}
-
-absl::StatusOr<LlamaModel> LlamaModel::FromGguf(const GgufFile& gguf) {
-  ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfigFromGguf(gguf));
-  try {
-    LlamaModel model = Allocate(config);
-    for (size_t slot = 0; slot < model.tensors_.size(); ++slot) {
-      const std::string& name = model.names_[slot];
-      std::vector<int64_t> shape;
-      ASSIGN_OR_RETURN(std::vector<float> data,
-                       LoadHfTensor(gguf, name, config.num_heads, config.num_kv_heads, &shape));
-      at::Tensor& t = model.tensors_[slot];
-      if (at::IntArrayRef(shape) != t.sizes() ||
-          static_cast<int64_t>(data.size()) != t.numel()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "GGUF tensor ", name, " has shape ", ShapeString(shape), " (", data.size(),
-            " values) but the llama.* hyperparameters imply ", ShapeString(t.sizes()),
-            "; the file's metadata and tensors disagree"));
-      }
-      std::copy(data.begin(), data.end(), t.data_ptr<float>());
-    }
-    return model;
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("LlamaModel::FromGguf: ", e.what_without_backtrace()));
-  }
-}
-
-absl::StatusOr<LlamaModel> LlamaModel::FromHfCheckpoint(const HfCheckpoint& ckpt) {
-  const std::string config_path = ckpt.dir() + "/config.json";
-  ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfigFromHfJson(ckpt.config(), config_path));
-  try {
-    LlamaModel model = Allocate(config);
-    // Every stored tensor must be one the config implies (or a known leftover).
-    for (const std::string& name : ckpt.TensorNames()) {
-      if (model.slot_of_.contains(name)) continue;
-      if (absl::EndsWith(name, "rotary_emb.inv_freq")) continue;  // old checkpoints' buffer
-      if (name == "lm_head.weight" && config.tie_word_embeddings) continue;  // HF ties it
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'", ckpt.FileOf(name), "' holds tensor '", name, "', which ", config_path,
-          " does not imply (architecture ", HfArchitecture(config.family),
-          absl::EndsWith(name, ".bias") ? ", no bias on this projection" : "",
-          "): config.json contradicts the weights"));
-    }
-    at::NoGradGuard no_grad;
-    for (size_t slot = 0; slot < model.tensors_.size(); ++slot) {
-      const std::string& name = model.names_[slot];
-      at::Tensor& t = model.tensors_[slot];
-      const SafetensorsTensorInfo* info = ckpt.Find(name);
-      if (info == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "HF model folder '", ckpt.dir(), "' lacks tensor '", name, "', which ",
-            config_path, " implies",
-            name == "lm_head.weight"
-                ? " (tie_word_embeddings is false; set it to true if the head is the embedding)"
-                : ""));
-      }
-      if (at::IntArrayRef(info->shape) != t.sizes()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor '", name, "' in '", ckpt.FileOf(name), "' has shape ",
-            ShapeString(info->shape), " but ", config_path, " implies ",
-            ShapeString(t.sizes()), "; config.json contradicts the weights"));
-      }
-      if (info->dtype != "F32" && info->dtype != "BF16" && info->dtype != "F16") {
-        return absl::UnimplementedError(absl::StrCat(
-            "tensor '", name, "' in '", ckpt.FileOf(name), "' has dtype ", info->dtype,
-            "; expected F32, BF16 or F16 (quantised checkpoints are not supported)"));
-      }
-      RETURN_IF_ERROR(ckpt.ReadF32Into(
-          name, absl::MakeSpan(t.data_ptr<float>(), static_cast<size_t>(t.numel()))));
-    }
-    return model;
-  } catch (const c10::Error& e) {
-    return absl::InternalError(
-        absl::StrCat("LlamaModel::FromHfCheckpoint: ", e.what_without_backtrace()));
-  }
 }
 
 absl::Status LlamaModel::ValidateBatch(const at::Tensor& input_ids, const at::Tensor& labels,
@@ -267,34 +119,32 @@ absl::Status LlamaModel::ValidateBatch(const at::Tensor& input_ids, const at::Te
     }
     if (labels.defined()) {
       if (labels.sizes() != input_ids.sizes() || labels.scalar_type() != at::kLong) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "labels must be int64 with the shape of input_ids ", ShapeString(input_ids.sizes()),
-            "; got ", ShapeString(labels.sizes()), " ",
-            std::string(c10::toString(labels.scalar_type()))));
+        return absl::InvalidArgumentError(
+            absl::StrCat("labels must be int64 with the shape of input_ids ",
+                         ShapeString(input_ids.sizes()), "; got ", ShapeString(labels.sizes()), " ",
+                         std::string(c10::toString(labels.scalar_type()))));
       }
       at::Tensor bad = (labels != -100).logical_and(labels.lt(0).logical_or(labels.ge(V)));
       if (bad.any().item<bool>()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "labels holds values outside [0, ", V, ") other than the ignore value -100"));
+        return absl::InvalidArgumentError(absl::StrCat("labels holds values outside [0, ", V,
+                                                       ") other than the ignore value -100"));
       }
     }
     if (positions.defined()) {
       if (positions.dim() != 1 || positions.size(0) != input_ids.size(0) ||
           positions.scalar_type() != at::kLong) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "positions must be (B = ", input_ids.size(0), ") int64; got ",
-            ShapeString(positions.sizes()), " ",
-            std::string(c10::toString(positions.scalar_type()))));
+        return absl::InvalidArgumentError(
+            absl::StrCat("positions must be (B = ", input_ids.size(0), ") int64; got ",
+                         ShapeString(positions.sizes()), " ",
+                         std::string(c10::toString(positions.scalar_type()))));
       }
       const int64_t T = input_ids.size(1);
       if (positions.lt(0).logical_or(positions.ge(T)).any().item<bool>()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("positions must lie in [0, T = ", T, ")"));
+        return absl::InvalidArgumentError(absl::StrCat("positions must lie in [0, T = ", T, ")"));
       }
     }
   } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ValidateBatch: ", e.what_without_backtrace()));
+    return absl::InvalidArgumentError(absl::StrCat("ValidateBatch: ", e.what_without_backtrace()));
   }
   return absl::OkStatus();
 }
@@ -311,34 +161,32 @@ absl::Status LlamaModel::ValidateLayout(const at::Tensor& input_ids,
       return absl::InvalidArgumentError(absl::StrCat(
           "RowLayout.", name, " must be int64 with the shape and device of input_ids ",
           ShapeString(input_ids.sizes()), "; got ",
-          t.defined() ? absl::StrCat(ShapeString(t.sizes()), " ",
-                                     std::string(c10::toString(t.scalar_type())), " on ",
-                                     t.device().str())
-                      : std::string("undefined")));
+          t.defined()
+              ? absl::StrCat(ShapeString(t.sizes()), " ",
+                             std::string(c10::toString(t.scalar_type())), " on ", t.device().str())
+              : std::string("undefined")));
     }
   }
   try {
     if (layout.positions.lt(0).any().item<bool>()) {
       return absl::InvalidArgumentError("RowLayout.positions must be >= 0");
     }
-    if (input_ids.size(1) > 1 &&
-        layout.segment_ids.diff(1, 1).lt(0).any().item<bool>()) {
+    if (input_ids.size(1) > 1 && layout.segment_ids.diff(1, 1).lt(0).any().item<bool>()) {
       return absl::InvalidArgumentError(
           "RowLayout.segment_ids must not decrease along a row (one id per packed sequence, "
           "in order)");
     }
   } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ValidateLayout: ", e.what_without_backtrace()));
+    return absl::InvalidArgumentError(absl::StrCat("ValidateLayout: ", e.what_without_backtrace()));
   }
   return absl::OkStatus();
 }
 
 at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
   // HF LlamaRMSNorm: fp32 statistics, result cast back to x's dtype, then scaled.
-  at::Tensor xf = x.to(at::kFloat);                            // (..., H) fp32
+  at::Tensor xf = x.to(at::kFloat);  // (..., H) fp32
   at::Tensor inv = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + config_.rms_norm_eps);
-  return weight * (xf * inv).to(x.scalar_type());              // (..., H)
+  return weight * (xf * inv).to(x.scalar_type());  // (..., H)
 }
 
 at::Tensor LlamaModel::Linear(const at::Tensor& x, int64_t linear_index) {
@@ -364,7 +212,7 @@ at::Tensor LlamaModel::Linear(const at::Tensor& x, int64_t linear_index) {
   }
   const int64_t bias_slot = bias_slot_[static_cast<size_t>(linear_index)];
   if (bias_slot >= 0) y = y + T(bias_slot).to(y.scalar_type());  // + b (m), frozen
-  return y.view(out_shape);  // (..., m)
+  return y.view(out_shape);                                      // (..., m)
 }
 
 std::pair<at::Tensor, at::Tensor> LlamaModel::RopeTables(int64_t start, int64_t T_len,
@@ -373,7 +221,7 @@ std::pair<at::Tensor, at::Tensor> LlamaModel::RopeTables(int64_t start, int64_t 
   const auto fopts = at::TensorOptions().dtype(at::kFloat).device(like.device());
   // RoPE tables as HF LlamaRotaryEmbedding (fp32): inv_freq_i = θ^(-2i/hd) (then scaled,
   // llama_config.h RopeScaling), angle(t, i) = t · inv_freq_i, emb = [angle, angle].
-  at::Tensor inv_freq = RopeInverseFrequencies(config_, like.device());  // (hd/2) fp32
+  at::Tensor inv_freq = RopeInverseFrequencies(config_, like.device());             // (hd/2) fp32
   at::Tensor angle = at::outer(at::arange(start, start + T_len, fopts), inv_freq);  // (T, hd/2)
   at::Tensor cos_half = angle.cos(), sin_half = angle.sin();
   at::Tensor cos = at::cat({cos_half, cos_half}, -1).view({T_len, 1, hd}).to(like.scalar_type());
@@ -388,8 +236,7 @@ std::pair<at::Tensor, at::Tensor> LlamaModel::RopeTablesAt(const at::Tensor& pos
   at::Tensor inv_freq = RopeInverseFrequencies(config_, like.device());  // (hd/2) fp32
   at::Tensor angle = positions.to(fopts).unsqueeze(-1) * inv_freq;       // (B, T, hd/2)
   at::Tensor cos_half = angle.cos(), sin_half = angle.sin();
-  at::Tensor cos =
-      at::cat({cos_half, cos_half}, -1).view({B, T_len, 1, hd}).to(like.scalar_type());
+  at::Tensor cos = at::cat({cos_half, cos_half}, -1).view({B, T_len, 1, hd}).to(like.scalar_type());
   at::Tensor sin =
       at::cat({-sin_half, sin_half}, -1).view({B, T_len, 1, hd}).to(like.scalar_type());
   return {cos, sin};
@@ -398,10 +245,10 @@ std::pair<at::Tensor, at::Tensor> LlamaModel::RopeTablesAt(const at::Tensor& pos
 at::Tensor LlamaModel::PackedMask(const at::Tensor& segment_ids) const {
   const int64_t B = segment_ids.size(0), T_len = segment_ids.size(1);
   const auto iopts = at::TensorOptions().dtype(at::kLong).device(segment_ids.device());
-  at::Tensor query = at::arange(T_len, iopts).unsqueeze(1);  // (T, 1)
-  at::Tensor key = at::arange(T_len, iopts).unsqueeze(0);    // (1, T)
+  at::Tensor query = at::arange(T_len, iopts).unsqueeze(1);                 // (T, 1)
+  at::Tensor key = at::arange(T_len, iopts).unsqueeze(0);                   // (1, T)
   at::Tensor keep = segment_ids.unsqueeze(2).eq(segment_ids.unsqueeze(1));  // (B, T, T)
-  keep = keep.logical_and(key.le(query));                                  // causal
+  keep = keep.logical_and(key.le(query));                                   // causal
   if (config_.sliding_window > 0) {
     keep = keep.logical_and((query - key).lt(config_.sliding_window));  // t - k < W
   }
@@ -524,7 +371,7 @@ at::Tensor LlamaModel::CachedAttention(const at::Tensor& a, int64_t layer, const
   // j > start + i - W.
   const auto iopts = at::TensorOptions().dtype(at::kLong).device(a.device());
   at::Tensor qpos = at::arange(start, start + t, iopts).unsqueeze(1);  // (t, 1)
-  at::Tensor kpos = at::arange(0, L, iopts).unsqueeze(0);             // (1, L)
+  at::Tensor kpos = at::arange(0, L, iopts).unsqueeze(0);              // (1, L)
   at::Tensor hidden = kpos > qpos;
   if (config_.sliding_window > 0) {
     hidden = hidden.logical_or(kpos <= qpos - config_.sliding_window);
@@ -538,21 +385,19 @@ at::Tensor LlamaModel::CachedAttention(const at::Tensor& a, int64_t layer, const
   return Linear(o, base + static_cast<int64_t>(LinearKind::kO));  // (B, t, H)
 }
 
-absl::StatusOr<at::Tensor> LlamaModel::ForwardCached(const at::Tensor& input_ids,
-                                                     KvCache* cache) {
+absl::StatusOr<at::Tensor> LlamaModel::ForwardCached(const at::Tensor& input_ids, KvCache* cache) {
   RETURN_IF_ERROR(ValidateBatch(input_ids));
   const int64_t B = input_ids.size(0), t = input_ids.size(1);
   const size_t layers = static_cast<size_t>(config_.num_layers);
   if (cache->length == 0) {
     cache->k.assign(layers, at::Tensor());
     cache->v.assign(layers, at::Tensor());
-  } else if (cache->k.size() != layers || cache->v.size() != layers ||
-             !cache->k[0].defined() || cache->k[0].size(0) != B) {
+  } else if (cache->k.size() != layers || cache->v.size() != layers || !cache->k[0].defined() ||
+             cache->k[0].size(0) != B) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ForwardCached: the KV cache holds ", cache->k.size(), " layers of batch ",
-        cache->k.empty() || !cache->k[0].defined() ? 0 : cache->k[0].size(0),
-        " but the model has ", layers, " layers and the batch is ", B,
-        "; use a fresh KvCache per batch"));
+        cache->k.empty() || !cache->k[0].defined() ? 0 : cache->k[0].size(0), " but the model has ",
+        layers, " layers and the batch is ", B, "; use a fresh KvCache per batch"));
   }
   try {
     const int64_t start = cache->length;
@@ -565,8 +410,8 @@ absl::StatusOr<at::Tensor> LlamaModel::ForwardCached(const at::Tensor& input_ids
       h = h + Mlp(a, l);
     }
     cache->length = start + t;
-    at::Tensor last = h.select(1, t - 1);                     // (B, H)
-    return LmHead(RmsNorm(last, T(final_norm_slot_)));        // (B, V)
+    at::Tensor last = h.select(1, t - 1);               // (B, H)
+    return LmHead(RmsNorm(last, T(final_norm_slot_)));  // (B, V)
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("LlamaModel::ForwardCached: ", e.what_without_backtrace()));
@@ -615,51 +460,15 @@ void LlamaModel::SetLayerHooks(LayerHook pre_forward, LayerHook post_forward,
   post_backward_ = std::move(post_backward);
 }
 
-absl::Status LlamaModel::SetLinearStorageDtype(at::ScalarType dtype) {
-  if (dtype != at::kFloat && dtype != at::kBFloat16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("linear weight storage dtype must be fp32 or bf16, got ",
-                     std::string(c10::toString(dtype))));
-  }
-  for (int64_t i = 0; i < num_linears(); ++i) {
-    at::Tensor& w = tensors_[static_cast<size_t>(linear_slot_[static_cast<size_t>(i)])];
-    if (w.scalar_type() == dtype) continue;
-    const bool rg = w.requires_grad();
-    w = w.detach().to(dtype).requires_grad_(rg);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status LlamaModel::To(const at::Device& device) {
-  try {
-    std::vector<at::Tensor> moved;
-    moved.reserve(tensors_.size());
-    for (const at::Tensor& t : tensors_) {
-      // A tied lm_head shares embed's slot, so every tensor moves exactly once.
-      moved.push_back(t.detach().to(device).requires_grad_(t.requires_grad()));
-    }
-    if (linear_impl_ != nullptr) RETURN_IF_ERROR(linear_impl_->To(device));
-    tensors_ = std::move(moved);
-  } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot move the model to device '", device.str(), "': ", e.what_without_backtrace(),
-        " (use device: cpu, or a LibTorch built with that device's support)"));
-  }
-  return absl::OkStatus();
-}
-
-at::Device LlamaModel::device() const { return tensors_.front().device(); }
-
 at::Tensor LlamaModel::Logits(const at::Tensor& input_ids, const RowLayout& layout) {
   return LmHead(Hidden(input_ids, layout));  // (B, T, V)
 }
 
 at::Tensor LlamaModel::LogitsAt(const at::Tensor& input_ids, const at::Tensor& positions) {
   const int64_t B = input_ids.size(0), T_len = input_ids.size(1);
-  at::Tensor h = Hidden(input_ids);  // (B, T, H)
-  at::Tensor rows =
-      at::arange(B, positions.options()) * T_len + positions;  // (B) flat row index
-  return LmHead(h.reshape({B * T_len, -1}).index_select(0, rows));  // (B, V)
+  at::Tensor h = Hidden(input_ids);                                          // (B, T, H)
+  at::Tensor rows = at::arange(B, positions.options()) * T_len + positions;  // (B) flat row index
+  return LmHead(h.reshape({B * T_len, -1}).index_select(0, rows));           // (B, V)
 }
 
 at::Tensor LlamaModel::CausalLmLoss(const at::Tensor& input_ids, const at::Tensor& labels,
@@ -669,100 +478,20 @@ at::Tensor LlamaModel::CausalLmLoss(const at::Tensor& input_ids, const at::Tenso
   // target(b, t) = labels(b, t + 1) for t < T - 1; -100 at t = T - 1.
   at::Tensor target = at::full({B, T_len}, -100, labels.options());  // (B, T) int64
   if (T_len > 1) target.narrow(1, 0, T_len - 1).copy_(labels.narrow(1, 1, T_len - 1));
-  target = target.view(-1);                                     // (N)
-  const at::Tensor& head = T(lm_head_slot_);                    // (V, H), frozen
+  target = target.view(-1);                   // (N)
+  const at::Tensor& head = T(lm_head_slot_);  // (V, H), frozen
   if (h.is_cuda()) {
     // On a GPU: every one of the N rows, the ignored ones masked, instead of gathering the K
     // target rows, whose count (nonzero) would make the host wait for the forward. Same value.
     at::Tensor nll = LinearCrossEntropySum(h.reshape({B * T_len, -1}), head, target);  // ()
-    at::Tensor k = (target != -100).sum().clamp_min(1).to(nll.scalar_type());  // K (>= 1)
+    at::Tensor k = (target != -100).sum().clamp_min(1).to(nll.scalar_type());          // K (>= 1)
     return nll / k;  // K == 0: 0, still attached to the graph
   }
-  at::Tensor rows = (target != -100).nonzero().view(-1);        // (K) flat row index
-  if (rows.numel() == 0) return h.sum() * 0.0;                  // K == 0: zero, still a graph
+  at::Tensor rows = (target != -100).nonzero().view(-1);  // (K) flat row index
+  if (rows.numel() == 0) return h.sum() * 0.0;            // K == 0: zero, still a graph
   at::Tensor hsel = h.reshape({B * T_len, -1}).index_select(0, rows);  // (K, H)
   return LinearCrossEntropySum(hsel, head, target.index_select(0, rows)) /
          static_cast<double>(rows.numel());
-}
-
-std::string LlamaModel::LinearName(int64_t i) const {
-  if (i < 0 || i >= num_linears()) return absl::StrCat("<linear ", i, " out of range>");
-  return names_[static_cast<size_t>(linear_slot_[static_cast<size_t>(i)])];
-}
-
-at::Tensor& LlamaModel::LinearWeight(int64_t i) {
-  CHECK(i >= 0 && i < num_linears()) << "linear index " << i << " not in [0, " << num_linears()
-                                     << ")";
-  return tensors_[static_cast<size_t>(linear_slot_[static_cast<size_t>(i)])];
-}
-
-const at::Tensor& LlamaModel::LinearWeight(int64_t i) const {
-  CHECK(i >= 0 && i < num_linears()) << "linear index " << i << " not in [0, " << num_linears()
-                                     << ")";
-  return tensors_[static_cast<size_t>(linear_slot_[static_cast<size_t>(i)])];
-}
-
-void LlamaModel::SetLinearMode(LinearMode mode) {
-  for (int64_t i = 0; i < num_linears(); ++i) SetLinearMode(i, mode);
-}
-
-void LlamaModel::SetLinearMode(int64_t i, LinearMode mode) {
-  LinearWeight(i).requires_grad_(mode == LinearMode::kDense);
-  modes_[static_cast<size_t>(i)] = mode;
-}
-
-void LlamaModel::ZeroLinearGrads() {
-  for (int64_t i = 0; i < num_linears(); ++i) LinearWeight(i).mutable_grad() = at::Tensor();
-}
-
-std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedTensors() const {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  out.reserve(tensors_.size());
-  for (size_t s = 0; s < tensors_.size(); ++s) out.emplace_back(names_[s], tensors_[s]);
-  return out;
-}
-
-absl::StatusOr<at::Tensor> LlamaModel::GetTensor(const std::string& hf_name) const {
-  auto it = slot_of_.find(hf_name);
-  if (it == slot_of_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "no tensor named \"", hf_name, "\" in this Llama model",
-        hf_name == "lm_head.weight" ? " (embeddings are tied: use model.embed_tokens.weight)"
-                                    : ""));
-  }
-  return tensors_[static_cast<size_t>(it->second)];
-}
-
-absl::Status LlamaModel::SetTensor(const std::string& hf_name, const at::Tensor& value) {
-  if (hf_name == "lm_head.weight" && config_.tie_word_embeddings) {
-    return absl::InvalidArgumentError(
-        "SetTensor(lm_head.weight): this model ties lm_head to the embedding; set "
-        "model.embed_tokens.weight instead (or skip lm_head.weight when loading)");
-  }
-  auto it = slot_of_.find(hf_name);
-  if (it == slot_of_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("SetTensor: no tensor named \"", hf_name, "\" in this Llama model"));
-  }
-  at::Tensor& dst = tensors_[static_cast<size_t>(it->second)];
-  if (!value.defined() || !at::isFloatingType(value.scalar_type())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "SetTensor(", hf_name, "): expected a floating tensor, got ",
-        value.defined() ? std::string(c10::toString(value.scalar_type())) : "undefined"));
-  }
-  if (value.sizes() != dst.sizes()) {
-    return absl::InvalidArgumentError(absl::StrCat("SetTensor(", hf_name, "): shape ",
-                                                   ShapeString(value.sizes()), " but the model expects ",
-                                                   ShapeString(dst.sizes())));
-  }
-  try {
-    at::NoGradGuard no_grad;
-    dst.copy_(value);
-  } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SetTensor(", hf_name, "): ", e.what_without_backtrace()));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace lspo::model

@@ -197,6 +197,73 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   return Parse(std::move(mapped), path);
 }
 
+// One tensor's header entry `v` (named `key`) of safetensors file `name` (`size` bytes, its
+// data section from byte `data_start`, `data_size` bytes long): dtype, shape and data offsets,
+// checked against each other and the data section. Errors: kDataLoss (Corrupt) naming the
+// tensor and the field; kUnimplemented for a dtype this reader does not support.
+static absl::StatusOr<SafetensorsTensorInfo> ParseTensorEntry(const std::string& name,
+                                                       const std::string& key,
+                                                       const nlohmann::json& v,
+                                                       uint64_t data_size, uint64_t data_start,
+                                                       uint64_t size) {
+  const std::string where = absl::StrCat("tensor '", key, "'");
+  if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+      !v.contains("data_offsets")) {
+    return Corrupt(name, absl::StrCat(where,
+                                      " needs an object with dtype, shape and "
+                                      "data_offsets"));
+  }
+  SafetensorsTensorInfo t;
+  t.name = key;
+  const nlohmann::json& dt = v["dtype"];
+  if (!dt.is_string()) return Corrupt(name, absl::StrCat(where, ": dtype is not a string"));
+  t.dtype = dt.get<std::string>();
+  const int64_t esize = SafetensorsDtypeSize(t.dtype);
+  if (esize == 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "safetensors file '", name, "': ", where, " has dtype '", t.dtype,
+        "', which this reader does not support (F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL); "
+        "convert the checkpoint"));
+  }
+  const nlohmann::json& sh = v["shape"];
+  if (!sh.is_array()) return Corrupt(name, absl::StrCat(where, ": shape is not an array"));
+  for (const nlohmann::json& d : sh) {
+    if (!d.is_number_unsigned() ||
+        d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Corrupt(name, absl::StrCat(where, ": shape ", sh.dump(),
+                                        " has an entry that is not a non-negative integer"));
+    }
+    t.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
+  }
+  const nlohmann::json& off = v["data_offsets"];
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+      !off[1].is_number_unsigned()) {
+    return Corrupt(name, absl::StrCat(where, ": data_offsets ", off.dump(),
+                                      " is not [begin, end] of non-negative integers"));
+  }
+  t.begin = off[0].get<uint64_t>();
+  t.end = off[1].get<uint64_t>();
+  int64_t numel = 0;
+  if (!ShapeNumel(t.shape, &numel) ||
+      (numel != 0 && static_cast<uint64_t>(numel) >
+                         std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(esize))) {
+    return Corrupt(name, absl::StrCat(where, ": shape ", ShapeString(t.shape), " overflows"));
+  }
+  const uint64_t nbytes = static_cast<uint64_t>(numel) * static_cast<uint64_t>(esize);
+  if (t.begin > t.end || t.end - t.begin != nbytes) {
+    return Corrupt(name, absl::StrCat(where, ": data_offsets [", t.begin, ", ", t.end,
+                                      "] do not span ", nbytes, " bytes (shape ",
+                                      ShapeString(t.shape), " of ", t.dtype, ")"));
+  }
+  if (t.end > data_size) {
+    return Corrupt(name, absl::StrCat(where, ": data ends at byte ", t.end,
+                                      " of the data section, which has only ", data_size,
+                                      " bytes (file should be at least ", data_start + t.end,
+                                      " bytes, is ", size, ")"));
+  }
+  return t;
+}
+
 absl::StatusOr<SafetensorsFile> SafetensorsFile::FromBytes(std::vector<uint8_t> bytes,
                                                            const std::string& name) {
   return Parse(MappedFile::FromBytes(std::move(bytes)), name);
@@ -265,61 +332,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(MappedFile file, const st
         }
         continue;
       }
-      const std::string where = absl::StrCat("tensor '", key, "'");
-      if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
-          !v.contains("data_offsets")) {
-        return Corrupt(name, absl::StrCat(where,
-                                          " needs an object with dtype, shape and "
-                                          "data_offsets"));
-      }
-      SafetensorsTensorInfo t;
-      t.name = key;
-      const nlohmann::json& dt = v["dtype"];
-      if (!dt.is_string()) return Corrupt(name, absl::StrCat(where, ": dtype is not a string"));
-      t.dtype = dt.get<std::string>();
-      const int64_t esize = SafetensorsDtypeSize(t.dtype);
-      if (esize == 0) {
-        return absl::UnimplementedError(absl::StrCat(
-            "safetensors file '", name, "': ", where, " has dtype '", t.dtype,
-            "', which this reader does not support (F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL); "
-            "convert the checkpoint"));
-      }
-      const nlohmann::json& sh = v["shape"];
-      if (!sh.is_array()) return Corrupt(name, absl::StrCat(where, ": shape is not an array"));
-      for (const nlohmann::json& d : sh) {
-        if (!d.is_number_unsigned() ||
-            d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-          return Corrupt(name, absl::StrCat(where, ": shape ", sh.dump(),
-                                            " has an entry that is not a non-negative integer"));
-        }
-        t.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
-      }
-      const nlohmann::json& off = v["data_offsets"];
-      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
-          !off[1].is_number_unsigned()) {
-        return Corrupt(name, absl::StrCat(where, ": data_offsets ", off.dump(),
-                                          " is not [begin, end] of non-negative integers"));
-      }
-      t.begin = off[0].get<uint64_t>();
-      t.end = off[1].get<uint64_t>();
-      int64_t numel = 0;
-      if (!ShapeNumel(t.shape, &numel) ||
-          (numel != 0 && static_cast<uint64_t>(numel) >
-                             std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(esize))) {
-        return Corrupt(name, absl::StrCat(where, ": shape ", ShapeString(t.shape), " overflows"));
-      }
-      const uint64_t nbytes = static_cast<uint64_t>(numel) * static_cast<uint64_t>(esize);
-      if (t.begin > t.end || t.end - t.begin != nbytes) {
-        return Corrupt(name, absl::StrCat(where, ": data_offsets [", t.begin, ", ", t.end,
-                                          "] do not span ", nbytes, " bytes (shape ",
-                                          ShapeString(t.shape), " of ", t.dtype, ")"));
-      }
-      if (t.end > data_size) {
-        return Corrupt(name, absl::StrCat(where, ": data ends at byte ", t.end,
-                                          " of the data section, which has only ", data_size,
-                                          " bytes (file should be at least ", f.data_start_ + t.end,
-                                          " bytes, is ", size, ")"));
-      }
+      ASSIGN_OR_RETURN(SafetensorsTensorInfo t,
+                       ParseTensorEntry(name, key, v, data_size, f.data_start_, size));
       auto [slot, inserted] = f.tensors_.emplace(key, std::move(t));
       if (!inserted) return Corrupt(name, absl::StrCat("header lists '", key, "' twice"));
     }

@@ -69,7 +69,7 @@ absl::Status CheckPerLayer(const std::vector<LinearShape>& linears, int32_t per_
   return absl::OkStatus();
 }
 
-// BuildArenaLayout for `mode` MODE_LSP or MODE_GALORE (which adds the grad_sq slots).
+// BuildArenaLayout for `mode` MODE_LSP or MODE_GALORE_OFFLOAD (which adds the grad_sq slots).
 absl::StatusOr<lspo::v1::ArenaLayout> BuildSubspaceLayout(
     const std::vector<LinearShape>& linears, int32_t linears_per_layer,
     const std::vector<lsp::MatrixSubspace>& subspaces, int32_t d, int32_t r,
@@ -112,7 +112,7 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildSubspaceLayout(
     *slot->mutable_p_value() = MakeRef(&cursor, lspo::v1::F32, {l.m, s.p.r});
     *slot->mutable_q_index() = MakeRef(&cursor, lspo::v1::I32, {l.n, s.q.r});
     *slot->mutable_q_value() = MakeRef(&cursor, lspo::v1::F32, {l.n, s.q.r});
-    if (mode == lspo::v1::MODE_GALORE) {
+    if (mode == lspo::v1::MODE_GALORE_OFFLOAD) {
       *slot->mutable_grad_sq() = MakeRef(&cursor, lspo::v1::F32, {1});
     }
   }
@@ -190,7 +190,7 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildGaloreArenaLayout(
                                    : lsp::MatrixSubspace{dense_p, identity_q});
   }
   return BuildSubspaceLayout(linears, linears_per_layer, subspaces, rank, rank, name,
-                             lspo::v1::MODE_GALORE);
+                             lspo::v1::MODE_GALORE_OFFLOAD);
 }
 
 absl::StatusOr<lspo::v1::ArenaLayout> BuildZeroArenaLayout(

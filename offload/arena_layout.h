@@ -64,12 +64,12 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(
 // than its rows, lsp/subspace.h). For a slot of another mode the sides are all zero.
 lsp::MatrixSubspace SlotSubspace(const lspo::v1::LinearSlot& slot);
 
-// The MODE_GALORE layout of GaLore-Offload (docs/baselines.md "GaLore"): the MODE_LSP layout
+// The MODE_GALORE_OFFLOAD layout of GaLore-Offload (docs/baselines.md "GaLore"): the MODE_LSP layout
 // with the subspace of GaLore's one-sided projection of rank `rank`: for m >= n the identity
 // on P and a dense (n, rank) Q = B^T (r_q = rank: every column of every row), so S = G B^T
 // (m, rank); for m < n a dense (m, rank) P = A and the identity on Q, so S = A^T G (rank, n).
 // Each slot also has grad_sq (1) f32, |G|_F^2 of the full gradient (clipping). `d` and `r` of
-// the layout are the rank; its mode is MODE_GALORE.
+// the layout are the rank; its mode is MODE_GALORE_OFFLOAD.
 // Errors: kInvalidArgument when rank < 1 or rank >= min(m, n) of a matrix (naming the
 // narrowest such matrix: a rank at a matrix's smaller side projects nothing away, and the
 // slot could not tell it from the identity), and as BuildArenaLayout.

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
 #include "offload/rendezvous_store.h"
+#include "runtime/status_macros.h"
 #include "runtime/tfrecord.h"
 
 #if LSPO_HAS_GLOO
@@ -254,6 +255,139 @@ absl::Status PendingCollective::Wait() {
   return absl::OkStatus();
 }
 
+#if LSPO_HAS_GLOO
+namespace {
+
+// Issue 43: a store that other hosts can reach must be asked for explicitly, with a token.
+// Errors: kFailedPrecondition naming what is missing (`token_setting` the token's spec field).
+absl::Status CheckRendezvousReach(const CollectiveOptions& options, const char* token_setting) {
+  const char* kTokenSetting = token_setting;
+  if (!ResolvesToLoopbackOnly(options.host) &&
+      !(options.allow_remote && !options.secret_file.empty())) {
+    std::vector<std::string> missing;
+    if (!options.allow_remote) missing.push_back("distributed.allow_remote: true");
+    if (options.secret_file.empty()) {
+      missing.push_back(absl::StrCat(kTokenSetting,
+                                     " (a file holding the job's token, mode 0600, on every "
+                                     "rank; e.g. from `openssl rand -hex 32`)"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "distributed: the rendezvous host '", options.host,
+        "' is not a loopback address (or does not resolve): rank 0's store would be reachable "
+        "from other hosts, which needs ",
+        absl::StrJoin(missing, " and "),
+        "; or use 127.0.0.1 when every rank runs on this host"));
+  }
+  return absl::OkStatus();
+}
+
+// Every rank's join entry through `store` (reached at `at`): this rank claims its rank and
+// publishes its fingerprint, label and exclusive resource, waits for all ranks, and reads
+// theirs into *fingerprints, *labels, *exclusive (world_size each); rank 0, which hosts the
+// store, waits until every rank has read the table.
+// Errors: kAlreadyExists (the rank is taken), kDeadlineExceeded naming the ranks that did not
+// join, kPermissionDenied (a wrong token), kUnavailable (the store was lost).
+absl::Status ExchangeJoinTable(c10d::Store& store, const CollectiveOptions& options,
+                               const std::string& at, std::vector<std::string>* fingerprints,
+                               std::vector<std::string>* labels,
+                               std::vector<std::string>* exclusive) {
+  const auto timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(options.timeout));
+  auto key = [](const char* kind, int r) { return absl::StrCat("lspo/", kind, "/", r); };
+  auto text = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  try {
+    // One process per rank: the first to claim a rank keeps it.
+    if (store.add(key("claim", options.rank), 1) > 1) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "distributed: rank ", options.rank, " (", options.label,
+          ") is already taken in the group at ", at,
+          ": another process joined with the same rank; give every process its own rank "
+          "(lspctl run --rank=R, R in 0 .. ", options.world_size - 1, ")"));
+    }
+    store.set(key("exclusive", options.rank), text(options.exclusive));
+    store.set(key("join", options.rank),
+                     text(options.fingerprint + '\n' + options.label));
+    std::vector<std::string> keys;
+    for (int r = 0; r < options.world_size; ++r) keys.push_back(key("join", r));
+    try {
+      store.wait(keys, timeout);
+    } catch (const std::exception&) {
+      std::vector<int> missing;
+      for (int r = 0; r < options.world_size; ++r) {
+        if (!store.check({keys[r]})) missing.push_back(r);
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "distributed: rank", missing.size() == 1 ? " " : "s ", RankList(missing), " of ",
+          options.world_size, " did not join the rendezvous at ", at, " within ",
+          Seconds(options.timeout),
+          ": start every rank with the same rendezvous address, or raise the timeout"));
+    }
+    for (int r = 0; r < options.world_size; ++r) {
+      const std::vector<uint8_t> v = store.get(keys[r]);
+      const std::string s(v.begin(), v.end());
+      const size_t nl = s.rfind('\n');
+      (*fingerprints)[r] = s.substr(0, nl);
+      (*labels)[r] = nl == std::string::npos ? "" : s.substr(nl + 1);
+      const std::vector<uint8_t> x = store.get(key("exclusive", r));
+      (*exclusive)[r].assign(x.begin(), x.end());
+    }
+    // Rank 0 hosts the store: it stays until every rank has read the table.
+    store.set(key("seen", options.rank), std::vector<uint8_t>{1});
+    if (options.rank == 0) {
+      std::vector<std::string> seen;
+      for (int r = 0; r < options.world_size; ++r) seen.push_back(key("seen", r));
+      store.wait(seen, timeout);
+    }
+  } catch (const std::exception& e) {
+    const auto* store_error = dynamic_cast<const RendezvousStoreError*>(&e);
+    if (store_error != nullptr &&
+        store_error->status().code() == absl::StatusCode::kPermissionDenied) {
+      return absl::PermissionDeniedError(absl::StrCat("distributed: rank ", options.rank, ": ",
+                                                      store_error->status().message()));
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "distributed: rank ", options.rank, " lost the rendezvous store at ", at, ": ",
+        store_error != nullptr ? std::string(store_error->status().message()) : Reason(e),
+        options.rank == 0 ? ""
+                          : " (rank 0 hosts the store and exits when it gives up, e.g. when a "
+                            "rank does not join within the timeout or runs a different job: "
+                            "see rank 0's error)"));
+  }
+  return absl::OkStatus();
+}
+
+// The ranks run one job (the same fingerprint) and claim distinct exclusive resources.
+// Errors: kFailedPrecondition naming the rank that differs and how; kAlreadyExists naming
+// the two ranks that share a resource.
+absl::Status CheckRanksAgree(const CollectiveOptions& options,
+                             const std::vector<std::string>& fingerprints,
+                             const std::vector<std::string>& labels,
+                             const std::vector<std::string>& exclusive) {
+  for (int r = 1; r < options.world_size; ++r) {
+    if (fingerprints[r] != fingerprints[0]) {
+      const std::string what = options.explain_mismatch
+                                   ? options.explain_mismatch(fingerprints[0], fingerprints[r])
+                                   : absl::StrCat("fingerprint ", Short(fingerprints[r]), " vs ",
+                                                  Short(fingerprints[0]));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "distributed: rank ", r, " (", labels[r], ") runs a different job than rank 0 (",
+          labels[0], "): ", what, "; start every rank with the same job spec and model files"));
+    }
+  }
+  for (int r = 0; r < options.world_size; ++r) {
+    for (int q = r + 1; q < options.world_size && !exclusive[r].empty(); ++q) {
+      if (exclusive[q] == exclusive[r]) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "distributed: ranks ", r, " (", labels[r], ") and ", q, " (", labels[q],
+            ") share ", exclusive[r], ": give every rank its own"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+#endif
+
 Collective::Collective(const CollectiveOptions& options) : options_(options) {}
 
 Collective::~Collective() = default;
@@ -285,23 +419,7 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
 #else
   if (absl::Status st = CheckBindAddress(options.bind_address); !st.ok()) return st;
   constexpr char kTokenSetting[] = "distributed.rendezvous_token_file";
-  // Issue 43: a store that other hosts can reach must be asked for explicitly, with a token.
-  if (!ResolvesToLoopbackOnly(options.host) &&
-      !(options.allow_remote && !options.secret_file.empty())) {
-    std::vector<std::string> missing;
-    if (!options.allow_remote) missing.push_back("distributed.allow_remote: true");
-    if (options.secret_file.empty()) {
-      missing.push_back(absl::StrCat(kTokenSetting,
-                                     " (a file holding the job's token, mode 0600, on every "
-                                     "rank; e.g. from `openssl rand -hex 32`)"));
-    }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "distributed: the rendezvous host '", options.host,
-        "' is not a loopback address (or does not resolve): rank 0's store would be reachable "
-        "from other hosts, which needs ",
-        absl::StrJoin(missing, " and "),
-        "; or use 127.0.0.1 when every rank runs on this host"));
-  }
+  RETURN_IF_ERROR(CheckRendezvousReach(options, kTokenSetting));
   std::string token;
   if (!options.secret_file.empty()) {
     absl::StatusOr<std::string> t = ReadRendezvousToken(options.secret_file, kTokenSetting);
@@ -346,89 +464,12 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
   }
   impl->store = *std::move(store);
   const std::string at = JoinHostPort(options.host, c->port_);
-  auto key = [](const char* kind, int r) { return absl::StrCat("lspo/", kind, "/", r); };
-  auto text = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
   std::vector<std::string> fingerprints(options.world_size), labels(options.world_size),
       exclusive(options.world_size);
-  try {
-    // One process per rank: the first to claim a rank keeps it.
-    if (impl->store->add(key("claim", options.rank), 1) > 1) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "distributed: rank ", options.rank, " (", c->options_.label,
-          ") is already taken in the group at ", at,
-          ": another process joined with the same rank; give every process its own rank "
-          "(lspctl run --rank=R, R in 0 .. ", options.world_size - 1, ")"));
-    }
-    impl->store->set(key("exclusive", options.rank), text(c->options_.exclusive));
-    impl->store->set(key("join", options.rank),
-                     text(c->options_.fingerprint + '\n' + c->options_.label));
-    std::vector<std::string> keys;
-    for (int r = 0; r < options.world_size; ++r) keys.push_back(key("join", r));
-    try {
-      impl->store->wait(keys, timeout);
-    } catch (const std::exception&) {
-      std::vector<int> missing;
-      for (int r = 0; r < options.world_size; ++r) {
-        if (!impl->store->check({keys[r]})) missing.push_back(r);
-      }
-      return absl::DeadlineExceededError(absl::StrCat(
-          "distributed: rank", missing.size() == 1 ? " " : "s ", RankList(missing), " of ",
-          options.world_size, " did not join the rendezvous at ", at, " within ",
-          Seconds(options.timeout),
-          ": start every rank with the same rendezvous address, or raise the timeout"));
-    }
-    for (int r = 0; r < options.world_size; ++r) {
-      const std::vector<uint8_t> v = impl->store->get(keys[r]);
-      const std::string s(v.begin(), v.end());
-      const size_t nl = s.rfind('\n');
-      fingerprints[r] = s.substr(0, nl);
-      labels[r] = nl == std::string::npos ? "" : s.substr(nl + 1);
-      const std::vector<uint8_t> x = impl->store->get(key("exclusive", r));
-      exclusive[r].assign(x.begin(), x.end());
-    }
-    // Rank 0 hosts the store: it stays until every rank has read the table.
-    impl->store->set(key("seen", options.rank), std::vector<uint8_t>{1});
-    if (options.rank == 0) {
-      std::vector<std::string> seen;
-      for (int r = 0; r < options.world_size; ++r) seen.push_back(key("seen", r));
-      impl->store->wait(seen, timeout);
-    }
-  } catch (const std::exception& e) {
-    const auto* store_error = dynamic_cast<const RendezvousStoreError*>(&e);
-    if (store_error != nullptr &&
-        store_error->status().code() == absl::StatusCode::kPermissionDenied) {
-      return absl::PermissionDeniedError(absl::StrCat("distributed: rank ", options.rank, ": ",
-                                                      store_error->status().message()));
-    }
-    return absl::UnavailableError(absl::StrCat(
-        "distributed: rank ", options.rank, " lost the rendezvous store at ", at, ": ",
-        store_error != nullptr ? std::string(store_error->status().message()) : Reason(e),
-        options.rank == 0 ? ""
-                          : " (rank 0 hosts the store and exits when it gives up, e.g. when a "
-                            "rank does not join within the timeout or runs a different job: "
-                            "see rank 0's error)"));
-  }
+  RETURN_IF_ERROR(ExchangeJoinTable(*impl->store, c->options_, at, &fingerprints, &labels,
+                                    &exclusive));
   c->labels_ = labels;
-  for (int r = 1; r < options.world_size; ++r) {
-    if (fingerprints[r] != fingerprints[0]) {
-      const std::string what = c->options_.explain_mismatch
-                                   ? c->options_.explain_mismatch(fingerprints[0], fingerprints[r])
-                                   : absl::StrCat("fingerprint ", Short(fingerprints[r]), " vs ",
-                                                  Short(fingerprints[0]));
-      return absl::FailedPreconditionError(absl::StrCat(
-          "distributed: rank ", r, " (", labels[r], ") runs a different job than rank 0 (",
-          labels[0], "): ", what, "; start every rank with the same job spec and model files"));
-    }
-  }
-  for (int r = 0; r < options.world_size; ++r) {
-    for (int q = r + 1; q < options.world_size && !exclusive[r].empty(); ++q) {
-      if (exclusive[q] == exclusive[r]) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "distributed: ranks ", r, " (", labels[r], ") and ", q, " (", labels[q],
-            ") share ", exclusive[r], ": give every rank its own"));
-      }
-    }
-  }
+  RETURN_IF_ERROR(CheckRanksAgree(c->options_, fingerprints, labels, exclusive));
   try {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
     gloo_options->devices.push_back(

@@ -15,8 +15,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/llama_config.h"
-#include "model/tokenizer.h"
 #include "offload/state_file.h"
+#include "text/tokenizer.h"
 
 namespace lspo::offload {
 

@@ -7,8 +7,8 @@
 
 #include "absl/status/statusor.h"
 #include "model/llama.h"
-#include "model/tokenizer.h"
 #include "proto/job_spec.pb.h"
+#include "text/tokenizer.h"
 
 namespace lspo::offload {
 

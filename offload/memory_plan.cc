@@ -7,8 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "model/linear_cross_entropy.h"
+#include "model/loss_blocks.h"
 #include "offload/arena_layout.h"
+#include "offload/mode_plans.h"
+#include "offload/training_mode.h"
 #include "runtime/status_macros.h"
 
 namespace lspo::offload {
@@ -36,13 +38,6 @@ std::vector<LinearShape> LinearShapesOf(const model::LlamaConfig& c) {
     }
   }
   return out;
-}
-
-bool AdaptedByLora(const JobSpec& spec, int64_t kind) {
-  for (const auto& t : spec.lora().target_modules()) {
-    if (t == kModules[kind]) return true;
-  }
-  return false;
 }
 
 // Floats one decoder layer keeps for its backward (see the header), without the fp32 upcast
@@ -73,60 +68,7 @@ int64_t ParamsOther(const model::LlamaConfig& c) {
   return c.NumParameters() - lin;
 }
 
-void Add(std::vector<PlanTerm>* terms, std::string name, int64_t bytes) {
-  terms->push_back({std::move(name), bytes});
-}
-
-// The terms every offloaded mode (lsp, zero, GaLore-Offload) shares: the arena, the optimizer
-// service's fp32 model and its Adam state (`moments`, `moment_bytes`), and the bytes each way
-// per optimizer step.
-void AddOffloadTerms(MemoryPlan* plan, const lspo::v1::ArenaLayout& layout, int64_t p_total,
-                     std::string moments, int64_t moment_bytes, int64_t bytes_per_step) {
-  plan->arena = static_cast<int64_t>(layout.bytes());
-  Add(&plan->optimizer_host, "fp32 model (master weights, embedding, norms)", 4 * p_total);
-  Add(&plan->optimizer_host, std::move(moments), moment_bytes);
-  plan->d2h_bytes_per_step = plan->h2d_bytes_per_step = bytes_per_step;
-}
-
 }  // namespace
-
-bool KeepsApplyResidual(const lspo::v1::JobSpec& spec) {
-  const lspo::v1::ApplyRounding r = spec.lsp().apply_rounding();
-  return r == lspo::v1::APPLY_ROUNDING_UNSPECIFIED || r == lspo::v1::APPLY_ROUNDING_COMPENSATED;
-}
-
-const char* PlanModeName(PlanMode mode) {
-  switch (mode) {
-    case PlanMode::kLsp:
-      return "lsp";
-    case PlanMode::kZero:
-      return "zero";
-    case PlanMode::kNative:
-      return "native";
-    case PlanMode::kLora:
-      return "lora";
-    case PlanMode::kGalore:
-      return "galore";
-    case PlanMode::kGaloreOffload:
-      return "galore-offload";
-  }
-  return "?";
-}
-
-PlanMode PlanModeOf(const JobSpec& spec) {
-  switch (spec.mode()) {
-    case lspo::v1::MODE_ZERO:
-      return PlanMode::kZero;
-    case lspo::v1::MODE_NATIVE:
-      return PlanMode::kNative;
-    case lspo::v1::MODE_LORA:
-      return PlanMode::kLora;
-    case lspo::v1::MODE_GALORE:
-      return spec.galore().offload() ? PlanMode::kGaloreOffload : PlanMode::kGalore;
-    default:
-      return PlanMode::kLsp;
-  }
-}
 
 int64_t MemoryPlan::DeviceStatic() const {
   int64_t s = 0;
@@ -141,7 +83,7 @@ int64_t MemoryPlan::OptimizerHost() const {
 }
 
 absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::LlamaConfig& c,
-                                         PlanMode mode, bool cuda) {
+                                         lspo::v1::TrainingMode mode, bool cuda) {
   const int64_t B = MicroBatchOf(spec), T = spec.seq_len();
   if (B < 1 || T < 1) {
     return absl::InvalidArgumentError(
@@ -180,141 +122,24 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
 
   // Static device memory: model/llama.cc keeps the trained matrices in the storage dtype and
   // the embedding, norms and biases in fp32 (SetLinearStorageDtype).
-  Add(&plan.device_static, absl::StrCat("trained weights (", wname, ")"), w * p_lin);
-  Add(&plan.device_static, "embedding, norms (fp32)", 4 * p_rest);
+  AddPlanTerm(&plan.device_static, absl::StrCat("trained weights (", wname, ")"), w * p_lin);
+  AddPlanTerm(&plan.device_static, "embedding, norms (fp32)", 4 * p_rest);
 
-  bool saves_input[kLinears];
-  int64_t extra[kLinears] = {0, 0, 0, 0, 0, 0, 0};
-  std::fill(saves_input, saves_input + kLinears, mode != PlanMode::kLsp);
-  int64_t grads = 0;     // dense weight gradients the worker holds (w bytes each)
-  int64_t subspace = 0;  // Σ d_p d_q (lsp) or Σ S elements (galore-offload)
-  int64_t summed = p_lin;  // values a data-parallel step all-reduces (the gradients')
-  int64_t s_transient = 0;  // lsp, one micro-batch: the step's S, formed in the backward
-  switch (mode) {
-    case PlanMode::kLsp: {
-      ASSIGN_OR_RETURN(std::vector<lsp::MatrixSubspace> subs,
-                       ResolveJobSubspaces(linears, spec.lsp()));
-      int64_t proj = 0, max_dd = 0, dense = 0;
-      for (size_t i = 0; i < subs.size(); ++i) {
-        subspace += subs[i].numel();
-        max_dd = std::max(max_dd, subs[i].numel());
-        // lsp/projector.h: int64 positions + fp32 values, (rows, r) per side.
-        proj += 12 * (subs[i].p.rows * subs[i].p.r + subs[i].q.rows * subs[i].q.r);
-        // lsp.compression dense (lsp/lsp_linear.h): fp32 (rows, d) per non-identity side.
-        if (!subs[i].p.identity) dense += 4 * subs[i].p.rows * subs[i].p.dim;
-        if (!subs[i].q.identity) dense += 4 * subs[i].q.rows * subs[i].q.dim;
-        if (i < static_cast<size_t>(kLinears)) extra[i] = subs[i].q.dim;  // X Q (N, d_q)
-      }
-      Add(&plan.device_static, absl::StrCat("projectors P, Q (r = ", spec.lsp().r(), ")"), proj);
-      if (spec.lsp().compression() == lspo::v1::COMPRESSION_DENSE) {
-        Add(&plan.device_static, "dense projectors (lsp.compression: dense, fp32)", dense);
-      }
-      // gpu_worker/lsp_path.h s_accum_: accumulators for the whole job only with grad_accum
-      // > 1; with one micro-batch each S lives from its backward to its publication (counted
-      // at the end of the backward, all of them: the serial schedule's case).
-      if (spec.grad_accum() > 1) {
-        Add(&plan.device_static, "S accumulators (fp32)", 4 * subspace);
-      } else {
-        s_transient = 4 * subspace;
-      }
-      // device_offload.h kStagingSlots upload buffers (CUDA).
-      if (cuda) Add(&plan.device_static, "upload staging (4 slots)", 4 * 4 * max_dd);
-      if (bf16 && KeepsApplyResidual(spec)) {
-        Add(&plan.device_static, "compensation residuals (bf16)", 2 * p_lin);
-      }
-      ASSIGN_OR_RETURN(
-          lspo::v1::ArenaLayout layout,
-          BuildArenaLayout(linears, kLinears, subs, spec.lsp().d(), spec.lsp().r(), "plan"));
-      AddOffloadTerms(&plan, layout, p_total, "subspace Adam: sum of steps, m, v (fp32)",
-                      12 * subspace, 4 * subspace);
-      break;
-    }
-    case PlanMode::kZero: {
-      grads = p_lin;
-      if (cuda) Add(&plan.device_static, "transfer staging (4 slots, bf16)", 4 * 2 * max_mn);
-      ASSIGN_OR_RETURN(lspo::v1::ArenaLayout layout,
-                       BuildZeroArenaLayout(linears, kLinears, "plan"));
-      AddOffloadTerms(&plan, layout, p_total, "Adam m, v (fp32)", 8 * p_lin, 2 * p_lin);
-      if (spec.schedule() != lspo::v1::STEP_SCHEDULE_SERIAL && spec.optim().max_grad_norm() <= 0) {
-        // cpu_optimizer_service/optimizer_core.cc: the undo records of the matrices updated
-        // before the worker's verdict (master, m, v), at most 1 GiB.
-        Add(&plan.optimizer_host, "undo records before the step's verdict (fp32, <= 1 GiB)",
-            std::min<int64_t>(12 * p_lin, int64_t{1} << 30));
-      }
-      break;
-    }
-    case PlanMode::kNative: {
-      grads = p_lin;
-      // gpu_worker/worker_adamw.h: exp_avg, exp_avg_sq in the parameters' dtype.
-      Add(&plan.device_static, absl::StrCat("AdamW m, v (", wname, ")"), 2 * w * p_lin);
-      break;
-    }
-    case PlanMode::kLora: {
-      // ResolveDefaults' (PEFT's) defaults where the spec is of another mode: r 8, every linear.
-      const int64_t r = spec.lora().r() > 0 ? spec.lora().r() : 8;
-      int64_t adapters = 0;
-      for (int64_t k = 0; k < kLinears; ++k) {
-        saves_input[k] = spec.lora().target_modules().empty() || AdaptedByLora(spec, k);
-        if (saves_input[k]) extra[k] = r;
-      }
-      for (const auto& l : linears) {
-        if (!saves_input[l.index % kLinears]) continue;
-        if (r > std::min(l.m, l.n)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("job spec field lora.r = ", r, " is above the smaller side of ", l.name,
-                           " (", l.m, " x ", l.n, "): use lora.r <= ", std::min(l.m, l.n)));
-        }
-        adapters += r * (l.m + l.n);
-      }
-      // baselines/lora.cc: A (r, n), B (m, r) fp32; their gradients and AdamW's m, v.
-      Add(&plan.device_static, absl::StrCat("LoRA A, B, gradients, AdamW m, v (r = ", r, ")"),
-          16 * adapters);
-      summed = adapters;
-      break;
-    }
-    case PlanMode::kGalore:
-    case PlanMode::kGaloreOffload: {
-      // ResolveDefaults' (GaLore's README) default where the spec is of another mode: 128.
-      const int64_t rank = spec.galore().rank() > 0 ? spec.galore().rank() : 128;
-      grads = p_lin;
-      int64_t big = 0, small = 0;
-      for (const auto& l : linears) {
-        if (rank > std::min(l.m, l.n)) {  // baselines/galore.h: rank <= min(m, n)
-          return absl::InvalidArgumentError(absl::StrCat(
-              "job spec field galore.rank = ", rank, " is above the smaller side of ", l.name, " (",
-              l.m, " x ", l.n, "): use galore.rank <= ", std::min(l.m, l.n)));
-        }
-        big += rank * std::max(l.m, l.n);
-        small += rank * std::min(l.m, l.n);
-      }
-      if (mode == PlanMode::kGalore) {
-        // baselines/galore.h GaloreAdamW::StateBytes: m, v (rank x max) and the projector.
-        Add(&plan.device_static, absl::StrCat("GaLore m, v, projectors (rank ", rank, ")"),
-            4 * (2 * big + small));
-      } else {
-        // GaLore-Offload's slots need rank < min(m, n) (offload/arena_layout.h).
-        ASSIGN_OR_RETURN(lspo::v1::ArenaLayout layout,
-                         BuildGaloreArenaLayout(linears, kLinears, rank, "plan"));
-        subspace = big;
-        Add(&plan.device_static, absl::StrCat("GaLore projectors (rank ", rank, ")"), 4 * small);
-        Add(&plan.device_static, "projected gradients (fp32)", 4 * big);
-        if (bf16) Add(&plan.device_static, "compensation residuals (bf16)", 2 * p_lin);
-        AddOffloadTerms(&plan, layout, p_total, "subspace Adam: sum of steps, m, v (fp32)",
-                        12 * big, 4 * big);
-      }
-      break;
-    }
-  }
+  ModePlanContext mc{spec, linears, cuda, bf16, w, wname, max_mn, p_lin, p_total, &plan};
+  mc.summed = p_lin;
+  RETURN_IF_ERROR(DescriptorOf(mode).plan(&mc));
+  const bool* saves_input = mc.saves_input;
+  const int64_t* extra = mc.extra;
+  const int64_t grads = mc.grads, summed = mc.summed, s_transient = mc.s_transient;
   if (spec.distributed().world_size() > 1) {
     // offload/overlap_reducer.h: fp32 buckets of every matrix's S or gradient (native, lora,
     // galore: offload::SumTensorsAcrossRanks' one fp32 buffer of the same size), in host
     // memory: on a CUDA worker they are host copies (offload/collective.h).
-    if (mode == PlanMode::kLsp || mode == PlanMode::kGaloreOffload) summed = subspace;
     const int64_t buffers = 4 * summed;
     if (cuda) {
       plan.worker_host_train = buffers;
     } else {
-      Add(&plan.device_static, "all-reduce buffers (fp32)", buffers);
+      AddPlanTerm(&plan.device_static, "all-reduce buffers (fp32)", buffers);
     }
   }
 
@@ -357,7 +182,7 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
 }
 
 absl::StatusOr<std::vector<std::string>> ChooseFittingDefaults(
-    JobSpec* spec, const model::LlamaConfig& config, PlanMode mode, bool cuda,
+    JobSpec* spec, const model::LlamaConfig& config, lspo::v1::TrainingMode mode, bool cuda,
     int64_t device_bytes) {
   std::vector<std::string> lines;
   if (!cuda) return lines;
@@ -375,7 +200,7 @@ absl::StatusOr<std::vector<std::string>> ChooseFittingDefaults(
             "activation checkpointing: on (chosen: the %s plan at micro-batch %d needs %.2f GiB "
             "without it and %.2f GiB with it, of %.2f GiB on the device; set "
             "activation_checkpointing to decide)",
-            PlanModeName(mode), MicroBatchOf(*spec), plan.device_peak / kGiB,
+            std::string(DescriptorOf(mode).name).c_str(), MicroBatchOf(*spec), plan.device_peak / kGiB,
             ckpt.device_peak / kGiB, device_bytes / kGiB));
       }
     }
@@ -416,13 +241,13 @@ absl::StatusOr<std::vector<std::string>> ChooseFittingDefaults(
       "micro_batch_size: %d (chosen: the largest power of two up to %d whose %s plan fits, "
       "%.2f GiB of %.2f GiB on the device with activation checkpointing %s; set "
       "micro_batch_size to decide)",
-      b, kMaxChosenMicroBatch, PlanModeName(mode), peak / kGiB, device_bytes / kGiB,
+      b, kMaxChosenMicroBatch, std::string(DescriptorOf(mode).name).c_str(), peak / kGiB, device_bytes / kGiB,
       spec->activation_checkpointing() ? "on" : "off"));
   return lines;
 }
 
 absl::StatusOr<FitAnswer> FitOnDevice(const JobSpec& spec, const model::LlamaConfig& config,
-                                      PlanMode mode, bool cuda, int64_t device_bytes) {
+                                      lspo::v1::TrainingMode mode, bool cuda, int64_t device_bytes) {
   FitAnswer a;
   ASSIGN_OR_RETURN(MemoryPlan plan, PlanJobMemory(spec, config, mode, cuda));
   a.fits = plan.device_peak <= device_bytes;
@@ -456,12 +281,14 @@ absl::StatusOr<FitAnswer> FitOnDevice(const JobSpec& spec, const model::LlamaCon
     }
     if (ckpt) a.largest_micro_batch_checkpointing = mb;
   }
-  if (mode == PlanMode::kLsp && !a.fits && KeepsApplyResidual(spec)) {
+  // lsp's own settings (the learned-projector mode's): rounding and d.
+  const ModeDescriptor& m = DescriptorOf(mode);
+  if (m.learned_projectors && !a.fits && m.keeps_residual(spec)) {
     JobSpec s = spec;
     s.mutable_lsp()->set_apply_rounding(lspo::v1::APPLY_ROUNDING_NEAREST);
     a.fits_with_nearest_rounding = fits_with(s);
   }
-  if (mode == PlanMode::kLsp) {
+  if (m.learned_projectors) {
     JobSpec s = spec;
     s.mutable_lsp()->set_d_ratio(0);
     const int64_t widest = std::max(config.hidden_size, config.intermediate_size);
@@ -474,14 +301,14 @@ absl::StatusOr<FitAnswer> FitOnDevice(const JobSpec& spec, const model::LlamaCon
 }
 
 std::string FormatPlans(const std::string& title, const std::vector<MemoryPlan>& plans,
-                        PlanMode own) {
+                        lspo::v1::TrainingMode own) {
   constexpr double kMiB = 1 << 20;
   constexpr int kName = 60, kCol = 16;
   std::string out = absl::StrCat(title, "\n");
   absl::StrAppendFormat(&out, "%-*s", kName, "MiB");
   for (const auto& p : plans) {
     absl::StrAppendFormat(&out, " %*s", kCol - 1,
-                          absl::StrCat(PlanModeName(p.mode), p.mode == own ? " *" : ""));
+                          absl::StrCat(DescriptorOf(p.mode).name, p.mode == own ? " *" : ""));
   }
   out += "\n";
   auto row = [&](const std::string& name, auto value) {

@@ -50,16 +50,6 @@
 
 namespace lspo::offload {
 
-// The modes a plan covers, in the order the planner prints them. kGaloreOffload is
-// MODE_GALORE with galore.offload (docs/baselines.md).
-enum class PlanMode { kLsp, kZero, kNative, kLora, kGalore, kGaloreOffload };
-
-// "lsp", "zero", "native", "lora", "galore", "galore-offload".
-const char* PlanModeName(PlanMode mode);
-
-// The PlanMode of a resolved job spec (mode and galore.offload).
-PlanMode PlanModeOf(const lspo::v1::JobSpec& spec);
-
 // One term of a plan, bytes.
 struct PlanTerm {
   std::string name;  // e.g. "trained weights (bf16)"
@@ -68,7 +58,7 @@ struct PlanTerm {
 
 // The memory of one job in one mode (see the file comment). All sizes are bytes.
 struct MemoryPlan {
-  PlanMode mode = PlanMode::kLsp;
+  lspo::v1::TrainingMode mode{};  // the plan's mode; its name: training_mode.h DescriptorOf
   bool cuda = false;           // the worker's terms are for a CUDA device (else the CPU)
   int64_t weight_bytes = 4;    // w: storage bytes of a trained matrix element (2 or 4)
   int64_t tokens = 0;          // N = micro_batch_size * seq_len
@@ -122,7 +112,8 @@ inline constexpr double kCpuHeapRetention = 0.65;
 inline constexpr int64_t kCudaContextBytes = 512LL << 20;
 
 // The plan of `spec` (defaults resolved: scheduler/job_spec.h ResolveDefaults) in `mode` for a
-// model of shape `config`, with the worker on CUDA when `cuda` (bf16 weights unless
+// model of shape `config` (the mode's own terms: its ModeDescriptor's plan hook,
+// offload/mode_plans.cc), with the worker on CUDA when `cuda` (bf16 weights unless
 // spec.weight_dtype says fp32) or on the CPU (fp32 unless it says bf16). The spec's settings
 // of other modes are used where the mode needs them (lsp.d / r / narrow / apply_rounding,
 // lora.r and target_modules, galore.rank; unset, ResolveDefaults' defaults: lora r 8 on every
@@ -132,8 +123,8 @@ inline constexpr int64_t kCudaContextBytes = 512LL << 20;
 // lsp subspace ResolveSubspace refuses, a galore rank BuildGaloreArenaLayout refuses, a lora
 // target that is not a linear of the model).
 absl::StatusOr<MemoryPlan> PlanJobMemory(const lspo::v1::JobSpec& spec,
-                                         const model::LlamaConfig& config, PlanMode mode,
-                                         bool cuda);
+                                         const model::LlamaConfig& config,
+                                         lspo::v1::TrainingMode mode, bool cuda);
 
 // The largest micro-batch FitOnDevice tries.
 inline constexpr int32_t kMaxPlannedMicroBatch = 4096;
@@ -146,11 +137,6 @@ inline constexpr int32_t kMaxChosenMicroBatch = 32;
 inline int32_t MicroBatchOf(const lspo::v1::JobSpec& spec) {
   return spec.micro_batch_size() != 0 ? spec.micro_batch_size() : kDefaultMicroBatchSize;
 }
-
-// Whether an lsp worker with 16-bit weights keeps a 16-bit compensation residual per trained
-// weight: lsp.apply_rounding compensated or unset (the default); nearest and stochastic keep
-// none. The planner and the worker both decide by this.
-bool KeepsApplyResidual(const lspo::v1::JobSpec& spec);
 
 // The answer to "does it fit in `device_bytes`": for each field, 0 when nothing fits.
 struct FitAnswer {
@@ -169,7 +155,8 @@ struct FitAnswer {
 // kMaxPlannedMicroBatch, d up to the model's widest side (hidden or intermediate size).
 // Errors: PlanJobMemory's for the spec as given.
 absl::StatusOr<FitAnswer> FitOnDevice(const lspo::v1::JobSpec& spec,
-                                      const model::LlamaConfig& config, PlanMode mode, bool cuda,
+                                      const model::LlamaConfig& config,
+                                      lspo::v1::TrainingMode mode, bool cuda,
                                       int64_t device_bytes);
 
 // Settings a CUDA job left unset, chosen so that its plan fits `device_bytes` (issue 42,
@@ -188,14 +175,15 @@ absl::StatusOr<FitAnswer> FitOnDevice(const lspo::v1::JobSpec& spec,
 // changes there). Errors: PlanJobMemory's.
 absl::StatusOr<std::vector<std::string>> ChooseFittingDefaults(lspo::v1::JobSpec* spec,
                                                                const model::LlamaConfig& config,
-                                                               PlanMode mode, bool cuda,
+                                                               lspo::v1::TrainingMode mode,
+                                                               bool cuda,
                                                                int64_t device_bytes);
 
 // The plans as a table, one column per plan (each column headed by its mode; the spec's own
 // mode marked with '*' when `own` matches), every term in MiB, then the host memory and the
 // bytes per step. `title` is the first line.
 std::string FormatPlans(const std::string& title, const std::vector<MemoryPlan>& plans,
-                        PlanMode own);
+                        lspo::v1::TrainingMode own);
 
 }  // namespace lspo::offload
 

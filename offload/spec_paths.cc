@@ -8,7 +8,7 @@
 namespace lspo::offload {
 
 std::vector<runtime::PathField> JobSpecPaths(const lspo::v1::JobSpec& spec) {
-  // data.chat_template is a path unless it is the Jinja text itself (model/chat_template.h).
+  // data.chat_template is a path unless it is the Jinja text itself (text/chat_template.h).
   const std::string& tmpl = spec.data().chat_template();
   const bool tmpl_is_text =
       tmpl.find("{{") != std::string::npos || tmpl.find("{%") != std::string::npos;

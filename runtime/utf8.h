@@ -1,5 +1,5 @@
 // UTF-8 validation (header-only, torch-free): used by the data readers (data/records.h) and
-// the chat-template interpreter (model/jinja.h) to refuse ill-formed text with its offset, and
+// the chat-template interpreter (text/jinja.h) to refuse ill-formed text with its offset, and
 // the lossy repair of decoded text bound for protobuf strings (Utf8Lossy).
 #ifndef LSPO_RUNTIME_UTF8_H_
 #define LSPO_RUNTIME_UTF8_H_

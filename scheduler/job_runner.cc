@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "glog/logging.h"
 #include "offload/arena_layout.h"
+#include "report/run_report.h"
 #include "runtime/clock.h"
 #include "runtime/proto_json.h"
 #include "runtime/status_macros.h"
@@ -22,7 +23,6 @@
 #include "scheduler/checkpoint.h"
 #include "scheduler/job_spec.h"
 #include "scheduler/lr_schedule.h"
-#include "scheduler/run_report.h"
 #include "scheduler/step_executor.h"
 
 namespace lspo::scheduler {
@@ -32,13 +32,13 @@ namespace v1 = lspo::v1;
 
 constexpr double kUnloadDeadlineSeconds = 60;
 
-double Now() { return runtime::MonotonicSeconds(); }
+}  // namespace
 
-nlohmann::json ToJson(const google::protobuf::Message& m) {
+double JobRunner::Now() { return runtime::MonotonicSeconds(); }
+
+nlohmann::json JobRunner::ToJson(const google::protobuf::Message& m) {
   return nlohmann::json::parse(runtime::ProtoToJson(m, runtime::ProtoJsonPrint::WithDefaults()));
 }
-
-}  // namespace
 
 JobRunner::JobRunner(std::string job_id, v1::JobSpec spec, WorkerClient* worker,
                      OptimizerClient* optimizer, JobHost* host, RunnerOptions options)
@@ -48,10 +48,9 @@ JobRunner::JobRunner(std::string job_id, v1::JobSpec spec, WorkerClient* worker,
       optimizer_(optimizer),
       host_(host),
       options_(options),
-      lsp_(spec_.mode() == v1::MODE_LSP),
-      zero_(spec_.mode() == v1::MODE_ZERO),
-      // GaLore-Offload runs its Adam on the optimizer service as lsp does.
-      offload_(lsp_ || zero_ || (spec_.mode() == v1::MODE_GALORE && spec_.galore().offload())),
+      mode_(offload::ModeOf(spec_)),
+      lsp_(mode_.learned_projectors),
+      offload_(mode_.offloaded()),
       dl_(options.rpc_deadline_seconds) {
   if (!offload_) optimizer_ = nullptr;
 }
@@ -104,79 +103,6 @@ absl::Status JobRunner::Run() {
     }
   }
   return st;
-}
-
-absl::Status JobRunner::SelectResume() {
-  if (spec_.resume_from().empty()) {
-    // A fresh start: checkpoints already in the folder belong to another run, whose lineage
-    // this one must not mix with (checkpoint.h, "Lineage").
-    const std::vector<CheckpointInfo> existing = ListCheckpoints(spec_.output_dir());
-    if (existing.empty()) return absl::OkStatus();
-    if (!spec_.overwrite_output_dir()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "output_dir '", spec_.output_dir(), "' holds ", existing.size(),
-          " checkpoint(s) of an earlier run (newest: ", existing.back().dir,
-          ") and this job starts from step 0: continue that run with resume_from: latest, "
-          "give another output_dir, or set overwrite_output_dir: true to move them aside into "
-          "checkpoints/superseded-<run id>/"));
-    }
-    ASSIGN_OR_RETURN(std::string aside, SupersedeCheckpoints(spec_.output_dir(), run_id_));
-    LOG(WARNING) << "scheduler: " << id_ << ": overwrite_output_dir: moved " << existing.size()
-                 << " checkpoint(s) of an earlier run to " << aside;
-    superseded_ = {{"kind", "checkpoints_superseded"}, {"count", existing.size()},
-                   {"moved_to", aside}};
-    return absl::OkStatus();
-  }
-  std::vector<CheckpointInfo> candidates;
-  if (spec_.resume_from() == "latest") {
-    candidates = LatestCheckpoints(spec_.output_dir());
-  } else {
-    candidates.push_back({0, spec_.resume_from()});
-  }
-  // Data parallel: the ranks agree on one checkpoint at LoadJob (Load), so every one of this
-  // rank's is verified now; one rank verifies only until it finds a sound one. A checkpoint
-  // that does not verify is not offered (the others may then agree on an older one).
-  const bool agree = spec_.resume_from() == "latest" && spec_.distributed().world_size() > 1;
-  for (const CheckpointInfo& c : candidates) {
-    absl::StatusOr<nlohmann::json> state = VerifyCheckpoint(c.dir);
-    if (!state.ok()) {
-      if (spec_.resume_from() != "latest") return state.status();
-      LOG(ERROR) << "scheduler: " << id_ << ": skipping checkpoint " << c.dir << ": "
-                 << state.status();
-      continue;
-    }
-    if (agree) {
-      resume_candidates_.push_back({state->value("step", 0), c.dir, *state});
-      if (!resume_dir_.empty()) continue;
-    }
-    resume_state_ = std::move(*state);
-    resume_dir_ = c.dir;
-    if (!agree) break;
-  }
-  if (resume_dir_.empty()) return absl::OkStatus();  // "latest" with none: start afresh.
-  return AdoptResume();
-}
-
-absl::Status JobRunner::AdoptResume() {
-  const std::string stored = resume_state_.value("training_fingerprint", std::string());
-  TakeChosenSettingsFrom(stored, &spec_);
-  if (!SameTraining(stored, spec_)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint '", resume_dir_, "' was written by a job with a different training spec (",
-        TrainingDifferences(stored, spec_),
-        ", checkpoint -> this job): resume with the spec in its trainer_state.json, changing "
-        "only steps, output, evaluation, threads, the schedule or where the ranks run "
-        "(distributed.rendezvous, bind_address, rank; not distributed.world_size)"));
-  }
-  start_step_ = resume_state_["step"].get<int>();
-  if (start_step_ > spec_.steps()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint '", resume_dir_, "' is at step ", start_step_, " but the job has only ",
-        spec_.steps(), " steps: raise steps"));
-  }
-  LOG(INFO) << "scheduler: " << id_ << ": resuming from " << resume_dir_ << " (step "
-            << start_step_ << ")";
-  return absl::OkStatus();
 }
 
 absl::Status JobRunner::Load() {
@@ -268,7 +194,7 @@ void JobRunner::UnloadPeers() {
 
 void JobRunner::InitSummary() {
   summary_["job_id"] = id_;
-  summary_["mode"] = runtime::EnumShortName(spec_.mode());
+  summary_["mode"] = std::string(mode_.name);
   summary_["schedule"] = offload_ ? runtime::EnumShortName(spec_.schedule()) : "none";
   summary_["weight_dtype"] = runtime::EnumShortName(spec_.weight_dtype());
   // What the worker runs with: the spec's setting or its own choice (chosen_settings).
@@ -298,18 +224,18 @@ void JobRunner::InitSummary() {
                                : spec_.lsp().apply_rounding() == v1::APPLY_ROUNDING_UNSPECIFIED
                                    ? "compensated"
                                    : runtime::EnumShortName(spec_.lsp().apply_rounding());
-  if (spec_.mode() == v1::MODE_LORA) {
+  if (mode_.settings_block == "lora") {
     summary_["lora_r"] = spec_.lora().r();
     summary_["lora_alpha"] = spec_.lora().alpha();
     summary_["lora_target_modules"] = std::vector<std::string>(
         spec_.lora().target_modules().begin(), spec_.lora().target_modules().end());
     summary_["lora_use_rslora"] = spec_.lora().use_rslora();
   }
-  if (spec_.mode() == v1::MODE_GALORE) {
+  if (mode_.settings_block == "galore") {
     summary_["galore_rank"] = spec_.galore().rank();
     summary_["galore_update_proj_gap"] = spec_.galore().update_proj_gap();
     summary_["galore_scale"] = spec_.galore().scale();
-    summary_["galore_offload"] = spec_.galore().offload();
+    summary_["galore_offload"] = mode_.offloaded();
   }
   summary_["steps"] = spec_.steps();
   summary_["micro_batch_size"] = spec_.micro_batch_size();
@@ -357,33 +283,6 @@ void JobRunner::InitSummary() {
   host_->UpdateStatus([&](v1::JobStatus* s) {
     s->clear_data();
     for (const v1::DataSummary* d : data) *s->add_data() = *d;
-  });
-}
-
-void JobRunner::RestoreFromCheckpoint() {
-  // Counters, evaluations and the summary so far, as at the checkpoint.
-  skipped_ = resume_state_.value("skipped_steps", 0);
-  nonfinite_in_a_row_ = resume_state_.value("nonfinite_in_a_row", 0);
-  if (resume_state_.contains("summary") && resume_state_["summary"].is_object()) {
-    for (const auto& [k, v] : resume_state_["summary"].items()) {
-      if (!summary_.contains(k)) summary_[k] = v;
-    }
-  }
-  summary_["resumed_from_step"] = start_step_;
-  std::vector<v1::EvalMetrics> evals;
-  for (const auto& e : resume_state_.value("evals", nlohmann::json::array())) {
-    v1::EvalMetrics m;
-    if (runtime::ProtoFromJson(e.dump(), &m, "evals").ok()) evals.push_back(m);
-  }
-  Log({{"kind", "resume"}, {"step", start_step_}, {"checkpoint", resume_dir_}});
-  host_->UpdateStatus([&](v1::JobStatus* s) {
-    s->set_step(start_step_);
-    s->set_resumed_from_step(start_step_);
-    s->set_skipped_steps(skipped_);
-    s->set_last_checkpoint_step(start_step_);
-    s->set_last_checkpoint_dir(resume_dir_);
-    s->clear_evals();
-    for (const auto& m : evals) *s->add_evals() = m;
   });
 }
 
@@ -482,125 +381,6 @@ absl::StatusOr<double> JobRunner::Refresh(bool measure_only) {
   return max_diff;
 }
 
-nlohmann::json JobRunner::TrainerState(int step) const {
-  nlohmann::json state;
-  state["step"] = step;
-  state["job_id"] = id_;
-  state["written_unix_seconds"] = absl::ToUnixSeconds(absl::Now());
-  state["skipped_steps"] = skipped_;
-  state["nonfinite_in_a_row"] = nonfinite_in_a_row_;
-  state["lr_schedule"] = {{"schedule", runtime::EnumShortName(spec_.optim().schedule())},
-                          {"peak_lr", spec_.optim().lr()},
-                          {"warmup_steps", spec_.optim().warmup_steps()},
-                          {"total_steps", spec_.steps()},
-                          {"lr_of_step", LearningRate(spec_.optim(), step, spec_.steps())},
-                          {"next_step", step + 1}};
-  const int world_size = std::max(1, spec_.distributed().world_size());
-  const int64_t per_step =
-      static_cast<int64_t>(spec_.micro_batch_size()) * spec_.grad_accum() * world_size;
-  state["data_cursor"] = {{"next_step", step + 1},
-                          {"world_size", world_size},
-                          {"examples_per_step", per_step},
-                          {"examples_consumed", per_step * step},
-                          {"order", "data::ShuffledOrder(train size, seed, epoch) over the "
-                                    "global example index (step - 1) * examples_per_step; "
-                                    "rank r of world_size reads its micro-batch b of "
-                                    "accumulation a at offset (a * world_size + r) * "
-                                    "micro_batch_size + b"}};
-  state["rng"] = {{"seed", spec_.seed()},
-                  {"model_init_seed", spec_.model().init_seed()},
-                  {"derivation", "every random draw (data order, calibration subsets, "
-                                 "projector draws) is a pure function of (seed, step); no "
-                                 "generator state is carried between steps"}};
-  nlohmann::json evals = nlohmann::json::array();
-  for (const auto& e : host_->Evals()) evals.push_back(ToJson(e));
-  state["evals"] = std::move(evals);
-  state["summary"] = summary_;
-  state["run_id"] = run_id_;
-  state["parent"] = resume_dir_.empty()
-                        ? nlohmann::json(nullptr)
-                        : nlohmann::json{{"run_id", resume_state_.value("run_id", std::string())},
-                                         {"step", start_step_},
-                                         {"dir", resume_dir_}};
-  state["training_fingerprint"] = TrainingFingerprint(spec_);
-  state["spec"] = ToJson(spec_);
-  return state;
-}
-
-absl::StatusOr<std::string> JobRunner::WriteCheckpoint(int step) {
-  ASSIGN_OR_RETURN(std::string tmp, BeginCheckpoint(spec_.output_dir(), step));
-  absl::Status st = [&]() -> absl::Status {
-    v1::SaveRequest save;
-    save.set_job_id(id_);
-    save.set_dir(tmp);
-    v1::StateRequest sreq;
-    sreq.set_job_id(id_);
-    sreq.set_dir(tmp);
-    sreq.set_step(step);
-    RETURN_IF_ERROR(worker_->SaveArtifacts(save, dl_).status());
-    RETURN_IF_ERROR(worker_->SaveState(sreq, dl_).status());
-    if (optimizer_ != nullptr) {
-      RETURN_IF_ERROR(optimizer_->SaveModel(save, dl_).status());
-      RETURN_IF_ERROR(optimizer_->SaveState(sreq, dl_).status());
-    }
-    // The logs up to this step are on disk before a checkpoint that follows them is.
-    return log_->Sync();
-  }();
-  if (!st.ok()) {
-    std::error_code ec;
-    std::filesystem::remove_all(tmp, ec);
-    return st;
-  }
-  ASSIGN_OR_RETURN(std::string dir, CommitCheckpoint(tmp, TrainerState(step)));
-  // Data parallel: keep at least the previous checkpoint too. Every other rank has committed
-  // it (it began the step after it, whose first collective this rank passed), but perhaps not
-  // this one yet: the ranks resume from the newest step all of them hold (Load).
-  const int keep = spec_.distributed().world_size() > 1 ? std::max(2, spec_.keep_checkpoints())
-                                                       : spec_.keep_checkpoints();
-  RETURN_IF_ERROR(PruneCheckpoints(spec_.output_dir(), keep, dir));
-  return dir;
-}
-
-absl::Status JobRunner::Checkpoint(int step) {
-  // A failure (disk full, unwritable directory) is reported in last_error and training goes
-  // on; the previous checkpoint stays.
-  host_->UpdateStatus([&](v1::JobStatus* s) {
-    s->set_state(v1::CHECKPOINTING);
-    s->set_phase(absl::StrCat("writing the checkpoint of step ", step));
-  });
-  absl::StatusOr<std::string> dir = WriteCheckpoint(step);
-  if (dir.ok()) {
-    Log({{"kind", "checkpoint"}, {"step", step}, {"dir", *dir}});
-    LOG(INFO) << "scheduler: " << id_ << ": checkpoint of step " << step << " in " << *dir;
-  } else {
-    LOG(ERROR) << "scheduler: " << id_ << ": checkpoint of step " << step
-               << " failed: " << dir.status();
-    Log({{"kind", "checkpoint_failed"},
-         {"step", step},
-         {"error", std::string(dir.status().message())}});
-  }
-  host_->UpdateStatus([&](v1::JobStatus* s) {
-    s->set_state(v1::RUNNING);
-    s->set_phase("training");
-    if (dir.ok()) {
-      s->set_last_checkpoint_step(step);
-      s->set_last_checkpoint_dir(*dir);
-    } else {
-      s->set_last_error(absl::StrCat(
-          "checkpoint of step ", step, " failed: ", dir.status().message(),
-          s->last_checkpoint_step() > 0
-              ? absl::StrCat("; the checkpoint of step ", s->last_checkpoint_step(), " is kept")
-              : std::string("; no checkpoint yet")));
-    }
-  });
-  // A peer that died while saving fails the job like any other call.
-  if (!dir.ok() &&
-      (absl::IsUnavailable(dir.status()) || absl::IsDeadlineExceeded(dir.status()))) {
-    return dir.status();
-  }
-  return absl::OkStatus();
-}
-
 absl::Status JobRunner::Train() {
   const v1::ArenaLayout& layout = wload_.arena();
   if (has_eval_ && !spec_.skip_initial_eval() && start_step_ == 0) {
@@ -683,68 +463,12 @@ absl::StatusOr<bool> JobRunner::RunStep(int step) {
   }
   ASSIGN_OR_RETURN(StepReplies rep, std::move(executed));
   if (rep.train.nonfinite()) {
-    ++skipped_;
-    host_->UpdateStatus([&](v1::JobStatus* s) {
-      s->set_skipped_steps(skipped_);
-      s->set_last_error(absl::StrCat("step ", step, " had a non-finite loss or gradient and "
-                                     "was skipped (", nonfinite_in_a_row_ + 1, " in a row)"));
-    });
-    LOG(WARNING) << "scheduler: " << id_ << ": step " << step
-                 << " had a non-finite loss or gradient and was skipped";
-    const int max_in_a_row = spec_.max_nonfinite_steps() > 0
-                                 ? spec_.max_nonfinite_steps()
-                                 : options_.max_nonfinite_steps_in_a_row;
-    if (++nonfinite_in_a_row_ >= max_in_a_row) {
-      return absl::DataLossError(absl::StrCat(
-          nonfinite_in_a_row_, " non-finite steps in a row at step ", step,
-          ": lower optim.lr, set optim.max_grad_norm, or check the data"));
-    }
+    RETURN_IF_ERROR(SkipNonFiniteStep(step));
     return false;
   }
   nonfinite_in_a_row_ = 0;
   v1::StepMetrics m = rep.train.metrics();
-  if (offload_) {
-    m.set_update_seconds(rep.update.seconds());
-    m.set_grad_norm(rep.update.grad_norm());
-    m.set_apply_seconds(rep.apply.seconds());
-    m.set_optimizer_peak_rss_bytes(rep.update.peak_rss_bytes());
-    // Timeline and cost model: every event of the step, worker and optimizer.
-    std::vector<v1::LayerEvent> events(rep.train.events().begin(), rep.train.events().end());
-    events.insert(events.end(), rep.update.events().begin(), rep.update.events().end());
-    events.insert(events.end(), rep.apply.events().begin(), rep.apply.events().end());
-    double first = std::numeric_limits<double>::infinity(), last = 0;
-    for (const auto& e : rep.train.events()) {
-      first = std::min(first, e.start());
-      last = std::max(last, e.end());
-    }
-    for (const auto& e : rep.apply.events()) last = std::max(last, e.end());
-    const double gap = last_step_end_ > 0 && std::isfinite(first) ? first - last_step_end_ : -1;
-    last_step_end_ = last;
-    cost_model_->Observe(events, gap);
-    nlohmann::json tl;
-    tl["step"] = step;
-    tl["plan"] = {{"overlap", plan.overlap()},
-                  {"split_layer", plan.split_layer()},
-                  {"predicted_cost_seconds", choice.predicted_cost},
-                  {"predicted_stall_seconds", choice.predicted_stall},
-                  {"cost_by_split", choice.cost_by_split}};
-    nlohmann::json ev = nlohmann::json::array();
-    for (const auto& e : events) {
-      ev.push_back({{"layer", e.layer()},
-                    {"what", e.what()},
-                    {"actor", e.actor()},
-                    {"start", e.start()},
-                    {"end", e.end()}});
-    }
-    tl["events"] = std::move(ev);
-    tl["step_seconds"] = Now() - t0;
-    tl["wait_seconds"] = m.wait_seconds();
-    absl::Status ts = log_->Timeline(tl);
-    if (!ts.ok() && !timeline_failed_) {
-      timeline_failed_ = true;  // The run goes on; warn once per job.
-      LOG(WARNING) << "scheduler: " << id_ << ": timeline.jsonl: " << ts;
-    }
-  }
+  if (offload_) RecordOffloadedStep(step, rep, plan, choice, t0, &m);
   const double secs = Now() - t0;
   const double tokens_in = m.tokens_per_second() * m.step_seconds();
   m.set_step_seconds(secs);
@@ -762,6 +486,70 @@ absl::StatusOr<bool> JobRunner::RunStep(int step) {
                                : std::string());
   host_->RecordStep(m, eta);
   return true;
+}
+
+absl::Status JobRunner::SkipNonFiniteStep(int step) {
+  ++skipped_;
+  host_->UpdateStatus([&](v1::JobStatus* s) {
+    s->set_skipped_steps(skipped_);
+    s->set_last_error(absl::StrCat("step ", step, " had a non-finite loss or gradient and "
+                                   "was skipped (", nonfinite_in_a_row_ + 1, " in a row)"));
+  });
+  LOG(WARNING) << "scheduler: " << id_ << ": step " << step
+               << " had a non-finite loss or gradient and was skipped";
+  const int max_in_a_row = spec_.max_nonfinite_steps() > 0
+                               ? spec_.max_nonfinite_steps()
+                               : options_.max_nonfinite_steps_in_a_row;
+  if (++nonfinite_in_a_row_ >= max_in_a_row) {
+    return absl::DataLossError(absl::StrCat(
+        nonfinite_in_a_row_, " non-finite steps in a row at step ", step,
+        ": lower optim.lr, set optim.max_grad_norm, or check the data"));
+  }
+  return absl::OkStatus();
+}
+
+void JobRunner::RecordOffloadedStep(int step, const StepReplies& rep, const v1::StepPlan& plan,
+                                    const SplitChoice& choice, double t0, v1::StepMetrics* m) {
+  m->set_update_seconds(rep.update.seconds());
+  m->set_grad_norm(rep.update.grad_norm());
+  m->set_apply_seconds(rep.apply.seconds());
+  m->set_optimizer_peak_rss_bytes(rep.update.peak_rss_bytes());
+  // Timeline and cost model: every event of the step, worker and optimizer.
+  std::vector<v1::LayerEvent> events(rep.train.events().begin(), rep.train.events().end());
+  events.insert(events.end(), rep.update.events().begin(), rep.update.events().end());
+  events.insert(events.end(), rep.apply.events().begin(), rep.apply.events().end());
+  double first = std::numeric_limits<double>::infinity(), last = 0;
+  for (const auto& e : rep.train.events()) {
+    first = std::min(first, e.start());
+    last = std::max(last, e.end());
+  }
+  for (const auto& e : rep.apply.events()) last = std::max(last, e.end());
+  const double gap = last_step_end_ > 0 && std::isfinite(first) ? first - last_step_end_ : -1;
+  last_step_end_ = last;
+  cost_model_->Observe(events, gap);
+  nlohmann::json tl;
+  tl["step"] = step;
+  tl["plan"] = {{"overlap", plan.overlap()},
+                {"split_layer", plan.split_layer()},
+                {"predicted_cost_seconds", choice.predicted_cost},
+                {"predicted_stall_seconds", choice.predicted_stall},
+                {"cost_by_split", choice.cost_by_split}};
+  nlohmann::json ev = nlohmann::json::array();
+  for (const auto& e : events) {
+    ev.push_back({{"layer", e.layer()},
+                  {"what", e.what()},
+                  {"actor", e.actor()},
+                  {"start", e.start()},
+                  {"end", e.end()}});
+  }
+  tl["events"] = std::move(ev);
+  tl["step_seconds"] = Now() - t0;
+  tl["wait_seconds"] = m->wait_seconds();
+  absl::Status ts = log_->Timeline(tl);
+  if (!ts.ok() && !timeline_failed_) {
+    timeline_failed_ = true;  // The run goes on; warn once per job.
+    LOG(WARNING) << "scheduler: " << id_ << ": timeline.jsonl: " << ts;
+  }
 }
 
 absl::Status JobRunner::AfterStep(int step) {

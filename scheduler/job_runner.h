@@ -1,7 +1,7 @@
 // Runs one job from start to end over the two peers: resume selection, loading, the initial
 // evaluation, projector checks, the training steps (scheduler/step_executor.h), master-weight
 // refreshes, evaluations and checkpoints at their cadences, the final save and the summary
-// (scheduler/run_log.h). The scheduler core (scheduler_core.h) owns the queue and the status;
+// (report/run_log.h). The scheduler core (scheduler_core.h) owns the queue and the status;
 // the runner reports through a JobHost, so unit tests drive it with fake peers and a fake host
 // (tests/scheduler/job_runner_test.cc).
 //
@@ -34,15 +34,17 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
+#include "offload/training_mode.h"
 #include "proto/job_spec.pb.h"
 #include "proto/metrics.pb.h"
 #include "proto/peer.pb.h"
 #include "proto/scheduler.pb.h"
 #include "proto/worker.pb.h"
+#include "report/run_log.h"
 #include "scheduler/checkpoint.h"
 #include "scheduler/cost_model.h"
 #include "scheduler/peer_clients.h"
-#include "scheduler/run_log.h"
+#include "scheduler/step_executor.h"
 
 namespace lspo::scheduler {
 
@@ -102,8 +104,19 @@ class JobRunner {
   absl::Status Train();
   // Runs step `step`; returns false when it was skipped (non-finite).
   absl::StatusOr<bool> RunStep(int step);
+  // A step with a non-finite loss or gradient: counted and reported; kDataLoss after
+  // max_nonfinite_steps in a row (naming the fixes).
+  absl::Status SkipNonFiniteStep(int step);
+  // An offloaded step's optimizer metrics into *m, and its events into the cost model and
+  // timeline.jsonl (with the plan's choice; `t0` the step's start, Now()).
+  void RecordOffloadedStep(int step, const StepReplies& rep, const lspo::v1::StepPlan& plan,
+                           const SplitChoice& choice, double t0, lspo::v1::StepMetrics* m);
   absl::Status AfterStep(int step);
   absl::Status Finish();
+  // runtime::MonotonicSeconds(), seconds.
+  static double Now();
+  // `m` as JSON with every field, defaults included (metrics.jsonl lines).
+  static nlohmann::json ToJson(const google::protobuf::Message& m);
   void Phase(const std::string& phase);
   void Log(const nlohmann::json& line);
   absl::Status CheckCancel() const;
@@ -116,7 +129,9 @@ class JobRunner {
   OptimizerClient* optimizer_;  // Null in mode native.
   JobHost* host_;
   const RunnerOptions options_;
-  const bool lsp_, zero_, offload_;
+  const offload::ModeDescriptor& mode_;  // the job's mode (offload/training_mode.h)
+  // The mode learns projectors (fit at step 0, checks and refits); it has an optimizer service.
+  const bool lsp_, offload_;
   const double dl_;
 
   double t_start_ = 0, t_train_ = 0, step_time_sum_ = 0;

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "offload/spec_paths.h"
+#include "offload/training_mode.h"
 #include "runtime/allowed_roots.h"
 #include "runtime/file_io.h"
 #include "runtime/proto_json.h"
@@ -113,11 +114,6 @@ v1::DataFormat DetectDataFormat(const std::string& path) {
   return format;
 }
 
-// The HF module names of a decoder layer's seven trainable linears (model/llama.h
-// LinearKind order): the lora.target_modules a job may name.
-constexpr const char* kLinearModules[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                          "gate_proj", "up_proj", "down_proj"};
-
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json, absl::string_view source) {
@@ -127,8 +123,7 @@ absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json, absl::string_vi
   if (!st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         st.message(), ". See examples/*.yaml and proto/job_spec.proto (message JobSpec) for the "
-        "fields; mode is lsp, zero, native, lora or galore (or MODE_LSP, MODE_ZERO, "
-        "MODE_NATIVE, MODE_LORA, MODE_GALORE)."));
+        "fields; mode is ", offload::ModeNames(), " (or the enum names, MODE_LSP ...)."));
   }
   return spec;
 }
@@ -174,7 +169,7 @@ std::string JobSpecToJson(const JobSpec& spec) {
 
 void ResolveDefaults(JobSpec* spec) {
   if (spec->name().empty()) spec->set_name("job");
-  if (spec->mode() == lspo::v1::MODE_UNSPECIFIED) spec->set_mode(lspo::v1::MODE_LSP);
+  offload::NormalizeMode(spec);
   auto* model = spec->mutable_model();
   if (model->format() == v1::MODEL_FORMAT_UNSPECIFIED) {
     model->set_format(runtime::IsDirectory(model->path()) ? v1::MODEL_FORMAT_HF
@@ -207,32 +202,9 @@ void ResolveDefaults(JobSpec* spec) {
     spec->set_weight_dtype(spec->device() == v1::DEVICE_CUDA ? v1::WEIGHT_DTYPE_BF16
                                                              : v1::WEIGHT_DTYPE_FP32);
   }
-  if (spec->mode() == v1::MODE_LORA) {
-    // PEFT's LoraConfig defaults (r 8, lora_alpha 8); the targets written out.
-    auto* lora = spec->mutable_lora();
-    if (lora->r() == 0) lora->set_r(8);
-    if (lora->alpha() == 0) lora->set_alpha(8);
-    if (lora->target_modules().empty()) {
-      for (const char* m : kLinearModules) lora->add_target_modules(m);
-    }
-    // Layer order (q, k, v, o, gate, up, down), so that the same targets listed in another
-    // order are the same training (fingerprint); names that are not modules stay last, for
-    // ValidateJobSpec to refuse.
-    auto rank = [](const std::string& m) {
-      return std::find_if(std::begin(kLinearModules), std::end(kLinearModules),
-                          [&](const char* k) { return m == k; }) -
-             std::begin(kLinearModules);
-    };
-    std::stable_sort(lora->mutable_target_modules()->begin(),
-                     lora->mutable_target_modules()->end(),
-                     [&](const std::string& a, const std::string& b) { return rank(a) < rank(b); });
-  }
-  if (spec->mode() == v1::MODE_GALORE) {
-    // GaLore's usual settings (its README: rank 128, update_proj_gap 200, scale 0.25).
-    auto* galore = spec->mutable_galore();
-    if (galore->rank() == 0) galore->set_rank(128);
-    if (galore->update_proj_gap() == 0) galore->set_update_proj_gap(200);
-    if (galore->scale() == 0) galore->set_scale(0.25);
+  // The mode's own block (lora: PEFT's defaults; galore: GaLore's), training_mode.h.
+  if (const offload::ModeDescriptor& m = offload::ModeOf(*spec); m.resolve_defaults != nullptr) {
+    m.resolve_defaults(spec);
   }
   auto* optim = spec->mutable_optim();
   if (optim->lr() == 0) optim->set_lr(1e-4);
@@ -294,62 +266,71 @@ static absl::Status ValidateDistributed(const JobSpec& spec) {
   if (d.timeout_seconds() < 0) {
     return bad("timeout_seconds", d.timeout_seconds(), "use 0 (= 300) or a positive bound");
   }
-  if (spec.mode() == v1::MODE_GALORE && spec.galore().offload()) {
+  if (const offload::ModeDescriptor& m = offload::ModeOf(spec); !m.data_parallel) {
+    std::vector<std::string> parallel;
+    for (const offload::ModeDescriptor& p : offload::AllModes()) {
+      if (p.data_parallel) parallel.emplace_back(p.name);
+    }
     return bad("world_size", d.world_size(),
-               "data parallelism runs modes native, lora, lsp, zero and galore on the worker; "
-               "GaLore-Offload (galore.offload) follows: it projects each rank's gradient "
-               "before anything is summed. Use galore.offload: false or world_size 1");
+               absl::StrCat("data parallelism runs modes ", absl::StrJoin(parallel, ", "),
+                            "; mode ", m.name, " does not (GaLore-Offload projects each rank's "
+                            "gradient before anything is summed). Use another mode or "
+                            "world_size 1"));
   }
   return absl::OkStatus();
 }
 
-absl::Status ValidateJobSpec(const JobSpec& spec) {
-  auto bad = [](absl::string_view field, auto value, absl::string_view fix) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job spec field ", field, " = ", value, " is invalid: ", fix));
-  };
+// "job spec field FIELD = VALUE is invalid: FIX" (kInvalidArgument).
+template <typename V>
+static absl::Status Bad(absl::string_view field, const V& value, absl::string_view fix) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("job spec field ", field, " = ", value, " is invalid: ", fix));
+}
+
+// The bookkeeping: checkpoints, data parallelism, evaluation, packing, resume_from.
+static absl::Status ValidateRun(const JobSpec& spec) {
   if (spec.checkpoint_every() < 0) {
-    return bad("checkpoint_every", spec.checkpoint_every(),
+    return Bad("checkpoint_every", spec.checkpoint_every(),
                "use 0 (no training checkpoints) or a positive number of steps");
   }
   RETURN_IF_ERROR(ValidateDistributed(spec));
   if (spec.max_nonfinite_steps() < 0) {
-    return bad("max_nonfinite_steps", spec.max_nonfinite_steps(),
+    return Bad("max_nonfinite_steps", spec.max_nonfinite_steps(),
                "use 0 (the scheduler's default) or a positive count");
   }
   if (!v1::EvalMetric_IsValid(spec.eval().metric())) {
-    return bad("eval.metric", spec.eval().metric(), "use loss or generative");
+    return Bad("eval.metric", spec.eval().metric(), "use loss or generative");
   }
   if (spec.eval().max_new_tokens() < 0 || spec.eval().max_new_tokens() > 4096) {
-    return bad("eval.max_new_tokens", spec.eval().max_new_tokens(),
+    return Bad("eval.max_new_tokens", spec.eval().max_new_tokens(),
                "use 0 (= 64) or a count of tokens up to 4096");
   }
   if (spec.eval().max_generate_examples() < 0) {
-    return bad("eval.max_generate_examples", spec.eval().max_generate_examples(),
+    return Bad("eval.max_generate_examples", spec.eval().max_generate_examples(),
                "use 0 (every evaluation example) or a positive count");
   }
   if (spec.eval().metric() == v1::EVAL_METRIC_GENERATIVE && spec.data().eval_path().empty()) {
-    return bad("eval.metric", "generative",
+    return Bad("eval.metric", "generative",
                "it generates answers for data.eval_path's examples; set data.eval_path");
   }
   if (spec.eval().metric() == v1::EVAL_METRIC_GENERATIVE &&
       spec.data().format() == v1::DATA_FORMAT_TEXT) {
-    return bad("eval.metric", "generative",
+    return Bad("eval.metric", "generative",
                "text data has no answers to generate; use data.format alpaca, chat, "
                "prompt_completion or classification, or eval.metric loss");
   }
   if (spec.data().packing() && spec.data().format() == v1::DATA_FORMAT_TEXT) {
-    return bad("data.packing", "true",
+    return Bad("data.packing", "true",
                "text data is already cut into seq_len-token blocks with no padding; remove "
                "data.packing");
   }
   if (spec.data().packing() && spec.data().balance_classes()) {
-    return bad("data.packing", "true",
+    return Bad("data.packing", "true",
                "data.balance_classes orders single examples by class and a packed row mixes "
                "classes; use one of the two");
   }
   if (spec.keep_checkpoints() < 1) {
-    return bad("keep_checkpoints", spec.keep_checkpoints(), "keep at least 1 checkpoint");
+    return Bad("keep_checkpoints", spec.keep_checkpoints(), "keep at least 1 checkpoint");
   }
   if (!spec.resume_from().empty() && spec.resume_from() != "latest" &&
       access((spec.resume_from() + "/trainer_state.json").c_str(), R_OK) != 0) {
@@ -358,16 +339,21 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
         "' is not a checkpoint directory (no trainer_state.json); give "
         "<output_dir>/checkpoints/step-NNNNNNNN or \"latest\""));
   }
+  return absl::OkStatus();
+}
+
+// model: its format and the files it names.
+static absl::Status ValidateModel(const JobSpec& spec) {
   const auto& model = spec.model();
   if (model.format() != v1::MODEL_FORMAT_GGUF && model.format() != v1::MODEL_FORMAT_TINY_RANDOM &&
       model.format() != v1::MODEL_FORMAT_HF) {
-    return bad("model.format", runtime::EnumShortName(model.format()),
+    return Bad("model.format", runtime::EnumShortName(model.format()),
                "use hf, gguf or tiny-random");
   }
   const bool hf = model.format() == v1::MODEL_FORMAT_HF;
   if (hf) {
     if (model.path().empty()) {
-      return bad("model.path", "\"\"",
+      return Bad("model.path", "\"\"",
                  "give a Hugging Face model folder (config.json + *.safetensors)");
     }
     if (!runtime::IsDirectory(model.path())) {
@@ -384,17 +370,17 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   const bool has_model_path = model.format() != v1::MODEL_FORMAT_TINY_RANDOM;  // gguf, hf
   if (model.format() != v1::MODEL_FORMAT_TINY_RANDOM && model.random_shape().hidden_size() != 0) {
-    return bad("model.random_shape.hidden_size", model.random_shape().hidden_size(),
+    return Bad("model.random_shape.hidden_size", model.random_shape().hidden_size(),
                "a random shape only applies to model.format \"tiny-random\"; remove it");
   }
   if (has_model_path && model.path().empty()) {
-    return bad("model.path", "\"\"",
+    return Bad("model.path", "\"\"",
                "give a GGUF file (scripts/setup fetches one) or a Hugging Face model folder");
   }
   const std::string& model_file =
       has_model_path ? model.path() : model.tokenizer_path();
   if (model_file.empty()) {
-    return bad("model.tokenizer_path", "\"\"",
+    return Bad("model.tokenizer_path", "\"\"",
                "tiny-random models take their tokenizer from a GGUF file or an HF folder: set "
                "model.path or "
                "model.tokenizer_path");
@@ -407,13 +393,18 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
         "working directory; for lspctl run, the directory you run it from). Run scripts/setup "
         "to fetch the model, or fix the path"));
   }
+  return absl::OkStatus();
+}
+
+// data: its format and the files it names.
+static absl::Status ValidateData(const JobSpec& spec) {
   const auto& data = spec.data();
   if (data.format() == v1::DATA_FORMAT_UNSPECIFIED || !v1::DataFormat_IsValid(data.format())) {
-    return bad("data.format", runtime::EnumShortName(data.format()),
+    return Bad("data.format", runtime::EnumShortName(data.format()),
                "use classification, text, alpaca, chat or prompt_completion");
   }
   if (data.train_path().empty()) {
-    return bad("data.train_path", "\"\"", "give a training data file");
+    return Bad("data.train_path", "\"\"", "give a training data file");
   }
   if (!Readable(data.train_path())) {
     return absl::NotFoundError(absl::StrCat("job spec field data.train_path: file '",
@@ -445,170 +436,119 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
         "a readable file; give the template itself or the path of a .jinja file"));
   }
   if (data.perplexity_blocks() < 0) {
-    return bad("data.perplexity_blocks", data.perplexity_blocks(), "must be >= 0");
+    return Bad("data.perplexity_blocks", data.perplexity_blocks(), "must be >= 0");
   }
-  if (spec.mode() != lspo::v1::MODE_LSP && spec.mode() != lspo::v1::MODE_NATIVE &&
-      spec.mode() != lspo::v1::MODE_ZERO && spec.mode() != lspo::v1::MODE_LORA &&
-      spec.mode() != lspo::v1::MODE_GALORE) {
-    return bad("mode", runtime::EnumShortName(spec.mode()),
-               "use lsp, zero, native, lora or galore");
-  }
-  if (spec.mode() == lspo::v1::MODE_GALORE) {
-    // The rank against each matrix's sides is checked when the model is loaded (the worker
-    // names the matrix).
-    const auto& galore = spec.galore();
-    if (galore.rank() < 1) {
-      return bad("galore.rank", galore.rank(), "the projection rank must be >= 1 (GaLore uses 128)");
-    }
-    if (galore.update_proj_gap() < 1) {
-      return bad("galore.update_proj_gap", galore.update_proj_gap(),
-                 "the projector is recomputed every this many steps; use >= 1 (default 200)");
-    }
-    // The scale multiplies fp32 updates (a normal fp32 number), and scale x lr is the step
-    // size, bounded like lr alone in the other modes.
-    if (!(galore.scale() >= std::numeric_limits<float>::min() &&
-          galore.scale() <= std::numeric_limits<float>::max())) {
-      return bad("galore.scale", galore.scale(),
-                 "must be a normal fp32 number > 0 (GaLore uses 0.25 to 4)");
-    }
-    if (galore.scale() * spec.optim().lr() > 1) {
-      return bad("galore.scale", galore.scale(),
-                 absl::StrCat("galore.scale x optim.lr = ", galore.scale() * spec.optim().lr(),
-                              " is the step size and must be <= 1 (as optim.lr is in the other "
-                              "modes); GaLore uses a scale of 0.25 to 4"));
-    }
-  } else if (spec.galore().rank() != 0 || spec.galore().update_proj_gap() != 0 ||
-             spec.galore().scale() != 0 || spec.galore().offload()) {
-    return bad("galore", "{...}",
-               absl::StrCat("the galore settings apply to mode galore only, and mode is ",
-                            runtime::EnumShortName(spec.mode()),
-                            "; remove galore or set mode: galore"));
-  }
-  if (spec.mode() == lspo::v1::MODE_LORA) {
-    const auto& lora = spec.lora();
-    if (lora.r() < 1) {
-      return bad("lora.r", lora.r(), "the adapter rank must be >= 1 (PEFT's default is 8)");
-    }
-    if (!(std::isfinite(lora.alpha()) && lora.alpha() > 0)) {
-      return bad("lora.alpha", lora.alpha(), "lora_alpha must be a finite number > 0");
-    }
-    // The adapters' scaling alpha / r (rsLoRA: alpha / sqrt(r)) multiplies fp32 activations:
-    // it must be a normal fp32 number (PEFT's usual alpha is r to 4 r).
-    const double r = static_cast<double>(lora.r());
-    const double scaling = lora.use_rslora() ? lora.alpha() / std::sqrt(r) : lora.alpha() / r;
-    if (!(scaling >= std::numeric_limits<float>::min() &&
-          scaling <= std::numeric_limits<float>::max())) {
-      return bad("lora.alpha", lora.alpha(),
-                 absl::StrCat("the scaling alpha / r = ", scaling,
-                              " is not a normal fp32 number; use an alpha near r to 4 r"));
-    }
-    std::set<std::string> seen;
-    for (const std::string& m : lora.target_modules()) {
-      if (absl::c_find(kLinearModules, m) == std::end(kLinearModules)) {
-        return bad("lora.target_modules", absl::StrCat("[..., \"", m, "\", ...]"),
-                   absl::StrCat("each target is one of ", absl::StrJoin(kLinearModules, ", ")));
-      }
-      if (!seen.insert(m).second) {
-        return bad("lora.target_modules", absl::StrCat("[..., \"", m, "\", ...]"),
-                   "a module is named twice; name each once");
-      }
-    }
-  } else if (spec.lora().r() != 0 || spec.lora().alpha() != 0 ||
-             !spec.lora().target_modules().empty() || spec.lora().use_rslora()) {
-    return bad("lora", "{...}",
-               absl::StrCat("the lora settings apply to mode lora only, and mode is ",
-                            runtime::EnumShortName(spec.mode()), "; remove lora or set mode: lora"));
-  }
+  return absl::OkStatus();
+}
+
+// The schedule, the weights' dtype and lsp's settings.
+static absl::Status ValidateLsp(const JobSpec& spec) {
   if (spec.schedule() != v1::STEP_SCHEDULE_SERIAL && spec.schedule() != v1::STEP_SCHEDULE_OVERLAP) {
-    return bad("schedule", runtime::EnumShortName(spec.schedule()), "use overlap or serial");
+    return Bad("schedule", runtime::EnumShortName(spec.schedule()), "use overlap or serial");
   }
   if (spec.weight_dtype() != v1::WEIGHT_DTYPE_FP32 && spec.weight_dtype() != v1::WEIGHT_DTYPE_BF16 &&
       !(spec.weight_dtype() == v1::WEIGHT_DTYPE_UNSPECIFIED &&
         spec.device() == v1::DEVICE_UNSPECIFIED)) {
-    return bad("weight_dtype", runtime::EnumShortName(spec.weight_dtype()), "use fp32 or bf16");
+    return Bad("weight_dtype", runtime::EnumShortName(spec.weight_dtype()), "use fp32 or bf16");
   }
   const auto& lsp = spec.lsp();
   if (lsp.d_ratio() != 0) {
     if (!(std::isfinite(lsp.d_ratio()) && lsp.d_ratio() > 0 && lsp.d_ratio() < 1)) {
-      return bad("lsp.d_ratio", lsp.d_ratio(),
+      return Bad("lsp.d_ratio", lsp.d_ratio(),
                  "must lie in (0, 1): d of each matrix as a fraction of its smaller side "
                  "(the paper uses about 0.5)");
     }
     if (lsp.d() != 0) {
-      return bad("lsp.d", lsp.d(),
+      return Bad("lsp.d", lsp.d(),
                  "set either lsp.d (an absolute subspace size) or lsp.d_ratio, not both");
     }
-    if (lsp.r() < 1) return bad("lsp.r", lsp.r(), "r must be >= 1");
+    if (lsp.r() < 1) return Bad("lsp.r", lsp.r(), "r must be >= 1");
   } else {
-    if (lsp.d() < 1) return bad("lsp.d", lsp.d(), "d must be >= 1");
+    if (lsp.d() < 1) return Bad("lsp.d", lsp.d(), "d must be >= 1");
     if (lsp.r() < 1 || lsp.r() > lsp.d()) {
-      return bad("lsp.r", lsp.r(), absl::StrCat("r must satisfy 1 <= r <= d = ", lsp.d()));
+      return Bad("lsp.r", lsp.r(), absl::StrCat("r must satisfy 1 <= r <= d = ", lsp.d()));
     }
   }
   if (!v1::NarrowRule_IsValid(lsp.narrow())) {
-    return bad("lsp.narrow", static_cast<int>(lsp.narrow()), "use one-sided, half or full");
+    return Bad("lsp.narrow", static_cast<int>(lsp.narrow()), "use one-sided, half or full");
   }
   if (!v1::ApplyRounding_IsValid(lsp.apply_rounding())) {
-    return bad("lsp.apply_rounding", static_cast<int>(lsp.apply_rounding()),
+    return Bad("lsp.apply_rounding", static_cast<int>(lsp.apply_rounding()),
                "use compensated, nearest or stochastic");
   }
-  if (lsp.alpha() <= 0) return bad("lsp.alpha", lsp.alpha(), "alpha must be > 0");
-  if (lsp.check_freq() < 0) return bad("lsp.check_freq", lsp.check_freq(), "must be >= 0");
+  if (lsp.alpha() <= 0) return Bad("lsp.alpha", lsp.alpha(), "alpha must be > 0");
+  if (lsp.check_freq() < 0) return Bad("lsp.check_freq", lsp.check_freq(), "must be >= 0");
   if (lsp.calibration_examples() < 1) {
-    return bad("lsp.calibration_examples", lsp.calibration_examples(), "must be >= 1");
+    return Bad("lsp.calibration_examples", lsp.calibration_examples(), "must be >= 1");
   }
   if (lsp.calibration_layers_per_pass() < 0) {
-    return bad("lsp.calibration_layers_per_pass", lsp.calibration_layers_per_pass(),
+    return Bad("lsp.calibration_layers_per_pass", lsp.calibration_layers_per_pass(),
                "must be >= 0 (0 = all layers in one pass)");
   }
   if (lsp.calibration_memory_mb() < 0) {
-    return bad("lsp.calibration_memory_mb", lsp.calibration_memory_mb(), "must be >= 0");
+    return Bad("lsp.calibration_memory_mb", lsp.calibration_memory_mb(), "must be >= 0");
   }
-  if (!(lsp.beta() >= 0)) return bad("lsp.beta", lsp.beta(), "must be >= 0");
-  if (!(lsp.fit_stop() >= 0)) return bad("lsp.fit_stop", lsp.fit_stop(), "must be >= 0");
+  if (!(lsp.beta() >= 0)) return Bad("lsp.beta", lsp.beta(), "must be >= 0");
+  if (!(lsp.fit_stop() >= 0)) return Bad("lsp.fit_stop", lsp.fit_stop(), "must be >= 0");
   if (lsp.master_refresh() != v1::MASTER_REFRESH_REFIT &&
       lsp.master_refresh() != v1::MASTER_REFRESH_NEVER) {
-    return bad("lsp.master_refresh", runtime::EnumShortName(lsp.master_refresh()),
+    return Bad("lsp.master_refresh", runtime::EnumShortName(lsp.master_refresh()),
                "use refit or never");
   }
   if (!v1::Compression_IsValid(lsp.compression())) {
-    return bad("lsp.compression", static_cast<int>(lsp.compression()),
+    return Bad("lsp.compression", static_cast<int>(lsp.compression()),
                "use sparse, dense or leave it empty");
   }
   if (!v1::CudaKernels_IsValid(lsp.kernels())) {
-    return bad("lsp.kernels", lsp.kernels(), "use aten, custom or leave it empty");
+    return Bad("lsp.kernels", lsp.kernels(), "use aten, custom or leave it empty");
   }
-  if (spec.steps() < 1) return bad("steps", spec.steps(), "run at least 1 step");
+  return absl::OkStatus();
+}
+
+// The step's shape, the optimizer's settings, the device and the threads.
+static absl::Status ValidateTraining(const JobSpec& spec) {
+  if (spec.steps() < 1) return Bad("steps", spec.steps(), "run at least 1 step");
   if (spec.has_micro_batch_size() && spec.micro_batch_size() < 1) {
-    return bad("micro_batch_size", spec.micro_batch_size(),
+    return Bad("micro_batch_size", spec.micro_batch_size(),
                "must be >= 1 (or left unset: a CUDA worker chooses the largest that fits)");
   }
-  if (spec.grad_accum() < 1) return bad("grad_accum", spec.grad_accum(), "must be >= 1");
+  if (spec.grad_accum() < 1) return Bad("grad_accum", spec.grad_accum(), "must be >= 1");
   if (spec.seq_len() < 8 || spec.seq_len() > 8192) {
-    return bad("seq_len", spec.seq_len(), "use 8 <= seq_len <= 8192");
+    return Bad("seq_len", spec.seq_len(), "use 8 <= seq_len <= 8192");
   }
   const auto& optim = spec.optim();
-  if (!(optim.lr() > 0) || optim.lr() > 1) return bad("optim.lr", optim.lr(), "use 0 < lr <= 1");
-  if (optim.beta1() < 0 || optim.beta1() >= 1) return bad("optim.beta1", optim.beta1(), "[0,1)");
-  if (optim.beta2() < 0 || optim.beta2() >= 1) return bad("optim.beta2", optim.beta2(), "[0,1)");
-  if (optim.warmup_steps() < 0) return bad("optim.warmup_steps", optim.warmup_steps(), ">= 0");
+  if (!(optim.lr() > 0) || optim.lr() > 1) return Bad("optim.lr", optim.lr(), "use 0 < lr <= 1");
+  if (optim.beta1() < 0 || optim.beta1() >= 1) return Bad("optim.beta1", optim.beta1(), "[0,1)");
+  if (optim.beta2() < 0 || optim.beta2() >= 1) return Bad("optim.beta2", optim.beta2(), "[0,1)");
+  if (optim.warmup_steps() < 0) return Bad("optim.warmup_steps", optim.warmup_steps(), ">= 0");
   if (optim.schedule() != v1::LR_SCHEDULE_CONSTANT && optim.schedule() != v1::LR_SCHEDULE_COSINE) {
-    return bad("optim.schedule", runtime::EnumShortName(optim.schedule()),
+    return Bad("optim.schedule", runtime::EnumShortName(optim.schedule()),
                "use constant or cosine");
   }
   if (!(optim.weight_decay() >= 0) || optim.weight_decay() * optim.lr() >= 1) {
-    return bad("optim.weight_decay", optim.weight_decay(), "use 0 <= weight_decay < 1 / lr");
+    return Bad("optim.weight_decay", optim.weight_decay(), "use 0 <= weight_decay < 1 / lr");
   }
   if (!(optim.max_grad_norm() >= 0)) {
-    return bad("optim.max_grad_norm", optim.max_grad_norm(), "use 0 (off) or a positive norm");
+    return Bad("optim.max_grad_norm", optim.max_grad_norm(), "use 0 (off) or a positive norm");
   }
   if (!v1::Device_IsValid(spec.device())) {
-    return bad("device", spec.device(), "use cpu, cuda or leave it empty");
+    return Bad("device", spec.device(), "use cpu, cuda or leave it empty");
   }
   if (spec.num_threads() < 1 || spec.num_threads() > 1024) {
-    return bad("num_threads", spec.num_threads(), "use 1..1024");
+    return Bad("num_threads", spec.num_threads(), "use 1..1024");
   }
   return absl::OkStatus();
+  return absl::OkStatus();
+}
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  RETURN_IF_ERROR(ValidateRun(spec));
+  RETURN_IF_ERROR(ValidateModel(spec));
+  RETURN_IF_ERROR(ValidateData(spec));
+  // The mode, its own settings and the blocks of other modes (training_mode.h).
+  RETURN_IF_ERROR(offload::CheckModeSettings(spec));
+  RETURN_IF_ERROR(ValidateLsp(spec));
+  return ValidateTraining(spec);
 }
 
 }  // namespace lspo::scheduler
@@ -624,6 +564,8 @@ absl::Status CheckPathsUnderRoots(const lspo::v1::JobSpec& spec,
 }
 
 std::string TrainingFingerprint(lspo::v1::JobSpec spec) {
+  // A spec of mode galore with galore.offload (before MODE_GALORE_OFFLOAD) is the same training.
+  offload::NormalizeMode(&spec);
   // Fields that do not change the training trajectory (bookkeeping, evaluation, threads,
   // schedule: serial and overlap give bitwise-identical weights).
   spec.clear_name();

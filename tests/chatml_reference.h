@@ -1,5 +1,5 @@
 // SmolLM2-Instruct's ChatML chat template written out by hand: an independent rendering that
-// the tests compare model/chat_template.h (the Jinja interpreter) and the classification
+// the tests compare text/chat_template.h (the Jinja interpreter) and the classification
 // examples of data/datasets.h against. Header-only, test-only.
 //
 // ApplyChatMlTemplate reproduces, character for character, the Jinja template stored in the
@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 namespace lspo::tests {
 

@@ -211,9 +211,9 @@ TEST_F(LspctlTest, CancelOfAFinishedJobSaysSoAndFails) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
 }
 
-// --mode overrides the spec's mode whatever its case or MODE_ prefix; galore-offload sets
-// galore.offload; the spec's settings of another mode are dropped with a note (they would be
-// refused with the new mode); a word that is no mode is refused, listing the modes.
+// --mode overrides the spec's mode whatever its case or MODE_ prefix; galore-offload is its
+// own mode (MODE_GALORE_OFFLOAD); the spec's settings of another mode are dropped with a note
+// (they would be refused with the new mode); a word that is no mode is refused, listing them.
 TEST_F(LspctlTest, ModeFlagOverridesTheSpec) {
   const std::string flag = Serve();
   const std::string spec = ::testing::TempDir() + "/lspctl-mode.yaml";
@@ -227,8 +227,8 @@ TEST_F(LspctlTest, ModeFlagOverridesTheSpec) {
   };
   for (const Case& c :
        {Case{"GALORE", v1::MODE_GALORE, false, true},
-        Case{"galore-offload", v1::MODE_GALORE, true, true},
-        Case{"Galore_Offload", v1::MODE_GALORE, true, true},
+        Case{"galore-offload", v1::MODE_GALORE_OFFLOAD, false, true},
+        Case{"Galore_Offload", v1::MODE_GALORE_OFFLOAD, false, true},
         Case{"MODE_LSP", v1::MODE_LSP, false, false}, Case{"zero", v1::MODE_ZERO, false, false}}) {
     const Result r = Lspctl(absl::StrCat("submit --spec=", spec, " --mode=", c.arg, " ", flag));
     EXPECT_EQ(r.exit_code, 0) << c.arg << ": " << r.output;

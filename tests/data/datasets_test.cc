@@ -13,11 +13,11 @@
 #include "data/records.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/chat_template.h"
 #include "model/gguf.h"
 #include "nlohmann/json.hpp"
 #include "tests/chatml_reference.h"
 #include "tests/test_files.h"
+#include "text/chat_template.h"
 
 namespace lspo::data {
 namespace {

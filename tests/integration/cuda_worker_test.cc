@@ -170,15 +170,13 @@ TEST(CudaWorkerTest, ZeroOverlapOnCudaMatchesTheCpuPath) {
 TEST(CudaWorkerTest, LspOnCudaCheckpointsAndSkipsANonFiniteStep) {
   if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  setenv("LSPO_FAULT_NONFINITE_GRAD_STEPS", "3", 1);
-  auto runtime = testing_jobs::StartEmbedded();
+  auto runtime = testing_jobs::StartEmbeddedWithFaults("3");
   auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
   v1::JobSpec spec = TinySpec("cuda-ckpt", v1::MODE_LSP, v1::DEVICE_CUDA, v1::STEP_SCHEDULE_OVERLAP);
   spec.set_skip_checkpoint(false);
   spec.set_checkpoint_every(2);
   spec.set_max_nonfinite_steps(2);
   WatchResult w = SubmitAndWatch(stub.get(), spec);
-  unsetenv("LSPO_FAULT_NONFINITE_GRAD_STEPS");
   ASSERT_EQ(w.last.state(), v1::SUCCEEDED) << w.last.error();
   EXPECT_EQ(w.last.skipped_steps(), 1);
   EXPECT_GE(w.last.last_checkpoint_step(), 2);

@@ -52,13 +52,15 @@ inline v1::JobSpec DpSpec(const std::string& tag, v1::TrainingMode mode, int mb,
   return spec;
 }
 
-// Runs `specs` (one per rank) at once, each in its own embedded runtime.
-inline std::vector<WatchResult> RunRanks(const std::vector<v1::JobSpec>& specs) {
+// Runs `specs` (one per rank) at once, each in its own embedded runtime, whose worker injects
+// `grad_faults` (gpu_worker/worker_options.h WorkerFaults; "3@1": step 3 on rank 1 only).
+inline std::vector<WatchResult> RunRanks(const std::vector<v1::JobSpec>& specs,
+                                         const std::string& grad_faults = "") {
   std::vector<WatchResult> out(specs.size());
   std::vector<std::thread> threads;
   for (size_t r = 0; r < specs.size(); ++r) {
     threads.emplace_back([&, r] {
-      auto runtime = StartEmbedded();
+      auto runtime = StartEmbeddedWithFaults(grad_faults);
       auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
       out[r] = SubmitAndWatch(stub.get(), specs[r]);
     });

@@ -189,9 +189,7 @@ TEST(DataParallelTest, ANonFiniteGradientOnOneRankSkipsTheStepOnEveryRank) {
   if (!offload::CollectivesAvailable()) GTEST_SKIP() << "built without c10d Gloo";
   for (const v1::TrainingMode mode : {v1::MODE_LSP, v1::MODE_ZERO}) {
     std::vector<v1::JobSpec> specs = RankSpecs(DpSpec("dp-nan", mode, 2, 5), 2, 60);
-    setenv("LSPO_FAULT_NONFINITE_GRAD_STEPS", "3@1", 1);
-    std::vector<WatchResult> ranks = RunRanks(specs);
-    unsetenv("LSPO_FAULT_NONFINITE_GRAD_STEPS");
+    std::vector<WatchResult> ranks = RunRanks(specs, /*grad_faults=*/"3@1");
     for (int r = 0; r < 2; ++r) {
       ASSERT_EQ(ranks[r].last.state(), v1::SUCCEEDED)
           << v1::TrainingMode_Name(mode) << " rank " << r << ": " << ranks[r].last.error();

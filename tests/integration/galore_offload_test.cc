@@ -144,7 +144,7 @@ TEST(GaloreOffloadTest, ReportsItsBytesAndResumesBitwise) {
 
   const nlohmann::json summary =
       nlohmann::json::parse(testing_jobs::FileBytes(a_dir + "/summary.json"));
-  EXPECT_EQ(summary["mode"], "galore");
+  EXPECT_EQ(summary["mode"], "galore-offload");
   EXPECT_EQ(summary["galore_offload"], true);
   // Tiny Llama, two layers: q, o 64x64; k, v 32x64; gate, up 128x64; down 64x128.
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{64, 64},  {32, 64},  {32, 64}, {64, 64},

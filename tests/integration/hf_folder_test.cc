@@ -20,13 +20,13 @@
 #include "model/hf_checkpoint.h"
 #include "model/llama.h"
 #include "model/safetensors.h"
-#include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "offload/job_assets.h"
 #include "scheduler/job_spec.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
 #include "tests/test_files.h"
+#include "text/tokenizer.h"
 
 namespace lspo {
 namespace {

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "offload/job_assets.h"
 #include "offload/memory_plan.h"
+#include "offload/training_mode.h"
 #include "runtime/process_env.h"
 #include "scheduler/job_spec.h"
 #include "tests/integration/start_embedded.h"
@@ -76,7 +77,7 @@ void ExpectPeakWithinPlan(v1::TrainingMode mode) {
   absl::StatusOr<model::LlamaConfig> config = offload::LoadJobModelConfig(resolved);
   ASSERT_TRUE(config.ok()) << config.status();
   absl::StatusOr<offload::MemoryPlan> plan =
-      offload::PlanJobMemory(resolved, *config, offload::PlanModeOf(resolved), /*cuda=*/false);
+      offload::PlanJobMemory(resolved, *config, offload::ModeOf(resolved).mode, /*cuda=*/false);
   ASSERT_TRUE(plan.ok()) << plan.status();
 
   auto runtime = testing_jobs::StartEmbedded();

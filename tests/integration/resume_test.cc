@@ -612,8 +612,7 @@ TEST(ResumeTest, ExportedSafetensorsGiveTheSameLogitsInTransformers) {
 // checkpoint of step 2. With fewer bad steps in a row than the limit the job completes.
 TEST(ResumeTest, NonFiniteStepsAreSkippedCountedAndFailTheJobAfterTheLimit) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
-  setenv("LSPO_FAULT_NONFINITE_GRAD_STEPS", "3,4,5,6", 1);
-  auto runtime = testing_jobs::StartEmbedded();
+  auto runtime = testing_jobs::StartEmbeddedWithFaults("3,4,5,6");
   auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
   const std::string dir = testing_jobs::TempDir("nan");
   v1::JobSpec spec = Spec(dir, v1::MODE_LSP, 10);
@@ -633,9 +632,9 @@ TEST(ResumeTest, NonFiniteStepsAreSkippedCountedAndFailTheJobAfterTheLimit) {
   // Two bad steps with a limit of 3 (zero mode): skipped, counted, and the job completes.
   v1::JobSpec ok = Spec(testing_jobs::TempDir("nan-ok"), v1::MODE_ZERO, 7);
   ok.set_max_nonfinite_steps(3);
-  setenv("LSPO_FAULT_NONFINITE_GRAD_STEPS", "3,4", 1);
-  RunResult done = RunToEnd(stub.get(), ok);
-  unsetenv("LSPO_FAULT_NONFINITE_GRAD_STEPS");
+  auto runtime2 = testing_jobs::StartEmbeddedWithFaults("3,4");
+  auto stub2 = v1::Scheduler::NewStub(runtime2->scheduler_channel());
+  RunResult done = RunToEnd(stub2.get(), ok);
   ASSERT_EQ(done.last.state(), v1::SUCCEEDED) << done.last.error();
   EXPECT_EQ(done.last.skipped_steps(), 2);
   EXPECT_EQ(done.loss.size(), 5u);
@@ -654,15 +653,12 @@ TEST(ResumeTest, NonFiniteStepsAreSkippedCountedAndFailTheJobAfterTheLimit) {
 // All three skip step 3 and must then be bitwise the same run: the losses of steps 4 and 5
 // (the worker's weights) and the final weights (the optimizer's master and moments).
 void ExpectSkippedStepLeavesNoTrace(v1::TrainingMode mode) {
-  auto runtime = testing_jobs::StartEmbedded();
-  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
   struct Case {
     const char* name;
-    const char* grad_fault;  // LSPO_FAULT_NONFINITE_GRAD_STEPS
-    const char* loss_fault;  // LSPO_FAULT_NONFINITE_LOSS_STEPS
+    const char* grad_fault;  // WorkerFaults::nonfinite_grad_steps
+    const char* loss_fault;  // WorkerFaults::nonfinite_loss_steps
   };
-  const Case cases[] = {{"reference", "3", nullptr}, {"one", "3:0", nullptr},
-                        {"loss", nullptr, "3"}};
+  const Case cases[] = {{"reference", "3", ""}, {"one", "3:0", ""}, {"loss", "", "3"}};
   std::vector<RunResult> runs;
   std::vector<std::vector<uint8_t>> weights;
   for (const Case& c : cases) {
@@ -672,11 +668,9 @@ void ExpectSkippedStepLeavesNoTrace(v1::TrainingMode mode) {
     spec.mutable_optim()->set_max_grad_norm(0);  // no clipping: updates start at once
     spec.set_schedule(v1::STEP_SCHEDULE_OVERLAP);
     spec.set_max_nonfinite_steps(3);
-    if (c.grad_fault) setenv("LSPO_FAULT_NONFINITE_GRAD_STEPS", c.grad_fault, 1);
-    if (c.loss_fault) setenv("LSPO_FAULT_NONFINITE_LOSS_STEPS", c.loss_fault, 1);
+    auto runtime = testing_jobs::StartEmbeddedWithFaults(c.grad_fault, c.loss_fault);
+    auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
     RunResult r = RunToEnd(stub.get(), spec);
-    unsetenv("LSPO_FAULT_NONFINITE_GRAD_STEPS");
-    unsetenv("LSPO_FAULT_NONFINITE_LOSS_STEPS");
     ASSERT_EQ(r.last.state(), v1::SUCCEEDED) << c.name << ": " << r.last.error();
     EXPECT_EQ(r.last.skipped_steps(), 1) << c.name;
     EXPECT_EQ(r.loss.count(3), 0u) << c.name;

@@ -22,7 +22,6 @@
 #include "data/datasets.h"
 #include "data/sft.h"
 #include "gtest/gtest.h"
-#include "model/chat_template.h"
 #include "model/generate.h"
 #include "nlohmann/json.hpp"
 #include "offload/job_assets.h"
@@ -30,6 +29,7 @@
 #include "scheduler/job_spec.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
+#include "text/chat_template.h"
 
 namespace lspo {
 namespace {

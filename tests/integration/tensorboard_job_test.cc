@@ -11,7 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "scheduler/tensorboard.h"
+#include "report/tensorboard.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
 

@@ -1,5 +1,5 @@
 // Tests for offload/arena_layout.h: the slot layout the worker and the optimizer share, for
-// MODE_LSP and GaLore-Offload's MODE_GALORE (one side the identity, the other a dense rank-r
+// MODE_LSP and GaLore-Offload's MODE_GALORE_OFFLOAD (one side the identity, the other a dense rank-r
 // projector, plus the |G|^2 slot), with the refusals that name the matrix.
 #include "offload/arena_layout.h"
 
@@ -37,7 +37,7 @@ TEST(BuildGaloreArenaLayout, OneDenseSidePerMatrixAndTheNormSlot) {
   absl::StatusOr<lspo::v1::ArenaLayout> layout =
       BuildGaloreArenaLayout(TinyLayer(), 7, 8, "/lspo-test");
   ASSERT_TRUE(layout.ok()) << layout.status();
-  EXPECT_EQ(layout->mode(), lspo::v1::MODE_GALORE);
+  EXPECT_EQ(layout->mode(), lspo::v1::MODE_GALORE_OFFLOAD);
   EXPECT_EQ(layout->d(), 8);
   EXPECT_EQ(layout->r(), 8);
   ASSERT_EQ(layout->linears_size(), 7);

@@ -3,6 +3,7 @@
 // (docs/gpu/results-2026-12-04-h200.json, scripts/device-check on 2026-12-04), and its
 // out-of-memory outcomes under the 4 GB cap; plus exact counts on a small shape.
 #include "offload/memory_plan.h"
+#include "offload/training_mode.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,8 +11,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
-#include <utility>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -56,8 +57,8 @@ lspo::v1::JobSpec DeviceCheckSpec(int d, int micro_batch, int seq_len) {
   return spec;
 }
 
-MemoryPlan Plan(const lspo::v1::JobSpec& spec, const model::LlamaConfig& c, PlanMode mode,
-                bool cuda) {
+MemoryPlan Plan(const lspo::v1::JobSpec& spec, const model::LlamaConfig& c,
+                lspo::v1::TrainingMode mode, bool cuda) {
   absl::StatusOr<MemoryPlan> p = PlanJobMemory(spec, c, mode, cuda);
   EXPECT_TRUE(p.ok()) << p.status();
   return p.ok() ? *p : MemoryPlan{};
@@ -67,17 +68,20 @@ TEST(MemoryPlanTest, BytesPerStepAreTheMeasuredTransfersOfTheH200Run) {
   // d2h_bytes_per_step of results-2026-12-04-h200.json: lsp d = 256 on the ~1.1B shape moved
   // 40,370,176 bytes (154 matrices x 256^2 fp32), zero 1,983,905,792 (bf16 gradients); the
   // SmolLM2 shape at d = 128: 13,762,560 and 212,336,640.
-  EXPECT_EQ(Plan(DeviceCheckSpec(256, 4, 512), Llama11b(), PlanMode::kLsp, true).d2h_bytes_per_step,
-            40370176);
   EXPECT_EQ(
-      Plan(DeviceCheckSpec(256, 4, 512), Llama11b(), PlanMode::kZero, true).d2h_bytes_per_step,
+      Plan(DeviceCheckSpec(256, 4, 512), Llama11b(), lspo::v1::MODE_LSP, true).d2h_bytes_per_step,
+      40370176);
+  EXPECT_EQ(
+      Plan(DeviceCheckSpec(256, 4, 512), Llama11b(), lspo::v1::MODE_ZERO, true).d2h_bytes_per_step,
       1983905792);
-  EXPECT_EQ(Plan(DeviceCheckSpec(128, 8, 512), Smol(), PlanMode::kLsp, true).d2h_bytes_per_step,
+  EXPECT_EQ(Plan(DeviceCheckSpec(128, 8, 512), Smol(), lspo::v1::MODE_LSP, true).d2h_bytes_per_step,
             13762560);
-  EXPECT_EQ(Plan(DeviceCheckSpec(128, 8, 512), Smol(), PlanMode::kZero, true).d2h_bytes_per_step,
-            212336640);
-  EXPECT_EQ(Plan(DeviceCheckSpec(128, 8, 512), Smol(), PlanMode::kNative, true).d2h_bytes_per_step,
-            0);
+  EXPECT_EQ(
+      Plan(DeviceCheckSpec(128, 8, 512), Smol(), lspo::v1::MODE_ZERO, true).d2h_bytes_per_step,
+      212336640);
+  EXPECT_EQ(
+      Plan(DeviceCheckSpec(128, 8, 512), Smol(), lspo::v1::MODE_NATIVE, true).d2h_bytes_per_step,
+      0);
 }
 
 // Data parallel: the all-reduce buffers hold every matrix's S (lsp: 13,762,560 bytes on the
@@ -95,21 +99,23 @@ TEST(MemoryPlanTest, DataParallelBuffersAreHostMemory) {
     return -1;
   };
   const int64_t lsp_bytes = 13762560, dense_bytes = 2 * 212336640LL;
-  for (const auto& [mode, bytes] :
-       {std::make_pair(PlanMode::kLsp, lsp_bytes), std::make_pair(PlanMode::kZero, dense_bytes),
-        std::make_pair(PlanMode::kNative, dense_bytes),
-        std::make_pair(PlanMode::kLora, int64_t{9768960})}) {
+  for (const auto& [mode, bytes] : {std::make_pair(lspo::v1::MODE_LSP, lsp_bytes),
+                                    std::make_pair(lspo::v1::MODE_ZERO, dense_bytes),
+                                    std::make_pair(lspo::v1::MODE_NATIVE, dense_bytes),
+                                    std::make_pair(lspo::v1::MODE_LORA, int64_t{9768960})}) {
     const MemoryPlan cpu = Plan(spec, Smol(), mode, false);
     const MemoryPlan gpu = Plan(spec, Smol(), mode, true);
-    EXPECT_EQ(bucket_term(cpu), bytes) << PlanModeName(mode);
-    EXPECT_EQ(cpu.worker_host_train, 0) << PlanModeName(mode);
-    EXPECT_EQ(bucket_term(gpu), -1) << PlanModeName(mode);
-    EXPECT_EQ(gpu.worker_host_train, bytes) << PlanModeName(mode);
+    EXPECT_EQ(bucket_term(cpu), bytes) << std::string(DescriptorOf(mode).name);
+    EXPECT_EQ(cpu.worker_host_train, 0) << std::string(DescriptorOf(mode).name);
+    EXPECT_EQ(bucket_term(gpu), -1) << std::string(DescriptorOf(mode).name);
+    EXPECT_EQ(gpu.worker_host_train, bytes) << std::string(DescriptorOf(mode).name);
     // One rank: no buffers at all.
     lspo::v1::JobSpec one = spec;
     one.mutable_distributed()->set_world_size(1);
-    EXPECT_EQ(bucket_term(Plan(one, Smol(), mode, false)), -1) << PlanModeName(mode);
-    EXPECT_EQ(Plan(one, Smol(), mode, true).worker_host_train, 0) << PlanModeName(mode);
+    EXPECT_EQ(bucket_term(Plan(one, Smol(), mode, false)), -1)
+        << std::string(DescriptorOf(mode).name);
+    EXPECT_EQ(Plan(one, Smol(), mode, true).worker_host_train, 0)
+        << std::string(DescriptorOf(mode).name);
   }
 }
 
@@ -120,16 +126,16 @@ TEST(MemoryPlanTest, PeakIsWithin15PercentOfTheH200AllocatorPeaks) {
     const char* name;
     model::LlamaConfig config;
     int d, micro_batch;
-    PlanMode mode;
+    lspo::v1::TrainingMode mode;
     double measured;
   };
   const Case cases[] = {
-      {"smollm2-135m native", Smol(), 128, 8, PlanMode::kNative, 10870516224.0},
-      {"smollm2-135m zero", Smol(), 128, 8, PlanMode::kZero, 10445318656.0},
-      {"smollm2-135m lsp", Smol(), 128, 8, PlanMode::kLsp, 9643465216.0},
-      {"llama-1.1b native", Llama11b(), 256, 4, PlanMode::kNative, 20985096192.0},
-      {"llama-1.1b zero", Llama11b(), 256, 4, PlanMode::kZero, 17109559296.0},
-      {"llama-1.1b lsp", Llama11b(), 256, 4, PlanMode::kLsp, 17345193984.0},
+      {"smollm2-135m native", Smol(), 128, 8, lspo::v1::MODE_NATIVE, 10870516224.0},
+      {"smollm2-135m zero", Smol(), 128, 8, lspo::v1::MODE_ZERO, 10445318656.0},
+      {"smollm2-135m lsp", Smol(), 128, 8, lspo::v1::MODE_LSP, 9643465216.0},
+      {"llama-1.1b native", Llama11b(), 256, 4, lspo::v1::MODE_NATIVE, 20985096192.0},
+      {"llama-1.1b zero", Llama11b(), 256, 4, lspo::v1::MODE_ZERO, 17109559296.0},
+      {"llama-1.1b lsp", Llama11b(), 256, 4, lspo::v1::MODE_LSP, 17345193984.0},
   };
   for (const Case& c : cases) {
     const MemoryPlan p = Plan(DeviceCheckSpec(c.d, c.micro_batch, 512), c.config, c.mode, true);
@@ -146,8 +152,8 @@ TEST(MemoryPlanTest, PeakIsWithin15PercentOfTheH200AllocatorPeaks) {
     // backward, where model/linear_cross_entropy.h keeps dL/dh (R x H) and two blocks of
     // logits (since 2026-12-07); R = N on CUDA. Both at the start of the backward, the peak.
     const int64_t N = int64_t{c.micro_batch} * 512, V = k.vocab_size, H = k.hidden_size;
-    const int64_t attn = 4 * (2 * int64_t{c.micro_batch} * k.num_heads * 512 * 512 +
-                              4 * N * k.intermediate_size);
+    const int64_t attn =
+        4 * (2 * int64_t{c.micro_batch} * k.num_heads * 512 * 512 + 4 * N * k.intermediate_size);
     const int64_t blocks = 4 * 2 * std::min(N, model::LossBlockRows(V)) * V;
     const double old_loss = 4.0 * N * V + static_cast<double>(std::max(8 * N * V, attn));
     const double new_loss = 4.0 * N * H + static_cast<double>(std::max(blocks + 4 * N * H, attn));
@@ -166,28 +172,30 @@ TEST(MemoryPlanTest, TheFourGigabyteCapOutcomesOfTheH200RunArePredicted) {
   lspo::v1::JobSpec spec = DeviceCheckSpec(256, 1, 512);
   spec.set_activation_checkpointing(true);
   const int64_t cap = 4096LL << 20;
-  for (PlanMode mode : {PlanMode::kLsp, PlanMode::kNative, PlanMode::kZero}) {
+  for (lspo::v1::TrainingMode mode :
+       {lspo::v1::MODE_LSP, lspo::v1::MODE_NATIVE, lspo::v1::MODE_ZERO}) {
     absl::StatusOr<FitAnswer> fit = FitOnDevice(spec, Llama11b(), mode, true, cap);
     ASSERT_TRUE(fit.ok()) << fit.status();
-    EXPECT_FALSE(fit->fits) << PlanModeName(mode);
-    EXPECT_EQ(fit->fits_with_nearest_rounding, mode == PlanMode::kLsp) << PlanModeName(mode);
+    EXPECT_FALSE(fit->fits) << std::string(DescriptorOf(mode).name);
+    EXPECT_EQ(fit->fits_with_nearest_rounding, mode == lspo::v1::MODE_LSP)
+        << std::string(DescriptorOf(mode).name);
   }
   spec.mutable_lsp()->set_apply_rounding(lspo::v1::APPLY_ROUNDING_NEAREST);
-  absl::StatusOr<FitAnswer> fit = FitOnDevice(spec, Llama11b(), PlanMode::kLsp, true, cap);
+  absl::StatusOr<FitAnswer> fit = FitOnDevice(spec, Llama11b(), lspo::v1::MODE_LSP, true, cap);
   ASSERT_TRUE(fit.ok()) << fit.status();
   EXPECT_TRUE(fit->fits);
   EXPECT_GE(fit->largest_micro_batch, 1);
   // The answers are the largest that fit: one more does not.
   spec.set_micro_batch_size(fit->largest_micro_batch);
-  EXPECT_LE(Plan(spec, Llama11b(), PlanMode::kLsp, true).device_peak, cap);
+  EXPECT_LE(Plan(spec, Llama11b(), lspo::v1::MODE_LSP, true).device_peak, cap);
   spec.set_micro_batch_size(fit->largest_micro_batch + 1);
-  EXPECT_GT(Plan(spec, Llama11b(), PlanMode::kLsp, true).device_peak, cap);
+  EXPECT_GT(Plan(spec, Llama11b(), lspo::v1::MODE_LSP, true).device_peak, cap);
   spec.set_micro_batch_size(1);
   spec.mutable_lsp()->set_d(fit->largest_d);
-  EXPECT_LE(Plan(spec, Llama11b(), PlanMode::kLsp, true).device_peak, cap);
+  EXPECT_LE(Plan(spec, Llama11b(), lspo::v1::MODE_LSP, true).device_peak, cap);
   spec.mutable_lsp()->set_d(fit->largest_d + 1);
   if (fit->largest_d < 2048) {
-    EXPECT_GT(Plan(spec, Llama11b(), PlanMode::kLsp, true).device_peak, cap);
+    EXPECT_GT(Plan(spec, Llama11b(), lspo::v1::MODE_LSP, true).device_peak, cap);
   }
 }
 
@@ -199,13 +207,13 @@ TEST(MemoryPlanTest, AnUnsetCheckpointingIsTurnedOnOnlyWhenThatMakesTheJobFit) {
   ASSERT_FALSE(spec.has_activation_checkpointing());
   lspo::v1::JobSpec on = spec;
   on.set_activation_checkpointing(true);
-  const int64_t without = Plan(spec, Llama11b(), PlanMode::kLsp, true).device_peak;
-  const int64_t with = Plan(on, Llama11b(), PlanMode::kLsp, true).device_peak;
+  const int64_t without = Plan(spec, Llama11b(), lspo::v1::MODE_LSP, true).device_peak;
+  const int64_t with = Plan(on, Llama11b(), lspo::v1::MODE_LSP, true).device_peak;
   ASSERT_LT(with, without / 2) << "checkpointing must save most of the activations here";
   const int64_t between = (with + without) / 2;
   auto choose = [&](lspo::v1::JobSpec s, bool cuda, int64_t budget) {
     absl::StatusOr<std::vector<std::string>> lines =
-        ChooseFittingDefaults(&s, Llama11b(), PlanMode::kLsp, cuda, budget);
+        ChooseFittingDefaults(&s, Llama11b(), lspo::v1::MODE_LSP, cuda, budget);
     EXPECT_TRUE(lines.ok()) << lines.status();
     return std::make_pair(s, lines.ok() ? absl::StrJoin(*lines, "\n") : std::string("<error>"));
   };
@@ -215,10 +223,10 @@ TEST(MemoryPlanTest, AnUnsetCheckpointingIsTurnedOnOnlyWhenThatMakesTheJobFit) {
   EXPECT_NE(line.find(absl::StrFormat("%.2f GiB without it", without / double(1LL << 30))),
             std::string::npos)
       << line;
-  EXPECT_LE(Plan(chosen, Llama11b(), PlanMode::kLsp, true).device_peak, between);
+  EXPECT_LE(Plan(chosen, Llama11b(), lspo::v1::MODE_LSP, true).device_peak, between);
   for (const auto& [s, cuda, budget] :
-       {std::make_tuple(spec, true, without),    // fits as given
-        std::make_tuple(spec, true, with - 1),   // checkpointing would not make it fit
+       {std::make_tuple(spec, true, without),      // fits as given
+        std::make_tuple(spec, true, with - 1),     // checkpointing would not make it fit
         std::make_tuple(spec, false, between)}) {  // the CPU
     auto [same, none] = choose(s, cuda, budget);
     EXPECT_FALSE(same.has_activation_checkpointing());
@@ -245,30 +253,30 @@ TEST(MemoryPlanTest, AnUnsetMicroBatchIsTheLargestPowerOfTwoThatFits) {
     lspo::v1::JobSpec s = spec;
     s.set_micro_batch_size(b);
     s.set_activation_checkpointing(ckpt);
-    return Plan(s, Llama11b(), PlanMode::kLsp, true).device_peak;
+    return Plan(s, Llama11b(), lspo::v1::MODE_LSP, true).device_peak;
   };
   for (int b = 1; b < kMaxChosenMicroBatch; b *= 2) {
     ASSERT_LT(peak(b, false), peak(2 * b, false)) << b;  // the plan grows with the batch
   }
   auto choose = [&](lspo::v1::JobSpec s, bool cuda, int64_t budget) {
     absl::StatusOr<std::vector<std::string>> lines =
-        ChooseFittingDefaults(&s, Llama11b(), PlanMode::kLsp, cuda, budget);
+        ChooseFittingDefaults(&s, Llama11b(), lspo::v1::MODE_LSP, cuda, budget);
     EXPECT_TRUE(lines.ok()) << lines.status();
     return std::make_pair(s, lines.ok() ? *lines : std::vector<std::string>{"<error>"});
   };
   lspo::v1::JobSpec no_ckpt = spec;
   no_ckpt.set_activation_checkpointing(false);
   // Exactly the peak of 16 (and one byte less: 8); far above everything: the cap, 32.
-  for (const auto& [budget, want] : {std::make_pair(peak(16, false), 16),
-                                     std::make_pair(peak(16, false) - 1, 8),
-                                     std::make_pair(int64_t{1} << 50, kMaxChosenMicroBatch)}) {
+  for (const auto& [budget, want] :
+       {std::make_pair(peak(16, false), 16), std::make_pair(peak(16, false) - 1, 8),
+        std::make_pair(int64_t{1} << 50, kMaxChosenMicroBatch)}) {
     auto [s, lines] = choose(no_ckpt, true, budget);
     EXPECT_EQ(s.micro_batch_size(), want) << budget;
     ASSERT_EQ(lines.size(), 1u);
     EXPECT_NE(lines[0].find(absl::StrCat("micro_batch_size: ", want, " (chosen")),
               std::string::npos)
         << lines[0];
-    EXPECT_LE(Plan(s, Llama11b(), PlanMode::kLsp, true).device_peak, budget);
+    EXPECT_LE(Plan(s, Llama11b(), lspo::v1::MODE_LSP, true).device_peak, budget);
   }
   // Nothing fits: the default stays for the fit check to refuse, nothing said.
   auto [none, silent] = choose(no_ckpt, true, peak(1, false) - 1);
@@ -282,8 +290,8 @@ TEST(MemoryPlanTest, AnUnsetMicroBatchIsTheLargestPowerOfTwoThatFits) {
     EXPECT_EQ(both.micro_batch_size(), 2);
     EXPECT_EQ(two.size(), 2u);
   } else {
-    ADD_FAILURE() << "the shape no longer needs checkpointing at micro-batch 1 under "
-                  << tight << " bytes: pick a tighter case";
+    ADD_FAILURE() << "the shape no longer needs checkpointing at micro-batch 1 under " << tight
+                  << " bytes: pick a tighter case";
   }
   // Data parallel, the CPU, an explicit micro-batch: unchanged.
   lspo::v1::JobSpec dp = no_ckpt;
@@ -303,7 +311,7 @@ TEST(MemoryPlanTest, StaticTermsAreExactCountsOnTheTinyShape) {
   // Per layer: q, o 64x64; k, v 32x64; gate, up 128x64; down 64x128 -> 36864 elements.
   const int64_t p_lin = 2 * 36864;
   const int64_t p_rest = 256 * 64 + 2 * 2 * 64 + 64;  // embedding, 2 norms per layer, final
-  const MemoryPlan lsp = Plan(spec, c, PlanMode::kLsp, /*cuda=*/false);
+  const MemoryPlan lsp = Plan(spec, c, lspo::v1::MODE_LSP, /*cuda=*/false);
   ASSERT_GE(lsp.device_static.size(), 3u);
   EXPECT_EQ(lsp.weight_bytes, 4);
   EXPECT_EQ(lsp.device_static[0].bytes, 4 * p_lin);  // fp32 on the CPU
@@ -323,7 +331,7 @@ TEST(MemoryPlanTest, StaticTermsAreExactCountsOnTheTinyShape) {
   EXPECT_EQ(lsp.gradients_in_flight, 14 * 16 * 16 * 4);
   lspo::v1::JobSpec accum = spec;
   accum.set_grad_accum(2);
-  const MemoryPlan lsp2 = Plan(accum, c, PlanMode::kLsp, false);
+  const MemoryPlan lsp2 = Plan(accum, c, lspo::v1::MODE_LSP, false);
   EXPECT_EQ(term(lsp2, "S accumulators (fp32)"), 14 * 16 * 16 * 4);
   EXPECT_EQ(lsp2.gradients_in_flight, 0);
   EXPECT_EQ(lsp.OptimizerHost(), 4 * (p_lin + p_rest) + 12 * 14 * 16 * 16);
@@ -331,19 +339,19 @@ TEST(MemoryPlanTest, StaticTermsAreExactCountsOnTheTinyShape) {
   // lsp.compression dense adds each side densified, 4 (m + n) d bytes per matrix.
   lspo::v1::JobSpec dense_spec = spec;
   dense_spec.mutable_lsp()->set_compression(lspo::v1::COMPRESSION_DENSE);
-  const MemoryPlan dense = Plan(dense_spec, c, PlanMode::kLsp, false);
+  const MemoryPlan dense = Plan(dense_spec, c, lspo::v1::MODE_LSP, false);
   ASSERT_EQ(dense.device_static.size(), lsp.device_static.size() + 1);
   EXPECT_EQ(term(dense, "dense projectors (lsp.compression: dense, fp32)"), sides * 4 * 16);
   EXPECT_EQ(dense.DeviceStatic() - lsp.DeviceStatic(), sides * 4 * 16);
   // The arena is the layout the worker creates.
-  const MemoryPlan zero = Plan(spec, c, PlanMode::kZero, false);
+  const MemoryPlan zero = Plan(spec, c, lspo::v1::MODE_ZERO, false);
   EXPECT_EQ(zero.d2h_bytes_per_step, 2 * p_lin);
   // The overlap schedule without clipping keeps undo records of the matrices updated before
   // the worker's verdict (12 bytes per parameter here: under the 1 GiB cap); serial does not.
   EXPECT_EQ(zero.OptimizerHost(), 4 * (p_lin + p_rest) + 8 * p_lin + 12 * p_lin);
   lspo::v1::JobSpec serial = spec;
   serial.set_schedule(lspo::v1::STEP_SCHEDULE_SERIAL);
-  EXPECT_EQ(Plan(serial, c, PlanMode::kZero, false).OptimizerHost(),
+  EXPECT_EQ(Plan(serial, c, lspo::v1::MODE_ZERO, false).OptimizerHost(),
             4 * (p_lin + p_rest) + 8 * p_lin);
   EXPECT_GE(zero.arena, 4 * p_lin);
   EXPECT_LT(zero.arena, 4 * p_lin + 64 * 15 + 4096);
@@ -354,7 +362,7 @@ TEST(MemoryPlanTest, StaticTermsAreExactCountsOnTheTinyShape) {
   // The loss keeps dL/dh (N x H floats, model/linear_cross_entropy.h), not N x V.
   EXPECT_EQ(lsp.activations_no_checkpointing, 4 * (2 * layer + N * 64 + N + N * 64));
   // Native keeps each linear's input instead of X Q: + N (H + qd + H + F) - N Σ d_q per layer.
-  const MemoryPlan native = Plan(spec, c, PlanMode::kNative, false);
+  const MemoryPlan native = Plan(spec, c, lspo::v1::MODE_NATIVE, false);
   EXPECT_EQ(native.activations_no_checkpointing - lsp.activations_no_checkpointing,
             4 * 2 * N * ((64 + 64 + 64 + 128) - 7 * 16));
   // With checkpointing: every layer's input, one layer recomputed.
@@ -363,17 +371,17 @@ TEST(MemoryPlanTest, StaticTermsAreExactCountsOnTheTinyShape) {
 
 TEST(MemoryPlanTest, BadSettingsAreRefusedNamingTheField) {
   lspo::v1::JobSpec spec = DeviceCheckSpec(16, -1, 32);  // 0 is unset: planned as 8
-  absl::StatusOr<MemoryPlan> p = PlanJobMemory(spec, Smol(), PlanMode::kLsp, true);
+  absl::StatusOr<MemoryPlan> p = PlanJobMemory(spec, Smol(), lspo::v1::MODE_LSP, true);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("micro_batch_size"), std::string::npos) << p.status();
   spec = DeviceCheckSpec(16, 1, 32);
   spec.mutable_galore()->set_rank(4096);
-  p = PlanJobMemory(spec, Smol(), PlanMode::kGalore, true);
+  p = PlanJobMemory(spec, Smol(), lspo::v1::MODE_GALORE, true);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("rank"), std::string::npos) << p.status();
   spec = DeviceCheckSpec(16, 1, 32);
   spec.mutable_lsp()->set_r(0);
-  p = PlanJobMemory(spec, Smol(), PlanMode::kLsp, true);
+  p = PlanJobMemory(spec, Smol(), lspo::v1::MODE_LSP, true);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("lsp"), std::string::npos) << p.status();
 }
@@ -396,7 +404,7 @@ TEST(MemoryPlanTest, AnHfFolderNeedsOnlyItsConfigToBePlanned) {
   absl::StatusOr<model::LlamaConfig> c = LoadJobModelConfig(spec);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->NumParameters(), 1100048384);
-  const MemoryPlan lsp = Plan(spec, *c, PlanMode::kLsp, true);
+  const MemoryPlan lsp = Plan(spec, *c, lspo::v1::MODE_LSP, true);
   // bf16 on CUDA: 2 bytes per trained element, untied lm_head and embedding in fp32.
   EXPECT_EQ(lsp.device_static[0].bytes, 2 * 968884224LL);
   EXPECT_EQ(lsp.device_static[1].bytes, 4 * (1100048384LL - 968884224LL));

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Chat-template oracle for model/jinja.h and model/chat_template.h
-(tests/model/chat_template_test.cc).
+"""Chat-template oracle for text/jinja.h and text/chat_template.h
+(tests/text/chat_template_test.cc).
 
 Two parts, both rendered by transformers (5.x) itself:
   * "engine": small templates that exercise the Jinja subset (statements, expressions,

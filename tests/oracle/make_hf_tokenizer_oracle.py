@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hugging Face tokenizer.json folders and their oracle ids for tests/model/hf_tokenizer_test.cc.
+"""Hugging Face tokenizer.json folders and their oracle ids for tests/text/hf_tokenizer_test.cc.
 
 Run from the repository root (needs `tokenizers` and `transformers`; no GPU, no network):
     /opt/oracle/bin/python tests/oracle/make_hf_tokenizer_oracle.py

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Oracle for tests/scheduler/tensorboard_test.cc: TensorBoard's own events writer and reader.
+"""Oracle for tests/report/tensorboard_test.cc: TensorBoard's own events writer and reader.
 
 1. Writes tests/oracle/data/tensorboard_oracle.json with the fixed list of scalars
    (tag, step, value, wall_time) below.
@@ -8,7 +8,7 @@
    summary.value[0].simple_value, as its SummaryWriter does) and keeps the file as
    tests/oracle/data/tensorboard_events.tfevents.
 3. Runs the C++ test binary in its oracle mode (LSPO_TB_ORACLE_OUT=DIR), which writes the
-   same scalars, read from the JSON, with scheduler/tensorboard.h's EventFileWriter into DIR.
+   same scalars, read from the JSON, with report/tensorboard.h's EventFileWriter into DIR.
 4. Reads that C++-written file back with tensorboard's EventAccumulator
    (tensorboard.backend.event_processing.event_accumulator) and stores, per tag, the
    (step, value, wall_time) it reports in the JSON ("read_back"). It also checks here that
@@ -94,7 +94,7 @@ def read_back(path):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--test_binary", default="build/tests/scheduler/tensorboard_test")
+    ap.add_argument("--test_binary", default="build/tests/report/tensorboard_test")
     args = ap.parse_args()
     oracle = {"tensorboard_version": tensorboard.__version__, "scalars": scalars_json()}
     with open(OUT_JSON, "w") as f:

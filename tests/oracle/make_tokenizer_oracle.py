@@ -1,5 +1,5 @@
 #!/opt/oracle/bin/python
-"""Oracle token ids for tests/model/tokenizer_test.cc (and the ChatML template text).
+"""Oracle token ids for tests/text/tokenizer_test.cc (and the ChatML template text).
 
 Run from the repository root:
     /opt/oracle/bin/python tests/oracle/make_tokenizer_oracle.py

@@ -22,11 +22,11 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "report/tensorboard.h"
+#include "report/tensorboard_scalars.h"
 #include "scheduler/checkpoint.h"
 #include "scheduler/job_spec.h"
 #include "scheduler/scheduler_core.h"
-#include "scheduler/tensorboard.h"
-#include "scheduler/tensorboard_scalars.h"
 #include "absl/strings/str_format.h"
 #include "tests/scheduler/fake_peers.h"
 

@@ -1,0 +1,67 @@
+// The kernels behind the operations of projector.h (internal to lsp/): the operand checks, the
+// compute dtype, the kernel choice (ATen forced, LSPO_CUDA_KERNELS), the sparse products P^T X
+// and P E on any device, and (X P)^T for several projectors at once. Dimension legend:
+// projector.h. Operands are already validated (projector.h "Error handling"): a mismatch is a
+// programmer error and is CHECKed.
+//
+// Thread-safety: the kernels are pure functions of their operands; the kernel choice is
+// process-wide (atomics set by projector.h internal::SetForceAtenKernels / SetCudaKernels).
+#ifndef LSPO_LSP_PROJECTOR_KERNELS_H_
+#define LSPO_LSP_PROJECTOR_KERNELS_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "lsp/apply_kernel.h"
+#include "lsp/projector.h"
+
+namespace lspo::lsp::kernels {
+
+// Compute dtype of the kernels: fp64 stays fp64, everything else is accumulated in fp32.
+at::ScalarType AccumType(at::ScalarType t);
+
+// CHECKs that `t`, operand `name` of function `fn`, is a defined 2-D floating tensor.
+void CheckOperand(const at::Tensor& t, const char* fn, const char* name);
+
+// CHECKs that projector `name` of function `fn` is non-empty, on `operand`'s device, and that
+// its index and value are both (P.rows, P.r).
+void CheckProjector(const SparseProjector& P, const char* fn, const char* name,
+                    const at::Tensor& operand);
+
+// True when every kernel must use ATen index ops (internal::SetForceAtenKernels(true)).
+bool ForceAten();
+
+// The kernels for CUDA tensors: 1 = the project's kernels for everything (lsp/cuda), 0 = ATen
+// index ops for everything, 2 = the default (the fused apply, ATen for the compression). Read
+// from LSPO_CUDA_KERNELS (custom / aten / unset) on first use, or set by
+// internal::SetCudaKernels.
+int CudaKernelChoice();
+
+// The kernels' storage code of a weight or input dtype in `out`; false for dtypes they do not
+// take (fp64 and non-floating types).
+bool KernelDtype(at::ScalarType t, WeightDtype* out);
+
+// P^T X (d, K) in X's dtype for X (rows, K), index (rows, r) int64, value (rows, r); no
+// autograd. CPU loops for fp32/fp64 on the CPU, ATen index ops elsewhere.
+at::Tensor ScatterKernel(const at::Tensor& X, const at::Tensor& index, const at::Tensor& value,
+                         int64_t d);
+
+// P E (rows, K) in E's dtype for E (d, K), index (rows, r) int64, value (rows, r); no
+// autograd. CPU loops for fp32/fp64 on the CPU, ATen index ops elsewhere.
+at::Tensor GatherKernel(const at::Tensor& E, const at::Tensor& index, const at::Tensor& value);
+
+// (X P)^T (P.d, N), contiguous in `acc` (fp32 or fp64), for X (N, rows) and each projector of
+// `ps` (all with P.rows == rows, checked by the caller). A dense projector: one GEMM (BLAS /
+// cuBLAS), any device. CPU, fp32 accumulation, nothing needing a gradient: one token-tiled pass
+// over X for all the sparse ones (lsp/project_kernel.h). Otherwise per projector: the CUDA
+// kernel (LSPO_CUDA_KERNELS=custom) or the differentiable scatter on X^T (ATen index ops; the
+// CPU loops for fp64).
+std::vector<at::Tensor> RowsTimesPT(const at::Tensor& X,
+                                    const std::vector<const SparseProjector*>& ps,
+                                    at::ScalarType acc);
+
+}  // namespace lspo::lsp::kernels
+
+#endif  // LSPO_LSP_PROJECTOR_KERNELS_H_
