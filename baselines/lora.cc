@@ -48,9 +48,9 @@ absl::Status CheckSettings(LoraSettings* s, const model::LlamaModel& model) {
   std::set<std::string> seen;
   for (const std::string& m : s->target_modules) {
     if (!KnownModule(m)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "LoRA target module '", m, "' is not a linear of this model; use any of ",
-          absl::StrJoin(kLoraModuleNames, ", ")));
+      return absl::InvalidArgumentError(absl::StrCat("LoRA target module '", m,
+                                                     "' is not a linear of this model; use any of ",
+                                                     absl::StrJoin(kLoraModuleNames, ", ")));
     }
     if (!seen.insert(m).second) {
       return absl::InvalidArgumentError(
@@ -115,8 +115,7 @@ void LoraAdapter::Attach(model::LlamaModel* model) {
   model->SetLinearImpl(shared_from_this());
 }
 
-at::Tensor LoraAdapter::Forward(const at::Tensor& x2d, const at::Tensor& w,
-                                int64_t linear_index) {
+at::Tensor LoraAdapter::Forward(const at::Tensor& x2d, const at::Tensor& w, int64_t linear_index) {
   at::Tensor y = model::UpcastLinear(x2d, w);  // (N, m); no upcast copy of 16-bit W kept
   if (!targets(linear_index)) return y;
   const at::Tensor& a = A(linear_index);  // (r, n)
@@ -180,8 +179,7 @@ std::vector<std::pair<std::string, at::Tensor>> LoraAdapter::MergedTensors(
 std::string LoraAdapter::PeftKey(const std::string& hf_weight_name, char which) {
   std::string module = hf_weight_name;
   if (absl::EndsWith(module, ".weight")) module.resize(module.size() - 7);
-  return absl::StrCat("base_model.model.", module, which == 'A' ? ".lora_A" : ".lora_B",
-                      ".weight");
+  return absl::StrCat("base_model.model.", module, which == 'A' ? ".lora_A" : ".lora_B", ".weight");
 }
 
 absl::StatusOr<std::vector<std::string>> WritePeftAdapter(const LoraAdapter& adapter,
@@ -233,22 +231,22 @@ absl::StatusOr<std::shared_ptr<LoraAdapter>> ReadPeftAdapter(const std::string& 
       at::Tensor& dst = which == 'A' ? adapter->A(i) : adapter->B(i);
       absl::StatusOr<std::vector<int64_t>> shape = file.shape(key);
       if (!shape.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "adapter '", weights_path, "' has no tensor ", key, ", which the config's target ",
-            "modules imply"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("adapter '", weights_path, "' has no tensor ", key,
+                         ", which the config's target ", "modules imply"));
       }
       if (*shape != dst.sizes().vec()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "adapter '", weights_path, "': tensor ", key, " has shape [",
-            absl::StrJoin(*shape, ", "), "] but the model needs [",
-            absl::StrJoin(dst.sizes().vec(), ", "), "] (r = ", s.r, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("adapter '", weights_path, "': tensor ", key, " has shape [",
+                         absl::StrJoin(*shape, ", "), "] but the model needs [",
+                         absl::StrJoin(dst.sizes().vec(), ", "), "] (r = ", s.r, ")"));
       }
       at::Tensor host = at::empty(dst.sizes(), at::kFloat);
       RETURN_IF_ERROR(file.ReadF32Into(
           key, absl::Span<float>(host.data_ptr<float>(), static_cast<size_t>(host.numel()))));
       if (!at::isfinite(host).all().item<bool>()) {
-        return absl::DataLossError(absl::StrCat("adapter '", weights_path, "': tensor ", key,
-                                                " holds non-finite values"));
+        return absl::DataLossError(
+            absl::StrCat("adapter '", weights_path, "': tensor ", key, " holds non-finite values"));
       }
       at::NoGradGuard no_grad;
       dst.copy_(host);

@@ -50,8 +50,7 @@ class LoraAdapter final : public model::LinearImpl,
   // kLoraModuleNames (or named twice), or r exceeds the smaller side of a target matrix (the
   // message names the matrix and its shape).
   static absl::StatusOr<std::shared_ptr<LoraAdapter>> Create(const model::LlamaModel& model,
-                                                             LoraSettings settings,
-                                                             uint64_t seed);
+                                                             LoraSettings settings, uint64_t seed);
 
   // Makes `model` compute through the adapters: target linears kCustom, the others kFrozen,
   // model->SetLinearImpl(this). The base weights get no gradient. `model` must be the one the

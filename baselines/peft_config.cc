@@ -10,10 +10,7 @@
 #include "runtime/json_text.h"
 
 namespace lspo::baselines {
-namespace {
-
-
-}  // namespace
+namespace {}  // namespace
 
 double LoraSettings::Scaling() const {
   return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
@@ -39,20 +36,21 @@ absl::StatusOr<LoraSettings> ParsePeftAdapterConfig(absl::string_view text,
     return bad("lora_alpha", "must be a number");
   }
   if (!field_is("bias", "none")) {
-    return absl::UnimplementedError(absl::StrCat("adapter config '", config_path,
-                                                 "': bias ", runtime::JsonForMessage(c["bias"]),
+    return absl::UnimplementedError(absl::StrCat("adapter config '", config_path, "': bias ",
+                                                 runtime::JsonForMessage(c["bias"]),
                                                  " is not supported; only \"none\""));
   }
   // PEFT features this reader does not implement must be off: false, null or empty.
   for (const char* off : {"fan_in_fan_out", "use_dora", "lora_bias", "use_qalora"}) {
     if (!field_is(off, false)) {
       return absl::UnimplementedError(absl::StrCat("adapter config '", config_path, "': ", off,
-                                                   " = ", runtime::JsonForMessage(c[off]), " is not supported"));
+                                                   " = ", runtime::JsonForMessage(c[off]),
+                                                   " is not supported"));
     }
   }
-  for (const char* empty : {"rank_pattern", "alpha_pattern", "layers_to_transform",
-                            "layer_replication", "exclude_modules", "modules_to_save",
-                            "target_parameters", "trainable_token_indices"}) {
+  for (const char* empty :
+       {"rank_pattern", "alpha_pattern", "layers_to_transform", "layer_replication",
+        "exclude_modules", "modules_to_save", "target_parameters", "trainable_token_indices"}) {
     if (c.contains(empty) && !c[empty].is_null() && !c[empty].empty()) {
       return absl::UnimplementedError(absl::StrCat("adapter config '", config_path, "': ", empty,
                                                    " = ", runtime::JsonForMessage(c[empty]),
@@ -62,8 +60,8 @@ absl::StatusOr<LoraSettings> ParsePeftAdapterConfig(absl::string_view text,
   LoraSettings s;
   s.r = c["r"].get<int64_t>();
   s.alpha = c["lora_alpha"].get<double>();
-  s.use_rslora = c.contains("use_rslora") && c["use_rslora"].is_boolean() &&
-                 c["use_rslora"].get<bool>();
+  s.use_rslora =
+      c.contains("use_rslora") && c["use_rslora"].is_boolean() && c["use_rslora"].get<bool>();
   const nlohmann::json& tm = c.contains("target_modules") ? c["target_modules"] : nlohmann::json();
   if (tm.is_string() && tm == "all-linear") {
     // PEFT: every linear but the output layer.

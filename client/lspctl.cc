@@ -51,9 +51,9 @@
 #include "client/lspctl_commands.h"
 #include "client/model_tools.h"
 #include "client/prometheus.h"
-#include "offload/training_mode.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
+#include "offload/training_mode.h"
 #include "proto/job_spec.pb.h"
 #include "proto/metrics.pb.h"
 #include "proto/scheduler.grpc.pb.h"
@@ -64,7 +64,7 @@
 #include "runtime/proto_json.h"
 #include "runtime/rpc_status.h"
 #include "runtime/status_macros.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 
 ABSL_FLAG(std::string, spec, "", "job spec file (.yaml, .yml or .json) for run/submit");
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:50060", "scheduler address for remote commands");

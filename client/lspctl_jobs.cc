@@ -33,9 +33,9 @@
 #include "client/lspctl_commands.h"
 #include "client/model_tools.h"
 #include "client/prometheus.h"
-#include "offload/training_mode.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
+#include "offload/training_mode.h"
 #include "proto/job_spec.pb.h"
 #include "proto/metrics.pb.h"
 #include "proto/scheduler.grpc.pb.h"
@@ -46,8 +46,7 @@
 #include "runtime/proto_json.h"
 #include "runtime/rpc_status.h"
 #include "runtime/status_macros.h"
-#include "scheduler/job_spec.h"
-
+#include "spec/job_spec.h"
 
 namespace lspo::lspctl {
 namespace {
@@ -142,10 +141,11 @@ void PrintEval(const lspo::v1::EvalMetrics& e, bool classification, bool earlier
               earlier ? " (earlier run, before the resume)" : "", line.c_str(), e.examples(),
               e.seconds());
   if (e.generated_examples() > 0) {
-    std::printf("    exact match %.4f, tag precision %.4f, recall %.4f, F1 %.4f over %d "
-                "generated answers (%.1f s)\n",
-                e.exact_match(), e.precision(), e.recall(), e.f1(), e.generated_examples(),
-                e.generation_seconds());
+    std::printf(
+        "    exact match %.4f, tag precision %.4f, recall %.4f, F1 %.4f over %d "
+        "generated answers (%.1f s)\n",
+        e.exact_match(), e.precision(), e.recall(), e.f1(), e.generated_examples(),
+        e.generation_seconds());
     for (const auto& g : e.samples()) {
       std::printf("    want \"%s\"  got \"%s\"  F1 %.2f\n", OneLine(g.reference()).c_str(),
                   OneLine(g.prediction()).c_str(), g.f1());
@@ -154,14 +154,14 @@ void PrintEval(const lspo::v1::EvalMetrics& e, bool classification, bool earlier
 }
 
 void PrintData(const lspo::v1::DataSummary& d) {
-  std::printf("\n  %s data %s (%s): %lld example%s of %lld record%s, %lld tokens, %lld loss "
-              "tokens, %lld truncated to %d, %lld skipped, longest %lld\n",
-              d.split().c_str(), d.path().c_str(), d.format().c_str(),
-              static_cast<long long>(d.examples()), d.examples() == 1 ? "" : "s",
-              static_cast<long long>(d.records()), d.records() == 1 ? "" : "s",
-              static_cast<long long>(d.tokens()), static_cast<long long>(d.loss_tokens()),
-              static_cast<long long>(d.truncated()), d.seq_len(),
-              static_cast<long long>(d.skipped()), static_cast<long long>(d.longest()));
+  std::printf(
+      "\n  %s data %s (%s): %lld example%s of %lld record%s, %lld tokens, %lld loss "
+      "tokens, %lld truncated to %d, %lld skipped, longest %lld\n",
+      d.split().c_str(), d.path().c_str(), d.format().c_str(), static_cast<long long>(d.examples()),
+      d.examples() == 1 ? "" : "s", static_cast<long long>(d.records()),
+      d.records() == 1 ? "" : "s", static_cast<long long>(d.tokens()),
+      static_cast<long long>(d.loss_tokens()), static_cast<long long>(d.truncated()), d.seq_len(),
+      static_cast<long long>(d.skipped()), static_cast<long long>(d.longest()));
   if (d.packed_rows() > 0) {
     std::printf("  packed into %lld rows of at most %d tokens\n",
                 static_cast<long long>(d.packed_rows()), d.seq_len());
@@ -231,10 +231,12 @@ int Finish(const JobStatus& s) {
   if (!s.last_error().empty()) std::printf("last error: %s\n", s.last_error().c_str());
   if (s.state() == lspo::v1::SUCCEEDED && !s.output_dir().empty()) {
     // mode lora also writes the PEFT adapter folder (docs/baselines.md).
-    const bool adapter = access((s.output_dir() + "/adapter/adapter_config.json").c_str(), R_OK) == 0;
-    std::printf("output: %s (report.html, summary.json, metrics.jsonl, events.out.tfevents.* "
-                "for tensorboard --logdir, model.safetensors, config.json, tokenizer.json%s)\n",
-                s.output_dir().c_str(), adapter ? ", adapter/ for PEFT" : "");
+    const bool adapter =
+        access((s.output_dir() + "/adapter/adapter_config.json").c_str(), R_OK) == 0;
+    std::printf(
+        "output: %s (report.html, summary.json, metrics.jsonl, events.out.tfevents.* "
+        "for tensorboard --logdir, model.safetensors, config.json, tokenizer.json%s)\n",
+        s.output_dir().c_str(), adapter ? ", adapter/ for PEFT" : "");
   } else if (IsFinished(s.state()) && !s.output_dir().empty()) {
     // A failed or cancelled job has no model, but its report and logs up to the end.
     std::printf("output: %s (report.html with the outcome, metrics.jsonl up to the end)\n",
@@ -250,7 +252,7 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
   if (path.empty()) {
     return absl::InvalidArgumentError("--spec=FILE is required (see examples/)");
   }
-  auto spec = lspo::scheduler::LoadJobSpecFile(path);
+  auto spec = lspo::spec::LoadJobSpecFile(path);
   if (!spec.ok()) return spec.status();
   if (absl::GetFlag(FLAGS_steps) < 0) {
     return absl::InvalidArgumentError(
@@ -261,14 +263,14 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
   if (const std::string mode = absl::GetFlag(FLAGS_mode); !mode.empty()) {
     absl::StatusOr<const lspo::offload::ModeDescriptor*> m = lspo::offload::ModeByName(mode);
     if (!m.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--mode=", mode, " is not a mode: use ", lspo::offload::ModeNames()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mode=", mode, " is not a mode: use ", lspo::offload::ModeNames()));
     }
     // The spec's settings of another mode would be refused with the new mode: the flag says
     // which mode to run, so they are dropped (with a note), as the lsp section is unused.
     for (const std::string& block : lspo::offload::DropOtherModesSettings(**m, &*spec)) {
-      std::fprintf(stderr, "lspctl: --mode=%s: the spec's %s settings are not used\n",
-                   mode.c_str(), block.c_str());
+      std::fprintf(stderr, "lspctl: --mode=%s: the spec's %s settings are not used\n", mode.c_str(),
+                   block.c_str());
     }
     spec->set_mode((*m)->mode);
     if (spec->has_galore()) spec->mutable_galore()->clear_offload();  // the mode says it
@@ -284,7 +286,8 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
   if (!absl::GetFlag(FLAGS_output_dir).empty()) {
     spec->set_output_dir(absl::GetFlag(FLAGS_output_dir));
   }
-  if (absl::GetFlag(FLAGS_rank) >= 0) spec->mutable_distributed()->set_rank(absl::GetFlag(FLAGS_rank));
+  if (absl::GetFlag(FLAGS_rank) >= 0)
+    spec->mutable_distributed()->set_rank(absl::GetFlag(FLAGS_rank));
   if (!absl::GetFlag(FLAGS_bind_address).empty()) {
     spec->mutable_distributed()->set_bind_address(absl::GetFlag(FLAGS_bind_address));
   }
@@ -308,7 +311,7 @@ namespace {
 // warning if a generic kernel set runs on an AVX2-or-better CPU.
 void PrintChoice(const lspo::v1::JobSpec& in, bool in_process) {
   lspo::v1::JobSpec spec = in;
-  lspo::scheduler::ResolveDefaults(&spec);
+  lspo::spec::ResolveDefaults(&spec);
   const lspo::offload::ModeDescriptor& mode = lspo::offload::ModeOf(spec);
   const bool on_worker = !mode.offloaded();
   // The mode's own settings.
@@ -324,14 +327,13 @@ void PrintChoice(const lspo::v1::JobSpec& in, bool in_process) {
       method.c_str(), spec.steps(),
       spec.has_micro_batch_size() ? absl::StrCat(spec.micro_batch_size()).c_str()
                                   : "auto (8 on the CPU; a GPU worker takes the largest that fits)",
-      spec.grad_accum(), spec.seq_len(),
-      spec.optim().lr(), lspo::runtime::EnumShortName(spec.optim().schedule()).c_str(),
-      spec.optim().warmup_steps(), spec.num_threads());
+      spec.grad_accum(), spec.seq_len(), spec.optim().lr(),
+      lspo::runtime::EnumShortName(spec.optim().schedule()).c_str(), spec.optim().warmup_steps(),
+      spec.num_threads());
   if (spec.distributed().world_size() > 1) {
     const auto& d = spec.distributed();
-    std::printf("  data parallel: rank %d of %d, rendezvous %s, %d examples per step\n",
-                d.rank(), d.world_size(),
-                d.rendezvous().empty() ? "127.0.0.1:29500" : d.rendezvous().c_str(),
+    std::printf("  data parallel: rank %d of %d, rendezvous %s, %d examples per step\n", d.rank(),
+                d.world_size(), d.rendezvous().empty() ? "127.0.0.1:29500" : d.rendezvous().c_str(),
                 spec.micro_batch_size() * spec.grad_accum() * d.world_size());
   }
   if (in_process) std::printf("  CPU BLAS: %s\n", lspo::runtime::CpuBlas().Line().c_str());
@@ -444,8 +446,8 @@ std::string ToJsonString(const google::protobuf::Message& m) {
 namespace {
 
 void PrintRow(const JobStatus& s) {
-  std::printf("%-24s %-13s %5d/%-5d %-10s %s\n", s.job_id().c_str(),
-              StateName(s.state()).c_str(), s.step(), s.total_steps(),
+  std::printf("%-24s %-13s %5d/%-5d %-10s %s\n", s.job_id().c_str(), StateName(s.state()).c_str(),
+              s.step(), s.total_steps(),
               s.has_last_step() ? absl::StrFormat("%.4f", s.last_step().loss()).c_str() : "-",
               s.error().empty() ? s.phase().c_str() : s.error().c_str());
 }
@@ -489,9 +491,10 @@ int Cancel(lspo::v1::Scheduler::Stub* stub, const std::string& job_id) {
                  job_id.c_str(), StateName(rep.state()).c_str());
     return 1;
   } else {
-    std::printf("%s: %s, cancel requested (it stops after its current step or evaluation "
-                "batch)\n",
-                job_id.c_str(), StateName(rep.state()).c_str());
+    std::printf(
+        "%s: %s, cancel requested (it stops after its current step or evaluation "
+        "batch)\n",
+        job_id.c_str(), StateName(rep.state()).c_str());
   }
   return 0;
 }

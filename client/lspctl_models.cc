@@ -33,9 +33,9 @@
 #include "client/lspctl_commands.h"
 #include "client/model_tools.h"
 #include "client/prometheus.h"
-#include "offload/training_mode.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
+#include "offload/training_mode.h"
 #include "proto/job_spec.pb.h"
 #include "proto/metrics.pb.h"
 #include "proto/scheduler.grpc.pb.h"
@@ -46,8 +46,7 @@
 #include "runtime/proto_json.h"
 #include "runtime/rpc_status.h"
 #include "runtime/status_macros.h"
-#include "scheduler/job_spec.h"
-
+#include "spec/job_spec.h"
 
 namespace lspo::lspctl {
 
@@ -70,8 +69,9 @@ int RunModelCommand(const std::string& cmd) {
 
   if (cmd == "convert") {
     if (absl::GetFlag(FLAGS_model).empty() || absl::GetFlag(FLAGS_output_dir).empty()) {
-      std::fprintf(stderr, "lspctl convert: give --model=FILE.gguf and --output_dir=DIR (a new "
-                           "or empty folder)\n");
+      std::fprintf(stderr,
+                   "lspctl convert: give --model=FILE.gguf and --output_dir=DIR (a new "
+                   "or empty folder)\n");
       return 2;
     }
     FLAGS_minloglevel = absl::GetFlag(FLAGS_verbose) ? 0 : 1;
@@ -100,13 +100,15 @@ int RunModelCommand(const std::string& cmd) {
     FLAGS_minloglevel = absl::GetFlag(FLAGS_verbose) ? 0 : 1;
     if (cmd == "generate") {
       if (absl::GetFlag(FLAGS_prompt).empty() == absl::GetFlag(FLAGS_chat).empty()) {
-        std::fprintf(stderr, "lspctl generate: give exactly one of --prompt=TEXT and "
-                             "--chat=FILE.jsonl\n");
+        std::fprintf(stderr,
+                     "lspctl generate: give exactly one of --prompt=TEXT and "
+                     "--chat=FILE.jsonl\n");
         return 2;
       }
       if (!absl::GetFlag(FLAGS_chat_template).empty() && absl::GetFlag(FLAGS_chat).empty()) {
-        std::fprintf(stderr, "lspctl generate: --chat_template applies to --chat conversations; "
-                             "a --prompt is tokenized as it is\n");
+        std::fprintf(stderr,
+                     "lspctl generate: --chat_template applies to --chat conversations; "
+                     "a --prompt is tokenized as it is\n");
         return 2;
       }
       lspo::client::GenerateCommand g;
@@ -126,10 +128,11 @@ int RunModelCommand(const std::string& cmd) {
     }
     const std::string format = absl::GetFlag(FLAGS_format);
     if (absl::GetFlag(FLAGS_data).empty() ||
-        (!format.empty() && format != "classification" && format != "text" &&
-         format != "alpaca" && format != "chat" && format != "prompt_completion")) {
-      std::fprintf(stderr, "lspctl eval: give --data=FILE and, optionally, "
-                           "--format=classification|text|alpaca|chat|prompt_completion\n");
+        (!format.empty() && format != "classification" && format != "text" && format != "alpaca" &&
+         format != "chat" && format != "prompt_completion")) {
+      std::fprintf(stderr,
+                   "lspctl eval: give --data=FILE and, optionally, "
+                   "--format=classification|text|alpaca|chat|prompt_completion\n");
       return 2;
     }
     lspo::client::EvalCommand e;
@@ -157,8 +160,8 @@ int RunModelCommand(const std::string& cmd) {
         std::printf("%d examples (%s), answer loss %.6f, answer perplexity %.4f", m->examples(),
                     f.c_str(), m->loss(), std::exp(m->loss()));
       } else {
-        std::printf("%d examples, accuracy %.4f, answer loss %.6f", m->examples(),
-                    m->accuracy(), m->loss());
+        std::printf("%d examples, accuracy %.4f, answer loss %.6f", m->examples(), m->accuracy(),
+                    m->loss());
       }
       if (m->perplexity() > 0) {
         std::printf(", perplexity of %s %.4f (%lld tokens)", e.perplexity_path.c_str(),

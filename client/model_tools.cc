@@ -21,19 +21,19 @@
 #include "model/generate.h"
 #include "model/hf_checkpoint.h"
 #include "model/llama.h"
-#include "text/chat_template.h"
 #include "nlohmann/json.hpp"
 #include "offload/hf_export.h"
 #include "offload/job_assets.h"
 #include "offload/memory_plan.h"
 #include "offload/torch_call.h"
+#include "offload/training_mode.h"
 #include "proto/job_spec.pb.h"
 #include "runtime/file_io.h"
 #include "runtime/proto_json.h"
 #include "runtime/status_macros.h"
 #include "runtime/utf8.h"
-#include "offload/training_mode.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
+#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 namespace lspo::client {
@@ -52,17 +52,18 @@ lspo::v1::JobSpec ModelSpec(const std::string& model, int32_t num_threads) {
 }
 
 absl::StatusOr<model::ChatMessage> Message(const nlohmann::json& m, const std::string& where) {
-  if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
-      !m.contains("content") || !m["content"].is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": expected a message {\"role\": \"user\", \"content\": \"...\"}; got ",
-        m.dump().substr(0, 120)));
+  if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+      !m["content"].is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": expected a message {\"role\": \"user\", \"content\": \"...\"}; got ",
+                     m.dump().substr(0, 120)));
   }
   const std::string role = m["role"].get<std::string>();
   if (role != "system" && role != "user" && role != "assistant") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": role \"", role, "\"; supported roles: system, user, assistant (as in "
-        "training data, docs/data.md)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": role \"", role,
+                     "\"; supported roles: system, user, assistant (as in "
+                     "training data, docs/data.md)"));
   }
   return model::ChatMessage{role, m["content"].get<std::string>()};
 }
@@ -73,13 +74,15 @@ absl::Status CheckModelPath(const std::string& path) {
     if (model::IsHfModelFolder(path)) return absl::OkStatus();
     if (runtime::IsRegularFile(path + "/adapter_config.json")) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--model '", path, "' is a PEFT adapter folder, not a model: give the base model as "
+          "--model '", path,
+          "' is a PEFT adapter folder, not a model: give the base model as "
           "--model and this folder as --adapter (or, for a lora job's output, the output "
           "folder itself, which holds the merged model)"));
     }
-    return absl::NotFoundError(absl::StrCat(
-        "--model '", path, "' is a folder without config.json: not a Hugging Face model "
-        "folder (give the folder save_pretrained or a job wrote)"));
+    return absl::NotFoundError(
+        absl::StrCat("--model '", path,
+                     "' is a folder without config.json: not a Hugging Face model "
+                     "folder (give the folder save_pretrained or a job wrote)"));
   }
   if (!runtime::IsRegularFile(path)) {
     return absl::NotFoundError(absl::StrCat("--model '", path, "' does not exist"));
@@ -116,8 +119,8 @@ absl::StatusOr<std::vector<std::vector<model::ChatMessage>>> ReadChats(const std
     if (absl::StripAsciiWhitespace(line).empty()) continue;
     const std::string where = absl::StrCat(path, ":", line_no);
     if (size_t bad = 0; !runtime::IsValidUtf8(line, &bad)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": invalid UTF-8 at byte ", bad + 1, " of the line; the file must be UTF-8"));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": invalid UTF-8 at byte ", bad + 1,
+                                                     " of the line; the file must be UTF-8"));
     }
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) {
@@ -176,13 +179,14 @@ absl::Status CheckNewOutputDir(const std::string& dir) {
   const std::filesystem::file_status st = std::filesystem::status(dir, ec);
   if (!std::filesystem::exists(st)) return absl::OkStatus();
   if (!std::filesystem::is_directory(st)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--output_dir '", dir, "' exists and is a file; give a new folder path"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--output_dir '", dir, "' exists and is a file; give a new folder path"));
   }
   if (!std::filesystem::is_empty(dir, ec) || ec) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--output_dir '", dir, "' exists and is not empty; convert does not overwrite: give a "
-        "new folder (or remove this one first)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--output_dir '", dir,
+                     "' exists and is not empty; convert does not overwrite: give a "
+                     "new folder (or remove this one first)"));
   }
   return absl::OkStatus();
 }
@@ -202,7 +206,7 @@ absl::Status RunGenerate(const GenerateCommand& cmd, std::FILE* out, std::FILE* 
   }
   lspo::v1::JobSpec spec = ModelSpec(cmd.model, cmd.num_threads);
   spec.mutable_model()->set_adapter_path(cmd.adapter);
-  scheduler::ResolveDefaults(&spec);
+  spec::ResolveDefaults(&spec);
   ASSIGN_OR_RETURN(model::BpeTokenizer tok, offload::LoadJobTokenizer(spec));
   ASSIGN_OR_RETURN(model::LlamaModel m, offload::LoadJobModel(spec));
   RETURN_IF_ERROR(offload::CheckTokenizerFitsModel(tok, m.config(), spec));
@@ -216,20 +220,21 @@ absl::Status RunGenerate(const GenerateCommand& cmd, std::FILE* out, std::FILE* 
   } else {
     auto tmpl = model::ChatTemplate::ForTokenizer(tok, cmd.chat_template);
     if (!tmpl.ok()) {
-      return absl::Status(tmpl.status().code(), absl::StrCat("model '", cmd.model, "': ",
-                                                             tmpl.status().message()));
+      return absl::Status(tmpl.status().code(),
+                          absl::StrCat("model '", cmd.model, "': ", tmpl.status().message()));
     }
     for (size_t i = 0; i < chats.size(); ++i) {
       auto text = tmpl->Render(chats[i], /*add_generation_prompt=*/true);
       if (!text.ok()) {
-        return absl::Status(text.status().code(),
-                            absl::StrCat(cmd.chat_file, ": conversation ", i + 1, ": ",
-                                         text.status().message()));
+        return absl::Status(
+            text.status().code(),
+            absl::StrCat(cmd.chat_file, ": conversation ", i + 1, ": ", text.status().message()));
       }
       if (text->text.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            cmd.chat_file, ": conversation ", i + 1, ": the chat template renders it as empty "
-            "text; check the template (--chat_template or the model's)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(cmd.chat_file, ": conversation ", i + 1,
+                         ": the chat template renders it as empty "
+                         "text; check the template (--chat_template or the model's)"));
       }
       prompts.push_back(tok.Encode(text->text));
     }
@@ -241,9 +246,9 @@ absl::Status RunGenerate(const GenerateCommand& cmd, std::FILE* out, std::FILE* 
     const int64_t total = static_cast<int64_t>(p.size()) + cmd.max_new_tokens;
     if (total > limit) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "the prompt (", p.size(), " tokens) plus --max_new_tokens=", cmd.max_new_tokens,
-          " is ", total, " positions, more than the model's max_position_embeddings ", limit,
-          " (", cmd.model, " config); shorten the prompt or lower --max_new_tokens"));
+          "the prompt (", p.size(), " tokens) plus --max_new_tokens=", cmd.max_new_tokens, " is ",
+          total, " positions, more than the model's max_position_embeddings ", limit, " (",
+          cmd.model, " config); shorten the prompt or lower --max_new_tokens"));
     }
   }
   model::GenerationOptions options;
@@ -287,7 +292,7 @@ std::string EvalFormat(const EvalCommand& cmd) {
   if (absl::EndsWith(cmd.data, ".jsonl") || absl::EndsWith(cmd.data, ".json")) {
     lspo::v1::JobSpec probe;
     probe.mutable_data()->set_train_path(cmd.data);
-    scheduler::ResolveDefaults(&probe);  // detected from the keys of the first record
+    spec::ResolveDefaults(&probe);  // detected from the keys of the first record
     return runtime::EnumShortName(probe.data().format());
   }
   return "text";
@@ -325,14 +330,15 @@ absl::StatusOr<lspo::v1::EvalMetrics> RunEval(const EvalCommand& cmd) {
   auto known = std::find_if(std::begin(kFormats), std::end(kFormats),
                             [&](const auto& f) { return format == f.first; });
   if (known == std::end(kFormats)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "lspctl eval: --format=", format, " is not a data format; use classification, text, "
-        "alpaca, chat or prompt_completion"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("lspctl eval: --format=", format,
+                     " is not a data format; use classification, text, "
+                     "alpaca, chat or prompt_completion"));
   }
   data->set_format(known->second);
   spec.set_seq_len(cmd.seq_len);
-  scheduler::ResolveDefaults(&spec);
-  RETURN_IF_ERROR(scheduler::ValidateJobSpec(spec));
+  spec::ResolveDefaults(&spec);
+  RETURN_IF_ERROR(spec::ValidateJobSpec(spec));
   worker::WorkerCore core;
   RETURN_IF_ERROR(core.LoadJob("eval", spec).status());
   auto metrics = core.Evaluate("eval", 0);
@@ -350,17 +356,19 @@ absl::Status RunConvert(const ConvertCommand& cmd) {
   }
   RETURN_IF_ERROR(SetThreads(cmd.num_threads));
   if (runtime::IsDirectory(cmd.model)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--model '", cmd.model, "' is a folder; convert reads a GGUF file (a Hugging Face model "
-        "folder needs no conversion: give it as --model or model.path)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model '", cmd.model,
+                     "' is a folder; convert reads a GGUF file (a Hugging Face model "
+                     "folder needs no conversion: give it as --model or model.path)"));
   }
   if (!runtime::IsRegularFile(cmd.model)) {
     return absl::NotFoundError(absl::StrCat("--model '", cmd.model, "' does not exist"));
   }
   if (!HasGgufMagic(cmd.model)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--model '", cmd.model, "' is not a GGUF file (it does not start with \"GGUF\"); give "
-        "a llama.cpp GGUF model file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model '", cmd.model,
+                     "' is not a GGUF file (it does not start with \"GGUF\"); give "
+                     "a llama.cpp GGUF model file"));
   }
   RETURN_IF_ERROR(CheckNewOutputDir(cmd.output_dir));
   lspo::v1::JobSpec spec = ModelSpec(cmd.model, cmd.num_threads);
@@ -378,8 +386,8 @@ absl::Status RunConvert(const ConvertCommand& cmd) {
   std::filesystem::remove_all(tmp, ec);
   const offload::NamedTensors weights = m.NamedTensors();
   absl::Status st = offload::TorchCall("convert", [&]() -> absl::Status {
-    return offload::WriteHfModelFolder(m.config(), tok, /*generation_config_source=*/"",
-                                       &weights, tmp)
+    return offload::WriteHfModelFolder(m.config(), tok, /*generation_config_source=*/"", &weights,
+                                       tmp)
         .status();
   });
   if (st.ok() && std::rename(tmp.c_str(), dest.c_str()) != 0) {
@@ -408,7 +416,7 @@ absl::Status RunPlan(const PlanCommand& cmd, std::FILE* out) {
     spec.set_device(cmd.device == "cpu" ? lspo::v1::DEVICE_CPU : lspo::v1::DEVICE_CUDA);
   }
   const bool assumed_cuda = spec.device() == lspo::v1::DEVICE_UNSPECIFIED;
-  scheduler::ResolveDefaults(&spec);
+  spec::ResolveDefaults(&spec);
   const bool cuda = spec.device() != lspo::v1::DEVICE_CPU;
   ASSIGN_OR_RETURN(model::LlamaConfig config, offload::LoadJobModelConfig(spec));
   const lspo::v1::TrainingMode own = offload::ModeOf(spec).mode;

@@ -26,10 +26,10 @@
 namespace lspo::client {
 
 struct GenerateCommand {
-  std::string model;   // HF folder or GGUF file
+  std::string model;    // HF folder or GGUF file
   std::string adapter;  // PEFT LoRA adapter folder merged into `model` (JobSpec model.adapter_path)
-  std::string prompt;  // plain text (tokenized as is; the tokenizer's BOS prepended when its
-                       // post-processor adds one, as transformers' tokenizer(prompt) does)
+  std::string prompt;   // plain text (tokenized as is; the tokenizer's BOS prepended when its
+                        // post-processor adds one, as transformers' tokenizer(prompt) does)
   // JSONL file of conversations: each line {"messages": [{"role", "content"}, ...]} (one reply
   // per line), or each line one {"role", "content"} message (the whole file is one
   // conversation). Rendered with the model's chat template and the generation prompt.
@@ -66,9 +66,9 @@ struct EvalCommand {
   std::string format;   // classification, text, alpaca, chat or prompt_completion (empty:
                         // classification for .tsv, detected from the keys for .jsonl /
                         // .json as in a job, text otherwise)
-  std::string chat_template;  // as data.chat_template (empty = the model's)
-  int32_t seq_len = 0;  // 0 = the job default (128)
-  int32_t max_examples = 0;  // 0 = all
+  std::string chat_template;    // as data.chat_template (empty = the model's)
+  int32_t seq_len = 0;          // 0 = the job default (128)
+  int32_t max_examples = 0;     // 0 = all
   std::string perplexity_path;  // optional text file whose perplexity is also measured
   std::string question;         // classification: the question (empty = the job default)
   std::string system_prompt;    // classification: the system turn (empty = the model's default)
@@ -86,8 +86,8 @@ std::string EvalFormat(const EvalCommand& cmd);
 absl::StatusOr<lspo::v1::EvalMetrics> RunEval(const EvalCommand& cmd);
 
 struct ConvertCommand {
-  std::string model;       // a Llama-architecture GGUF file
-  std::string output_dir;  // the HF folder to write: must not exist, or be an empty folder
+  std::string model;        // a Llama-architecture GGUF file
+  std::string output_dir;   // the HF folder to write: must not exist, or be an empty folder
   int32_t num_threads = 0;  // 0 = all cores
 };
 

@@ -72,10 +72,14 @@ std::string EscapeLabelValue(absl::string_view value) {
   std::string out;
   out.reserve(value.size());
   for (char c : value) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -90,34 +94,39 @@ std::string FormatSampleValue(double v) {
 
 std::string JobsToPrometheus(const lspo::v1::ListJobsReply& jobs) {
   std::string out;
-  AppendFamily(jobs, "lspo_job_step", "Optimizer steps completed.",
-               [](const JobStatus& s) { return One(s.step()); }, &out);
-  AppendFamily(jobs, "lspo_job_total_steps", "Optimizer steps the job runs in total.",
-               [](const JobStatus& s) { return One(s.total_steps()); }, &out);
-  AppendFamily(jobs, "lspo_job_loss", "Mean training loss of the last step.",
-               [](const JobStatus& s) { return IfStep(s, s.last_step().loss()); }, &out);
-  AppendFamily(jobs, "lspo_job_lr", "Learning rate of the last step.",
-               [](const JobStatus& s) { return IfStep(s, s.last_step().lr()); }, &out);
-  AppendFamily(jobs, "lspo_job_tokens_per_second", "Input tokens per second of the last step.",
-               [](const JobStatus& s) { return IfStep(s, s.last_step().tokens_per_second()); },
-               &out);
-  AppendFamily(jobs, "lspo_job_eta_seconds",
-               "Estimated seconds until the job ends (0 = unknown or done).",
-               [](const JobStatus& s) { return One(s.eta_seconds()); }, &out);
+  AppendFamily(
+      jobs, "lspo_job_step", "Optimizer steps completed.",
+      [](const JobStatus& s) { return One(s.step()); }, &out);
+  AppendFamily(
+      jobs, "lspo_job_total_steps", "Optimizer steps the job runs in total.",
+      [](const JobStatus& s) { return One(s.total_steps()); }, &out);
+  AppendFamily(
+      jobs, "lspo_job_loss", "Mean training loss of the last step.",
+      [](const JobStatus& s) { return IfStep(s, s.last_step().loss()); }, &out);
+  AppendFamily(
+      jobs, "lspo_job_lr", "Learning rate of the last step.",
+      [](const JobStatus& s) { return IfStep(s, s.last_step().lr()); }, &out);
+  AppendFamily(
+      jobs, "lspo_job_tokens_per_second", "Input tokens per second of the last step.",
+      [](const JobStatus& s) { return IfStep(s, s.last_step().tokens_per_second()); }, &out);
+  AppendFamily(
+      jobs, "lspo_job_eta_seconds", "Estimated seconds until the job ends (0 = unknown or done).",
+      [](const JobStatus& s) { return One(s.eta_seconds()); }, &out);
   AppendFamily(jobs, "lspo_job_state", "1 for the job's current state, 0 for the others.",
                StateSamples, &out);
-  AppendFamily(jobs, "lspo_job_step_seconds", "Wall time of the last step, seconds.",
-               [](const JobStatus& s) { return IfStep(s, s.last_step().step_seconds()); }, &out);
+  AppendFamily(
+      jobs, "lspo_job_step_seconds", "Wall time of the last step, seconds.",
+      [](const JobStatus& s) { return IfStep(s, s.last_step().step_seconds()); }, &out);
   AppendFamily(jobs, "lspo_job_step_phase_seconds",
                "Seconds of the last step per phase (overlapping phases need not add up).",
                PhaseSamples, &out);
-  AppendFamily(jobs, "lspo_job_projector_error",
-               "Mean relative estimation bias of the projectors after the last fit.",
-               [](const JobStatus& s) {
-                 return s.mean_projector_error() > 0 ? One(s.mean_projector_error())
-                                                     : std::vector<Sample>{};
-               },
-               &out);
+  AppendFamily(
+      jobs, "lspo_job_projector_error",
+      "Mean relative estimation bias of the projectors after the last fit.",
+      [](const JobStatus& s) {
+        return s.mean_projector_error() > 0 ? One(s.mean_projector_error()) : std::vector<Sample>{};
+      },
+      &out);
   return out;
 }
 

@@ -4,7 +4,6 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/process_env.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -12,6 +11,7 @@
 #include "glog/logging.h"
 #include "runtime/cpu_blas.h"
 #include "runtime/grpc_flags.h"
+#include "runtime/process_env.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50062",
           "host:port to serve lspo.v1.Optimizer on (loopback by default)");
@@ -21,7 +21,8 @@ ABSL_FLAG(std::vector<std::string>, allowed_roots, {},
 int main(int argc, char** argv) {
   lspo::runtime::UsePassiveOpenMpWaits(argc, argv);
   lspo::runtime::UseOneMallocArena();
-  absl::SetProgramUsageMessage("LSP-Offload CPU optimizer service. Usage: lsp_cpu_optimizer --listen=127.0.0.1:50062");
+  absl::SetProgramUsageMessage(
+      "LSP-Offload CPU optimizer service. Usage: lsp_cpu_optimizer --listen=127.0.0.1:50062");
   absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;

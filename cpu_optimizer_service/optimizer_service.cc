@@ -4,8 +4,7 @@
 
 namespace lspo::optimizer {
 
-grpc::Status OptimizerService::LoadJob(grpc::ServerContext*,
-                                       const lspo::v1::LoadJobRequest* req,
+grpc::Status OptimizerService::LoadJob(grpc::ServerContext*, const lspo::v1::LoadJobRequest* req,
                                        lspo::v1::LoadJobReply* out) {
   auto r = core_->LoadJob(req->job_id(), req->spec(), req->arena());
   if (!r.ok()) return rpc::ToGrpc(r.status());
@@ -52,11 +51,11 @@ grpc::Status OptimizerService::UnloadJob(grpc::ServerContext*,
 }
 
 grpc::Status OptimizerService::SaveState(grpc::ServerContext*, const lspo::v1::StateRequest* req,
-                                  lspo::v1::StateReply* out) {
+                                         lspo::v1::StateReply* out) {
   return rpc::Reply(core_->SaveState(req->job_id(), req->dir(), req->step()), out);
 }
 grpc::Status OptimizerService::LoadState(grpc::ServerContext*, const lspo::v1::StateRequest* req,
-                                  lspo::v1::StateReply* out) {
+                                         lspo::v1::StateReply* out) {
   return rpc::Reply(core_->LoadState(req->job_id(), req->dir(), req->step()), out);
 }
 

@@ -3,9 +3,9 @@
 #define LSPO_CPU_OPTIMIZER_SERVICE_OPTIMIZER_SERVICE_H_
 
 #include "cpu_optimizer_service/optimizer_core.h"
+#include "proto/optimizer.grpc.pb.h"
 #include "proto/optimizer.pb.h"
 #include "proto/peer.pb.h"
-#include "proto/optimizer.grpc.pb.h"
 
 namespace lspo::optimizer {
 

@@ -17,8 +17,8 @@
 #include "data/sft.h"
 #include "nlohmann/json.hpp"
 #include "runtime/file_io.h"
-#include "runtime/status_macros.h"
 #include "runtime/json_text.h"
+#include "runtime/status_macros.h"
 #include "text/chat_template.h"
 
 namespace lspo::data {
@@ -50,9 +50,9 @@ absl::StatusOr<LabeledText> JsonToLabeled(const JsonRecord& r) {
   auto label = j.find("label");
   auto text = j.find("text");
   if (label == j.end() || !label->is_string() || text == j.end() || !text->is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        r.where, ": the object needs string fields \"label\" and \"text\"; saw ",
-        runtime::JsonForMessage(j, 120)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(r.where, ": the object needs string fields \"label\" and \"text\"; saw ",
+                     runtime::JsonForMessage(j, 120)));
   }
   LabeledText out{label->get<std::string>(), text->get<std::string>()};
   if (out.label.empty()) {
@@ -69,8 +69,8 @@ std::vector<model::ChatMessage> ClassificationMessages(absl::string_view text,
                                                        absl::string_view answer = "") {
   std::vector<model::ChatMessage> messages;
   if (!system_prompt.empty()) messages.push_back({"system", std::string(system_prompt)});
-  messages.push_back({"user", question.empty() ? std::string(text)
-                                               : absl::StrCat(question, "\n\n", text)});
+  messages.push_back(
+      {"user", question.empty() ? std::string(text) : absl::StrCat(question, "\n\n", text)});
   if (!answer.empty()) messages.push_back({"assistant", std::string(answer)});
   return messages;
 }
@@ -89,19 +89,17 @@ absl::StatusOr<std::string> RenderPrompt(const model::ChatTemplate& tmpl, absl::
 // uncut prompt (returned as they are when they fit).
 absl::StatusOr<std::vector<int32_t>> FitPrompt(const model::BpeTokenizer& tok,
                                                const model::ChatTemplate& tmpl,
-                                               absl::string_view text,
-                                               absl::string_view question,
-                                               absl::string_view system_prompt,
-                                               int64_t budget, int64_t answer_tokens,
-                                               std::vector<int32_t> full) {
+                                               absl::string_view text, absl::string_view question,
+                                               absl::string_view system_prompt, int64_t budget,
+                                               int64_t answer_tokens, std::vector<int32_t> full) {
   if (static_cast<int64_t>(full.size()) <= budget) return full;
   ASSIGN_OR_RETURN(std::string empty, RenderPrompt(tmpl, "", question, system_prompt));
   const int64_t overhead = static_cast<int64_t>(tok.Encode(empty).size());
   if (overhead > budget) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_len ", budget + answer_tokens, " cannot hold the chat prompt (", overhead,
-        " tokens with an empty message) plus the answer (", answer_tokens,
-        " tokens); raise max_len or shorten the question/system prompt"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_len ", budget + answer_tokens, " cannot hold the chat prompt (", overhead,
+                     " tokens with an empty message) plus the answer (", answer_tokens,
+                     " tokens); raise max_len or shorten the question/system prompt"));
   }
   // Cut at the byte end of the first k text tokens, verify, and shrink k until it fits. The
   // prompt-internal tokenisation can differ from Encode(text) at the message start, hence the
@@ -145,9 +143,9 @@ absl::StatusOr<std::vector<LabeledText>> ParseLabeledTsv(absl::string_view conte
     std::string decoded = IsValidUtf8(line) ? std::string(line) : Latin1ToUtf8(line);
     size_t tab = decoded.find('\t');
     if (tab == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ":", line_no, ": no tab in '", decoded.substr(0, 60),
-          "'; expected label<TAB>text"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": no tab in '",
+                                                     decoded.substr(0, 60),
+                                                     "'; expected label<TAB>text"));
     }
     if (tab == 0) {
       return absl::InvalidArgumentError(
@@ -194,12 +192,9 @@ struct PromptAndAnswer {
   std::vector<int32_t> answer;
 };
 
-absl::StatusOr<PromptAndAnswer> SplitClassificationChat(const model::BpeTokenizer& tok,
-                                                        const model::ChatTemplate& tmpl,
-                                                        absl::string_view text,
-                                                        absl::string_view label,
-                                                        absl::string_view question,
-                                                        absl::string_view system_prompt) {
+absl::StatusOr<PromptAndAnswer> SplitClassificationChat(
+    const model::BpeTokenizer& tok, const model::ChatTemplate& tmpl, absl::string_view text,
+    absl::string_view label, absl::string_view question, absl::string_view system_prompt) {
   SftRecord record;
   record.messages = ClassificationMessages(text, question, system_prompt, label);
   record.where = "classification example";
@@ -207,9 +202,12 @@ absl::StatusOr<PromptAndAnswer> SplitClassificationChat(const model::BpeTokenize
       TokenizeSftRecord(record, tok, &tmpl, std::numeric_limits<int>::max());
   if (!whole.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        whole.status().message(), system_prompt.empty() ? "" :
-        " (with data.system_prompt set: some templates, Mistral v0.3's for one, drop the system "
-        "turn unless the last turn is the user's; leave data.system_prompt empty)"));
+        whole.status().message(),
+        system_prompt.empty()
+            ? ""
+            : " (with data.system_prompt set: some templates, Mistral v0.3's for one, drop the "
+              "system "
+              "turn unless the last turn is the user's; leave data.system_prompt empty)"));
   }
   if (whole->input_ids.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -224,14 +222,10 @@ absl::StatusOr<PromptAndAnswer> SplitClassificationChat(const model::BpeTokenize
   return out;
 }
 
-absl::StatusOr<TokenizedExample> BuildClassificationChat(const model::BpeTokenizer& tokenizer,
-                                                         const model::ChatTemplate& chat_template,
-                                                         absl::string_view text,
-                                                         absl::string_view label,
-                                                         absl::string_view question,
-                                                         absl::string_view system_prompt,
-                                                         int max_len, bool* truncated,
-                                                         int64_t* full_length) {
+absl::StatusOr<TokenizedExample> BuildClassificationChat(
+    const model::BpeTokenizer& tokenizer, const model::ChatTemplate& chat_template,
+    absl::string_view text, absl::string_view label, absl::string_view question,
+    absl::string_view system_prompt, int max_len, bool* truncated, int64_t* full_length) {
   if (label.empty()) {
     return absl::InvalidArgumentError("BuildClassificationChat: empty label; pass the class name");
   }
@@ -281,8 +275,8 @@ absl::StatusOr<TokenizedExample> BuildClassificationPrompt(const model::BpeToken
 
 // ---------------------------------------------------------------------------------------------
 absl::StatusOr<std::vector<std::vector<int32_t>>> PackTextBlocks(
-    const model::BpeTokenizer& tokenizer, absl::Span<const std::string> paths,
-    int64_t block_len, int64_t max_blocks) {
+    const model::BpeTokenizer& tokenizer, absl::Span<const std::string> paths, int64_t block_len,
+    int64_t max_blocks) {
   if (block_len < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("PackTextBlocks: block_len = ", block_len, "; expected >= 1"));
@@ -314,8 +308,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> PackTextBlocks(
 absl::StatusOr<std::vector<std::vector<int32_t>>> PackTextBlocks(
     const model::BpeTokenizer& tokenizer, const std::string& path, int64_t block_len,
     int64_t max_blocks) {
-  return PackTextBlocks(tokenizer, absl::Span<const std::string>(&path, 1), block_len,
-                        max_blocks);
+  return PackTextBlocks(tokenizer, absl::Span<const std::string>(&path, 1), block_len, max_blocks);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -395,7 +388,8 @@ std::vector<TokenizedExample> PackExamples(absl::Span<const TokenizedExample> ex
     row.segment_starts.push_back(start);
     row.input_ids.insert(row.input_ids.end(), ex.input_ids.begin(), ex.input_ids.end());
     for (int64_t t = 0; t < len; ++t) {
-      const int32_t label = t < static_cast<int64_t>(ex.labels.size()) ? ex.labels[t] : kIgnoreIndex;
+      const int32_t label =
+          t < static_cast<int64_t>(ex.labels.size()) ? ex.labels[t] : kIgnoreIndex;
       row.labels.push_back(t == 0 ? kIgnoreIndex : label);
     }
   }

@@ -85,7 +85,8 @@ struct TokenizedExample {
 // labels[t]). answer_start is that of the row's first example. MakeBatch then gives every
 // token its position within its example and a segment id, which the model uses to restart
 // RoPE and to block attention across examples. max_len < 1 puts each example in its own
-// row; an example without tokens is left out. Never fails; the input order is kept (rows are in order, examples in order inside).
+// row; an example without tokens is left out. Never fails; the input order is kept (rows are in
+// order, examples in order inside).
 std::vector<TokenizedExample> PackExamples(absl::Span<const TokenizedExample> examples,
                                            int64_t max_len);
 
@@ -109,14 +110,11 @@ std::vector<TokenizedExample> PackExamples(absl::Span<const TokenizedExample> ex
 // the template fails to render (its own message, e.g. roles that must alternate).
 // *truncated / *full_length (optional) report whether the text was cut and the example's
 // tokens before the cut.
-absl::StatusOr<TokenizedExample> BuildClassificationChat(const model::BpeTokenizer& tokenizer,
-                                                         const model::ChatTemplate& chat_template,
-                                                         absl::string_view text,
-                                                         absl::string_view label,
-                                                         absl::string_view question,
-                                                         absl::string_view system_prompt,
-                                                         int max_len, bool* truncated = nullptr,
-                                                         int64_t* full_length = nullptr);
+absl::StatusOr<TokenizedExample> BuildClassificationChat(
+    const model::BpeTokenizer& tokenizer, const model::ChatTemplate& chat_template,
+    absl::string_view text, absl::string_view label, absl::string_view question,
+    absl::string_view system_prompt, int max_len, bool* truncated = nullptr,
+    int64_t* full_length = nullptr);
 
 // The evaluation variant: input_ids = the prompt of BuildClassificationChat (ending in the
 // template's generation prompt), labels all kIgnoreIndex, answer_start = input_ids.size(); the
@@ -139,8 +137,8 @@ absl::StatusOr<TokenizedExample> BuildClassificationPrompt(const model::BpeToken
 // Errors: kInvalidArgument if block_len < 1, paths is empty, or several documents are given
 // and the tokenizer has no eos; kNotFound for a missing file.
 absl::StatusOr<std::vector<std::vector<int32_t>>> PackTextBlocks(
-    const model::BpeTokenizer& tokenizer, absl::Span<const std::string> paths,
-    int64_t block_len, int64_t max_blocks);
+    const model::BpeTokenizer& tokenizer, absl::Span<const std::string> paths, int64_t block_len,
+    int64_t max_blocks);
 // Single-document convenience overload.
 absl::StatusOr<std::vector<std::vector<int32_t>>> PackTextBlocks(
     const model::BpeTokenizer& tokenizer, const std::string& path, int64_t block_len,

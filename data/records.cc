@@ -36,15 +36,15 @@ absl::StatusOr<std::vector<JsonRecord>> ParseJsonRecords(absl::string_view conte
     if (line.find_first_not_of(" \t") == absl::string_view::npos) return absl::OkStatus();
     const std::string where = absl::StrCat(path, ":", line_no);
     if (static_cast<int64_t>(line.size()) > limits.max_record_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          where, ": a record of ", line.size(), " bytes; at most ", limits.max_record_bytes,
-          " bytes are parsed as one record"));
+      return absl::ResourceExhaustedError(absl::StrCat(where, ": a record of ", line.size(),
+                                                       " bytes; at most ", limits.max_record_bytes,
+                                                       " bytes are parsed as one record"));
     }
     size_t bad_at = 0;
     if (!IsValidUtf8(line, &bad_at)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": invalid UTF-8 at byte ", bad_at + 1,
-          " of the line; the file must be UTF-8 (re-encode it, e.g. iconv -t UTF-8)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": invalid UTF-8 at byte ", bad_at + 1,
+                       " of the line; the file must be UTF-8 (re-encode it, e.g. iconv -t UTF-8)"));
     }
     auto j = nlohmann::ordered_json::parse(line.begin(), line.end(), nullptr,
                                            /*allow_exceptions=*/false);

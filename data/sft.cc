@@ -45,17 +45,18 @@ absl::Status NotAnyFormat(const JsonRecord& r) {
     return Bad(r.where, "expected a JSON object (one record per line)");
   }
   if (r.value.contains("label") && r.value.contains("text")) {
-    return Bad(r.where, "a {\"label\", \"text\"} record is classification data; set "
-                        "data.format: classification");
+    return Bad(r.where,
+               "a {\"label\", \"text\"} record is classification data; set "
+               "data.format: classification");
   }
-  return Bad(r.where, absl::StrCat(
-                          "keys ", Keys(r.value), " match no format; expected \"messages\" "
-                          "(chat), \"instruction\" + \"output\" (alpaca) or \"prompt\" + "
-                          "\"completion\" (prompt_completion)"));
+  return Bad(r.where, absl::StrCat("keys ", Keys(r.value),
+                                   " match no format; expected \"messages\" "
+                                   "(chat), \"instruction\" + \"output\" (alpaca) or \"prompt\" + "
+                                   "\"completion\" (prompt_completion)"));
 }
 
-absl::StatusOr<std::string> StringField(const JsonRecord& r, absl::string_view key,
-                                        bool required, bool non_empty) {
+absl::StatusOr<std::string> StringField(const JsonRecord& r, absl::string_view key, bool required,
+                                        bool non_empty) {
   auto it = r.value.find(std::string(key));
   if (it == r.value.end() || it->is_null()) {
     if (required) {
@@ -64,8 +65,8 @@ absl::StatusOr<std::string> StringField(const JsonRecord& r, absl::string_view k
     return std::string();
   }
   if (!it->is_string()) {
-    return Bad(r.where, absl::StrCat("\"", key, "\" is a ", it->type_name(),
-                                     "; expected a string"));
+    return Bad(r.where,
+               absl::StrCat("\"", key, "\" is a ", it->type_name(), "; expected a string"));
   }
   std::string s = it->get<std::string>();
   if (non_empty && s.find_first_not_of(" \t\r\n") == std::string::npos) {
@@ -81,7 +82,8 @@ absl::StatusOr<std::vector<model::ChatMessage>> Messages(const JsonRecord& r,
                                                          absl::string_view key) {
   const Json& list = r.value.at(std::string(key));
   if (!list.is_array() || list.empty()) {
-    return Bad(r.where, absl::StrCat("\"", key, "\" must be a non-empty array of {\"role\", "
+    return Bad(r.where, absl::StrCat("\"", key,
+                                     "\" must be a non-empty array of {\"role\", "
                                      "\"content\"} objects"));
   }
   std::vector<model::ChatMessage> out;
@@ -108,8 +110,9 @@ absl::StatusOr<std::vector<model::ChatMessage>> Messages(const JsonRecord& r,
     }
     std::string cs = content->get<std::string>();
     if (rs == "assistant" && cs.find_first_not_of(" \t\r\n") == std::string::npos) {
-      return Bad(r.where, absl::StrCat(at, " is an assistant turn with empty content; remove "
-                                           "the turn or the record"));
+      return Bad(r.where, absl::StrCat(at,
+                                       " is an assistant turn with empty content; remove "
+                                       "the turn or the record"));
     }
     out.push_back({rs, std::move(cs)});
   }
@@ -120,8 +123,9 @@ absl::StatusOr<SftRecord> ParseRecord(const JsonRecord& r, SftFormat format) {
   std::optional<SftFormat> f = FormatOfKeys(r.value);
   if (!f.has_value()) return NotAnyFormat(r);
   if (*f != format) {
-    return Bad(r.where, absl::StrCat("a record of format ", SftFormatName(*f), " in a file of format ",
-                                     SftFormatName(format), " (its first record); one format per file"));
+    return Bad(r.where,
+               absl::StrCat("a record of format ", SftFormatName(*f), " in a file of format ",
+                            SftFormatName(format), " (its first record); one format per file"));
   }
   SftRecord rec;
   rec.where = r.where;
@@ -140,8 +144,9 @@ absl::StatusOr<SftRecord> ParseRecord(const JsonRecord& r, SftFormat format) {
       ASSIGN_OR_RETURN(rec.messages, Messages(r, "messages"));
       if (std::none_of(rec.messages.begin(), rec.messages.end(),
                        [](const model::ChatMessage& m) { return m.role == "assistant"; })) {
-        return Bad(r.where, "the conversation has no assistant turn, so nothing to learn; "
-                            "add the reply or remove the record");
+        return Bad(r.where,
+                   "the conversation has no assistant turn, so nothing to learn; "
+                   "add the reply or remove the record");
       }
       break;
     }
@@ -164,8 +169,9 @@ absl::StatusOr<SftRecord> ParseRecord(const JsonRecord& r, SftFormat format) {
         rec.completion_from = rec.messages.size();
         rec.messages.insert(rec.messages.end(), completion.begin(), completion.end());
       } else {
-        return Bad(r.where, absl::StrCat("\"prompt\" is a ", p.type_name(), " and \"completion\" a ",
-                                         c.type_name(), "; both must be strings or both lists "
+        return Bad(r.where, absl::StrCat("\"prompt\" is a ", p.type_name(),
+                                         " and \"completion\" a ", c.type_name(),
+                                         "; both must be strings or both lists "
                                          "of messages"));
       }
       break;
@@ -264,8 +270,8 @@ absl::StatusOr<TokenizedExample> TokenizeSftRecord(const SftRecord& record,
     const std::vector<int32_t> p = tok.Encode(record.prompt);
     prompt_ids.insert(prompt_ids.end(), p.begin(), p.end());
     std::string whole = record.prompt + record.completion;
-    const bool add_eos = tok.eos_id() >= 0 &&
-                         !absl::EndsWith(record.completion, tok.IdToToken(tok.eos_id()));
+    const bool add_eos =
+        tok.eos_id() >= 0 && !absl::EndsWith(record.completion, tok.IdToToken(tok.eos_id()));
     if (tok.adds_bos() && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
     const std::vector<int32_t> w = tok.Encode(whole);
     ids.insert(ids.end(), w.begin(), w.end());
@@ -280,8 +286,9 @@ absl::StatusOr<TokenizedExample> TokenizeSftRecord(const SftRecord& record,
     std::fill(loss.begin() + static_cast<ptrdiff_t>(prompt_ids.size()), loss.end(), true);
   } else {
     if (tmpl == nullptr) {
-      return Bad(record.where, "a conversation needs a chat template (the model has none; set "
-                               "data.chat_template)");
+      return Bad(record.where,
+                 "a conversation needs a chat template (the model has none; set "
+                 "data.chat_template)");
     }
     auto rendered = tmpl->Render(record.messages, /*add_generation_prompt=*/false);
     if (!rendered.ok()) return Bad(record.where, rendered.status().message());
@@ -293,19 +300,23 @@ absl::StatusOr<TokenizedExample> TokenizeSftRecord(const SftRecord& record,
                                  /*add_generation_prompt=*/true);
       if (!prompt.ok()) return Bad(record.where, prompt.status().message());
       if (!absl::StartsWith(rendered->text, prompt->text)) {
-        return Bad(record.where, absl::StrCat(
-            "the chat template renders the conversation before ", SftTurnName(record, k),
-            " (with the generation prompt) differently from the start of the whole "
-            "conversation, so the loss mask of that assistant turn is not defined; use a "
-            "template whose earlier turns do not change (set data.chat_template)"));
+        return Bad(
+            record.where,
+            absl::StrCat(
+                "the chat template renders the conversation before ", SftTurnName(record, k),
+                " (with the generation prompt) differently from the start of the whole "
+                "conversation, so the loss mask of that assistant turn is not defined; use a "
+                "template whose earlier turns do not change (set data.chat_template)"));
       }
       const std::vector<int32_t> prompt_ids = tok.Encode(prompt->text);
       if (!IsPrefix(prompt_ids, ids) || prompt_ids.size() == ids.size()) {
-        return Bad(record.where, absl::StrCat(
-            "the tokens of the conversation before ", SftTurnName(record, k),
-            " are not a prefix of the whole conversation's (its first characters merge with "
-            "the generation prompt when tokenized, or the template drops them, e.g. by "
-            "trimming an answer of white space and punctuation)"));
+        return Bad(
+            record.where,
+            absl::StrCat(
+                "the tokens of the conversation before ", SftTurnName(record, k),
+                " are not a prefix of the whole conversation's (its first characters merge with "
+                "the generation prompt when tokenized, or the template drops them, e.g. by "
+                "trimming an answer of white space and punctuation)"));
       }
       const size_t end = AnswerEnd(tok, ids, prompt_ids.size());
       std::fill(loss.begin() + static_cast<ptrdiff_t>(prompt_ids.size()),
@@ -361,10 +372,11 @@ absl::StatusOr<std::vector<TokenizedExample>> LoadSftExamples(
   s.examples = static_cast<int64_t>(out.size());
   if (summary != nullptr) *summary = s;
   if (out.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": no example left: ", s.skipped, " of ", s.records, " records have no answer "
-        "token within seq_len ", max_len, " (the longest has ", s.longest,
-        " tokens); raise seq_len"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": no example left: ", s.skipped, " of ", s.records,
+                     " records have no answer "
+                     "token within seq_len ",
+                     max_len, " (the longest has ", s.longest, " tokens); raise seq_len"));
   }
   return out;
 }
@@ -408,16 +420,14 @@ std::string RenderLossMask(const model::BpeTokenizer& tok, const TokenizedExampl
 
 std::string FormatDataSummary(const std::string& path, absl::string_view format, int max_len,
                               const DataSummary& s) {
-  const double pct = s.tokens > 0 ? 100.0 * static_cast<double>(s.loss_tokens) /
-                                        static_cast<double>(s.tokens)
-                                  : 0.0;
-  return absl::StrCat("data ", path, " (", format, "): ", s.examples,
-                      " examples (", s.records, " records, ", s.skipped,
-                      " skipped with no answer token within seq_len, ", s.truncated,
-                      " truncated to ", max_len, " tokens), ", s.tokens, " tokens, ",
-                      s.loss_tokens, " loss tokens (", absl::StrFormat("%.1f", pct),
-                      "%), longest ", s.longest, " tokens\nexample (loss on [[...]]):\n",
-                      s.rendered_example);
+  const double pct =
+      s.tokens > 0 ? 100.0 * static_cast<double>(s.loss_tokens) / static_cast<double>(s.tokens)
+                   : 0.0;
+  return absl::StrCat("data ", path, " (", format, "): ", s.examples, " examples (", s.records,
+                      " records, ", s.skipped, " skipped with no answer token within seq_len, ",
+                      s.truncated, " truncated to ", max_len, " tokens), ", s.tokens, " tokens, ",
+                      s.loss_tokens, " loss tokens (", absl::StrFormat("%.1f", pct), "%), longest ",
+                      s.longest, " tokens\nexample (loss on [[...]]):\n", s.rendered_example);
 }
 
 }  // namespace lspo::data

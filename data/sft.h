@@ -63,7 +63,7 @@ struct SftRecord {
   size_t completion_from = 0;  // assistant turns at index >= this carry loss
   std::string prompt;
   std::string completion;
-  std::string where;  // "file:line" (or "file: record N" in a JSON array)
+  std::string where;                    // "file:line" (or "file: record N" in a JSON array)
   SftFormat format = SftFormat::kChat;  // the file's: how errors name a turn (SftTurnName)
 };
 

@@ -1,4 +1,4 @@
-// Fuzzes the job-spec parser (scheduler/job_spec.h) the way lspctl and the scheduler use it
+// Fuzzes the job-spec parser (spec/job_spec.h) the way lspctl and the scheduler use it
 // (LoadJobSpecFile -> ParseJobSpec{Json,Yaml}; then ResolveDefaults + ValidateJobSpec). The
 // input is spec text; it goes through both parsers (JSON is YAML, so the JSON seeds reach the
 // YAML path too). For every spec that parses:
@@ -10,23 +10,23 @@
 
 #include "absl/strings/string_view.h"
 #include "fuzz/fuzz_harness.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 
 namespace lspo::fuzz {
 namespace {
 
 void Check(const lspo::v1::JobSpec& parsed) {
-  const std::string json = scheduler::JobSpecToJson(parsed);
-  auto back = scheduler::ParseJobSpecJson(json, "<round trip>");
+  const std::string json = spec::JobSpecToJson(parsed);
+  auto back = spec::ParseJobSpecJson(json, "<round trip>");
   if (!back.ok()) {
     std::fprintf(stderr, "JobSpecToJson output does not parse back: %s\n%s\n",
                  std::string(back.status().message()).c_str(), json.c_str());
   }
   LSPO_FUZZ_CHECK(back.ok());
-  LSPO_FUZZ_CHECK(scheduler::JobSpecToJson(*back) == json);
+  LSPO_FUZZ_CHECK(spec::JobSpecToJson(*back) == json);
   lspo::v1::JobSpec spec = parsed;
-  scheduler::ResolveDefaults(&spec);
-  (void)scheduler::ValidateJobSpec(spec);
+  spec::ResolveDefaults(&spec);
+  (void)spec::ValidateJobSpec(spec);
 }
 
 }  // namespace
@@ -34,9 +34,9 @@ void Check(const lspo::v1::JobSpec& parsed) {
 int FuzzJobSpec(const uint8_t* data, size_t size) {
   if (size > 16384) return 0;
   const absl::string_view text(reinterpret_cast<const char*>(data), size);
-  auto json = scheduler::ParseJobSpecJson(text, "<fuzz>");
+  auto json = spec::ParseJobSpecJson(text, "<fuzz>");
   if (json.ok()) Check(*json);
-  absl::StatusOr<lspo::v1::JobSpec> yaml = scheduler::ParseJobSpecYaml(text, "<fuzz>");
+  absl::StatusOr<lspo::v1::JobSpec> yaml = spec::ParseJobSpecYaml(text, "<fuzz>");
   if (yaml.ok()) Check(*yaml);
   return 0;
 }

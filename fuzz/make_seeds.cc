@@ -38,7 +38,7 @@
 #include "model/gguf.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 
 namespace fs = std::filesystem;
 using lspo::model::GgmlType;
@@ -441,10 +441,10 @@ void MakeJobSpecSeeds(const fs::path& examples, const fs::path& out) {
     std::stringstream ss;
     ss << in.rdbuf();
     WriteFile(out / "job_spec" / p.filename(), ss.str());
-    auto spec = lspo::scheduler::LoadJobSpecFile(p.string());
+    auto spec = lspo::spec::LoadJobSpecFile(p.string());
     if (!spec.ok()) Die(std::string(spec.status().message()));
     WriteFile(out / "job_spec" / (p.stem().string() + ".json"),
-              lspo::scheduler::JobSpecToJson(*spec));
+              lspo::spec::JobSpecToJson(*spec));
   }
 }
 

@@ -22,7 +22,7 @@
 #include "model/hf_checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/checkpoint.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 
 namespace lspo::fuzz {
 namespace {
@@ -96,7 +96,7 @@ TEST(FuzzReplay, TrainerState) { EXPECT_GE(ReplayDir("trainer_state", FuzzTraine
 // of the parser; it is now a kInvalidArgument naming the encoding.
 TEST(JobSpecFuzzFindings, NonUtf8YamlScalarIsAnInvalidArgument) {
   absl::StatusOr<lspo::v1::JobSpec> spec;
-  EXPECT_NO_THROW(spec = scheduler::ParseJobSpecYaml("name: a\xdd b\n"));
+  EXPECT_NO_THROW(spec = spec::ParseJobSpecYaml("name: a\xdd b\n"));
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -8,6 +8,9 @@
 
 #include "third_party/torch/torch_api.h"
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "data/datasets.h"
 #include "glog/logging.h"
 #include "gpu_worker/lsp_path.h"
@@ -15,9 +18,6 @@
 #include "lsp/fit.h"
 #include "lsp/projector.h"
 #include "lsp/subspace.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "offload/arena_layout.h"
 #include "offload/collective.h"
 #include "offload/torch_call.h"

@@ -29,12 +29,12 @@ absl::StatusOr<std::unique_ptr<DeviceOffload>> DeviceOffload::Create(void* arena
   self->device_ = device;
   auto pinned = runtime::cuda::HostRegistration::Register(arena_base, arena_bytes);
   if (!pinned.ok()) {
-    return absl::Status(pinned.status().code(),
-                        absl::StrCat("pinning the ", arena_bytes, "-byte arena: ",
-                                     pinned.status().message(),
-                                     " (raise the worker's memlock limit: LimitMEMLOCK=infinity "
-                                     "in the unit, ulimit -l unlimited, or docker --ulimit "
-                                     "memlock=-1)"));
+    return absl::Status(
+        pinned.status().code(),
+        absl::StrCat("pinning the ", arena_bytes, "-byte arena: ", pinned.status().message(),
+                     " (raise the worker's memlock limit: LimitMEMLOCK=infinity "
+                     "in the unit, ulimit -l unlimited, or docker --ulimit "
+                     "memlock=-1)"));
   }
   self->pinned_ = std::move(*pinned);
   self->flags_host_.assign(kMaxInFlight, 0);
@@ -52,9 +52,9 @@ absl::StatusOr<std::unique_ptr<DeviceOffload>> DeviceOffload::Create(void* arena
       self->staging_used_.push_back(false);
     }
   } catch (const c10::Error& e) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "allocating ", kStagingSlots, " upload staging buffers of ", self->slot_bytes_,
-        " bytes on ", device.str(), ": ", e.what_without_backtrace()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("allocating ", kStagingSlots, " upload staging buffers of ", self->slot_bytes_,
+                     " bytes on ", device.str(), ": ", e.what_without_backtrace()));
   }
   DeviceOffload* raw = self.get();
   self->watcher_ = std::thread([raw] { raw->WatcherLoop(); });
@@ -75,8 +75,8 @@ DeviceOffload::~DeviceOffload() {
 }
 
 absl::StatusOr<std::shared_ptr<DeviceOffload::Span>> DeviceOffload::NewSpan(int64_t layer,
-                                                                             const char* what,
-                                                                             const char* actor) {
+                                                                            const char* what,
+                                                                            const char* actor) {
   auto span = std::make_shared<Span>();
   span->layer = layer;
   span->what = what;
@@ -89,8 +89,8 @@ absl::StatusOr<std::shared_ptr<DeviceOffload::Span>> DeviceOffload::NewSpan(int6
 absl::Status DeviceOffload::OffloadAsync(int64_t layer, at::Tensor src, void* dst,
                                          std::function<void(bool)> on_landed) {
   if (src.device() != device_ || !src.is_contiguous()) {
-    return absl::InvalidArgumentError(absl::StrCat("OffloadAsync: source must be a contiguous ",
-                                                   device_.str(), " tensor"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("OffloadAsync: source must be a contiguous ", device_.str(), " tensor"));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -115,8 +115,7 @@ absl::Status DeviceOffload::OffloadAsync(int64_t layer, at::Tensor src, void* ds
   RETURN_IF_ERROR(span->begin.Record(d2h_.get()));
   RETURN_IF_ERROR(runtime::cuda::CopyAsync(dst, src.data_ptr(), src.nbytes(), d2h_.get()));
   RETURN_IF_ERROR(span->end.Record(d2h_.get()));
-  RETURN_IF_ERROR(
-      runtime::cuda::CopyAsync(&flags_host_[flag], verdict.data_ptr(), 1, d2h_.get()));
+  RETURN_IF_ERROR(runtime::cuda::CopyAsync(&flags_host_[flag], verdict.data_ptr(), 1, d2h_.get()));
   RETURN_IF_ERROR(landed->Record(d2h_.get()));
   span->closed = true;
   absl::MutexLock lock(&mu_);
@@ -156,19 +155,16 @@ void DeviceOffload::WatcherLoop() {
 void DeviceOffload::Drain() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](DeviceOffload* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-        return self->in_flight_ == 0;
-      },
+      +[](DeviceOffload* self)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return self->in_flight_ == 0; },
       this));
 }
 
-absl::StatusOr<at::Tensor> DeviceOffload::UploadAsync(int64_t layer, const void* src,
-                                                      size_t bytes, at::ScalarType dtype,
-                                                      at::IntArrayRef sizes) {
+absl::StatusOr<at::Tensor> DeviceOffload::UploadAsync(int64_t layer, const void* src, size_t bytes,
+                                                      at::ScalarType dtype, at::IntArrayRef sizes) {
   if (bytes > slot_bytes_) {
-    return absl::InvalidArgumentError(absl::StrCat("UploadAsync: ", bytes,
-                                                   " bytes exceed the staging slot (",
-                                                   slot_bytes_, " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "UploadAsync: ", bytes, " bytes exceed the staging slot (", slot_bytes_, " bytes)"));
   }
   const int slot = next_slot_;
   next_slot_ = (next_slot_ + 1) % kStagingSlots;
@@ -179,8 +175,7 @@ absl::StatusOr<at::Tensor> DeviceOffload::UploadAsync(int64_t layer, const void*
   ASSIGN_OR_RETURN(auto span, NewSpan(layer, "h2d", "pcie"));
   span->bytes = static_cast<int64_t>(bytes);
   RETURN_IF_ERROR(span->begin.Record(h2d_.get()));
-  RETURN_IF_ERROR(
-      runtime::cuda::CopyAsync(staging_[slot].data_ptr(), src, bytes, h2d_.get()));
+  RETURN_IF_ERROR(runtime::cuda::CopyAsync(staging_[slot].data_ptr(), src, bytes, h2d_.get()));
   RETURN_IF_ERROR(span->end.Record(h2d_.get()));
   span->closed = true;
   // The compute stream waits for this copy only.
@@ -192,14 +187,11 @@ absl::StatusOr<at::Tensor> DeviceOffload::UploadAsync(int64_t layer, const void*
   last_slot_ = slot;
   staging_used_[slot] = true;
   try {
-    return staging_[slot]
-        .narrow(0, 0, static_cast<int64_t>(bytes))
-        .view(dtype)
-        .view(sizes);
+    return staging_[slot].narrow(0, 0, static_cast<int64_t>(bytes)).view(dtype).view(sizes);
   } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(absl::StrCat("UploadAsync: ", bytes,
-                                                   " bytes do not form the requested shape: ",
-                                                   e.what_without_backtrace()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("UploadAsync: ", bytes,
+                     " bytes do not form the requested shape: ", e.what_without_backtrace()));
   }
 }
 

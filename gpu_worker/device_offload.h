@@ -43,9 +43,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "runtime/cuda/device_runtime.h"
 #include "proto/job_spec.pb.h"
 #include "proto/metrics.pb.h"
+#include "runtime/cuda/device_runtime.h"
 
 namespace lspo::worker {
 
@@ -66,8 +66,7 @@ class DeviceOffload {
   // kStagingSlots staging buffers of `max_upload_bytes` bytes each on `device`, and starts
   // the watcher thread. Errors: kFailedPrecondition (no CUDA build/device), kInternal
   // (cudaHostRegister, e.g. RLIMIT_MEMLOCK; stream creation), kResourceExhausted (staging).
-  static absl::StatusOr<std::unique_ptr<DeviceOffload>> Create(void* arena_base,
-                                                               size_t arena_bytes,
+  static absl::StatusOr<std::unique_ptr<DeviceOffload>> Create(void* arena_base, size_t arena_bytes,
                                                                size_t max_upload_bytes,
                                                                const at::Device& device);
   ~DeviceOffload();  // Drains pending offloads, stops the watcher, unpins the arena.
@@ -133,7 +132,8 @@ class DeviceOffload {
   };
   struct Pending {
     std::shared_ptr<Span> span;
-    std::shared_ptr<runtime::cuda::Event> landed;  // After the data and the verdict (blocking sync).
+    std::shared_ptr<runtime::cuda::Event>
+        landed;                     // After the data and the verdict (blocking sync).
     at::Tensor keepalive, verdict;  // Device tensors the copies read.
     int flag = 0;                   // Index of the verdict byte in flags_host_.
     std::function<void(bool)> on_landed;
@@ -141,8 +141,7 @@ class DeviceOffload {
 
   DeviceOffload() = default;
   void WatcherLoop();
-  absl::StatusOr<std::shared_ptr<Span>> NewSpan(int64_t layer, const char* what,
-                                                const char* actor);
+  absl::StatusOr<std::shared_ptr<Span>> NewSpan(int64_t layer, const char* what, const char* actor);
 
   runtime::cuda::HostRegistration pinned_;
   std::vector<uint8_t> flags_host_;  // kMaxInFlight verdict bytes, pinned.
@@ -150,14 +149,14 @@ class DeviceOffload {
   int next_flag_ = 0;
   runtime::cuda::Stream d2h_, h2d_;
   std::vector<at::Tensor> staging_;                 // kStagingSlots x (max_upload_bytes) uint8.
-  std::vector<runtime::cuda::Event> staging_free_;      // Per slot: last reader done.
+  std::vector<runtime::cuda::Event> staging_free_;  // Per slot: last reader done.
   std::vector<bool> staging_used_;
   int next_slot_ = 0, last_slot_ = -1;
   size_t slot_bytes_ = 0;
   at::Device device_{at::kCPU};
 
   absl::Mutex mu_;
-  std::vector<std::shared_ptr<Span>> spans_ ABSL_GUARDED_BY(mu_);   // This step's.
+  std::vector<std::shared_ptr<Span>> spans_ ABSL_GUARDED_BY(mu_);  // This step's.
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

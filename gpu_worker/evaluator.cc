@@ -36,8 +36,9 @@ std::string DecodeText(const model::BpeTokenizer& tok, absl::Span<const int32_t>
 // kCancelled when `cancelled` says so, else OK.
 absl::Status CheckCancelled(const EvalCancelled& cancelled) {
   if (cancelled && cancelled()) {
-    return absl::CancelledError("evaluation cancelled (its caller went away or the job was "
-                                "cancelled)");
+    return absl::CancelledError(
+        "evaluation cancelled (its caller went away or the job was "
+        "cancelled)");
   }
   return absl::OkStatus();
 }
@@ -80,9 +81,9 @@ absl::Status GenerateAndScore(WorkerJob* job, const EvalCancelled& cancelled,
             opts.stop_ids.end()) {
       opts.stop_ids.push_back(answer.back());
     }
-    ASSIGN_OR_RETURN(model::GenerationResult gen,
-                     model::Generate(*job->model, absl::MakeConstSpan(ex.input_ids).subspan(0, start),
-                                     opts));
+    ASSIGN_OR_RETURN(
+        model::GenerationResult gen,
+        model::Generate(*job->model, absl::MakeConstSpan(ex.input_ids).subspan(0, start), opts));
     const std::string reference = DecodeText(tok, answer);
     const std::string prediction = DecodeText(tok, gen.tokens);
     const data::AnswerScore score = data::ScoreAnswer(prediction, reference);
@@ -124,10 +125,10 @@ absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step,
     RETURN_IF_ERROR(ApplyPending(job, -1));
     at::NoGradGuard no_grad;
     auto& model = *job->model;
-    ASSIGN_OR_RETURN(at::Tensor lm_head,
-                     model.GetTensor(model.config().tie_word_embeddings
-                                         ? "model.embed_tokens.weight"
-                                         : "lm_head.weight"));  // (V, H)
+    ASSIGN_OR_RETURN(
+        at::Tensor lm_head,
+        model.GetTensor(model.config().tie_word_embeddings ? "model.embed_tokens.weight"
+                                                           : "lm_head.weight"));  // (V, H)
     // Sort by length so batches carry little padding (right padding; causal attention).
     std::vector<int64_t> idx(job->eval.size());
     std::iota(idx.begin(), idx.end(), 0);
@@ -165,7 +166,7 @@ absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step,
       const int64_t k = tgt.size();
       at::Tensor rows_h = hidden.index({ToTensor(pos_b, k, 1, job->device).view(-1),
                                         ToTensor(pos_t, k, 1, job->device).view(-1)});  // (K, H)
-      at::Tensor logits = at::matmul(rows_h, lm_head.t());                 // (K, V)
+      at::Tensor logits = at::matmul(rows_h, lm_head.t());                              // (K, V)
       at::Tensor target = ToTensor(tgt, k, 1, job->device).view(-1);
       at::Tensor nll = at::cross_entropy_loss(logits, target, {}, at::Reduction::Sum);
       loss_sum += nll.item<double>();

@@ -47,8 +47,8 @@ lspo::v1::DataSummary SummaryProto(const std::string& split, const std::string& 
 }
 
 // Tokenised examples of `path` (the `split`, "train" or "eval") and what loading them did in
-// `*summary` (also logged; nothing when null); for classification data also each example's label id (labels
-// numbered in order of first appearance) in `*class_of` when non-null.
+// `*summary` (also logged; nothing when null); for classification data also each example's label id
+// (labels numbered in order of first appearance) in `*class_of` when non-null.
 absl::StatusOr<std::vector<data::TokenizedExample>> LoadExamples(
     const JobSpec& spec, const model::BpeTokenizer& tok, const std::string& split,
     const std::string& path, int max, lspo::v1::DataSummary* summary,
@@ -74,10 +74,9 @@ absl::StatusOr<std::vector<data::TokenizedExample>> LoadExamples(
       }
       bool cut = false;
       int64_t full = 0;
-      ASSIGN_OR_RETURN(auto ex, data::BuildClassificationChat(tok, *tmpl, row.text, row.label,
-                                                              spec.data().question(),
-                                                              spec.data().system_prompt(),
-                                                              spec.seq_len(), &cut, &full));
+      ASSIGN_OR_RETURN(auto ex, data::BuildClassificationChat(
+                                    tok, *tmpl, row.text, row.label, spec.data().question(),
+                                    spec.data().system_prompt(), spec.seq_len(), &cut, &full));
       data::CountExample(tok, ex, cut, full, &counts);
       out.push_back(std::move(ex));
     }
@@ -94,15 +93,14 @@ absl::StatusOr<std::vector<data::TokenizedExample>> LoadExamples(
     auto tmpl = model::ChatTemplate::ForTokenizer(tok, spec.data().chat_template());
     if (!tmpl.ok() && (format != data::SftFormat::kPromptCompletion ||
                        tmpl.status().code() != absl::StatusCode::kFailedPrecondition)) {
-      return absl::Status(tmpl.status().code(),
-                          absl::StrCat(data::SftFormatName(format), " data: ",
-                                       tmpl.status().message()));
+      return absl::Status(tmpl.status().code(), absl::StrCat(data::SftFormatName(format),
+                                                             " data: ", tmpl.status().message()));
     }
     ASSIGN_OR_RETURN(out, data::LoadSftExamples(path, &format, tok, tmpl.ok() ? &*tmpl : nullptr,
                                                 spec.seq_len(), max, &counts));
   } else {
-    ASSIGN_OR_RETURN(auto blocks, data::PackTextBlocks(tok, path, spec.seq_len(),
-                                                       spec.data().max_blocks()));
+    ASSIGN_OR_RETURN(auto blocks,
+                     data::PackTextBlocks(tok, path, spec.seq_len(), spec.data().max_blocks()));
     counts.records = static_cast<int64_t>(blocks.size());
     for (auto& b : blocks) {
       if (max > 0 && static_cast<int>(out.size()) >= max) break;
@@ -115,8 +113,8 @@ absl::StatusOr<std::vector<data::TokenizedExample>> LoadExamples(
     }
   }
   if (out.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("data file '", path,
-                                                   "' produced no examples: check its format"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data file '", path, "' produced no examples: check its format"));
   }
   counts.examples = static_cast<int64_t>(out.size());
   if (summary != nullptr) {
@@ -153,13 +151,12 @@ absl::Status LoadAssets(WorkerJob* job) {
   if (spec.seq_len() > job->model->config().max_position_embeddings) {
     LOG(WARNING) << "seq_len " << spec.seq_len() << " exceeds the model's "
                  << "max_position_embeddings " << job->model->config().max_position_embeddings
-                 << " (" << spec.model().path()
-                 << "): RoPE extrapolates past the trained context";
+                 << " (" << spec.model().path() << "): RoPE extrapolates past the trained context";
   }
-  ASSIGN_OR_RETURN(job->train, LoadExamples(spec, *job->tokenizer, "train",
-                                            spec.data().train_path(),
-                                            spec.data().max_train_examples(), &job->train_data,
-                                            &job->train_class));
+  ASSIGN_OR_RETURN(
+      job->train,
+      LoadExamples(spec, *job->tokenizer, "train", spec.data().train_path(),
+                   spec.data().max_train_examples(), &job->train_data, &job->train_class));
   if (spec.data().packing()) {
     // Several examples per row (data/datasets.h PackExamples); the rows are what the epoch
     // order shuffles and the calibration draws from.
@@ -168,8 +165,7 @@ absl::Status LoadAssets(WorkerJob* job) {
     job->train_class.clear();
   }
   if (!spec.data().eval_path().empty()) {
-    ASSIGN_OR_RETURN(job->eval, LoadExamples(spec, *job->tokenizer, "eval",
-                                             spec.data().eval_path(),
+    ASSIGN_OR_RETURN(job->eval, LoadExamples(spec, *job->tokenizer, "eval", spec.data().eval_path(),
                                              spec.data().max_eval_examples(), &job->eval_data));
   }
   if (spec.eval().metric() == lspo::v1::EVAL_METRIC_GENERATIVE && !job->eval.empty()) {
@@ -186,12 +182,11 @@ absl::Status LoadAssets(WorkerJob* job) {
                                                  spec.data().eval_path(), max, nullptr));
   }
   if (!spec.data().perplexity_path().empty()) {
-    ASSIGN_OR_RETURN(job->ppl_blocks,
-                     data::PackTextBlocks(*job->tokenizer, spec.data().perplexity_path(),
-                                          spec.seq_len(),
-                                          spec.data().perplexity_blocks() > 0
-                                              ? spec.data().perplexity_blocks()
-                                              : 32));
+    ASSIGN_OR_RETURN(
+        job->ppl_blocks,
+        data::PackTextBlocks(
+            *job->tokenizer, spec.data().perplexity_path(), spec.seq_len(),
+            spec.data().perplexity_blocks() > 0 ? spec.data().perplexity_blocks() : 32));
   }
   return absl::OkStatus();
 }
@@ -224,8 +219,7 @@ void SetFaults(const WorkerFaults& faults, WorkerJob* job) {
       int k = 0;
       if (absl::SimpleAtoi(part, &k)) job->fault_nonfinite_loss_steps.insert(k);
     }
-    LOG(WARNING) << "worker: fault injection: a non-finite loss after the backward at steps "
-                 << f;
+    LOG(WARNING) << "worker: fault injection: a non-finite loss after the backward at steps " << f;
   }
 }
 

@@ -53,9 +53,7 @@ class LoraPath final : public UpdatePath {
     return adapter_->NumParameters();
   }
 
-  int64_t OptimizerStateBytes(const WorkerJob& job) const override {
-    return adamw_->StateBytes();
-  }
+  int64_t OptimizerStateBytes(const WorkerJob& job) const override { return adamw_->StateBytes(); }
 
   void ZeroGrads(WorkerJob* job) override { adamw_->ZeroGrad(); }
 
@@ -76,8 +74,7 @@ class LoraPath final : public UpdatePath {
     std::error_code ec;
     const std::string base =
         path.empty() ? path : std::filesystem::absolute(path, ec).lexically_normal().string();
-    return baselines::WritePeftAdapter(*adapter_, *job->model, ec ? path : base,
-                                       dir + "/adapter");
+    return baselines::WritePeftAdapter(*adapter_, *job->model, ec ? path : base, dir + "/adapter");
   }
 
   absl::Status SaveState(WorkerJob* job, const std::string& dir, offload::NamedTensors* tensors,

@@ -5,14 +5,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
-#include "lsp/subspace.h"
-#include "offload/training_mode.h"
-#include "runtime/proto_json.h"
 #include "gpu_worker/device_offload.h"
 #include "gpu_worker/worker_job.h"
+#include "lsp/subspace.h"
 #include "offload/arena_layout.h"
 #include "offload/arena_tensors.h"
 #include "offload/torch_call.h"
+#include "offload/training_mode.h"
+#include "runtime/proto_json.h"
 #include "runtime/status_macros.h"
 
 namespace lspo::worker {
@@ -137,14 +137,13 @@ absl::Status LspPath::CheckUpdate(WorkerJob* job, int64_t i, uint32_t step) {
   return absl::OkStatus();
 }
 
-absl::Status LspPath::Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor& w,
-                          double decay) {
+absl::Status LspPath::Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor& w, double decay) {
   const auto& slot = job->layout.linears(static_cast<int>(i));
   ASSIGN_OR_RETURN(at::Tensor d, offload::ArenaF32(job->arena, slot.step()));
   // D is in host memory (the arena): this check never waits for the device.
   if (!at::isfinite(d).all().item<bool>()) {
-    return absl::DataLossError(absl::StrCat("step D for ", job->linears[i].name, " at step ",
-                                            step, " is not finite; weights left untouched"));
+    return absl::DataLossError(absl::StrCat("step D for ", job->linears[i].name, " at step ", step,
+                                            " is not finite; weights left untouched"));
   }
   if (job->cuda) {
     // H2D on the upload stream; the compute stream waits for this copy only.
@@ -155,8 +154,7 @@ absl::Status LspPath::Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor&
   if (!comp_.empty()) {
     lsp::ApplyStepFused(w, &comp_[i], p_[i], d, q_[i], decay, lsp::Rounding::kCompensated, 0);
   } else {
-    const bool stochastic =
-        job->spec.lsp().apply_rounding() == lspo::v1::APPLY_ROUNDING_STOCHASTIC;
+    const bool stochastic = job->spec.lsp().apply_rounding() == lspo::v1::APPLY_ROUNDING_STOCHASTIC;
     // The noise depends only on the job's seed, the step and the matrix: resumes and data-
     // parallel ranks round alike.
     lsp::ApplyStepFused(w, nullptr, p_[i], d, q_[i], decay,
@@ -176,8 +174,9 @@ absl::Status LspPath::InitCompensation(WorkerJob* job, std::vector<at::Tensor> r
   for (size_t i = 0; i < residuals.size(); ++i) {
     const at::Tensor& w = job->model->LinearWeight(static_cast<int64_t>(i));
     if (residuals[i].sizes() != w.sizes() || residuals[i].scalar_type() != w.scalar_type()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "InitCompensation: the residual of ", job->linears[i].name, " does not match its weight"));
+      return absl::InvalidArgumentError(absl::StrCat("InitCompensation: the residual of ",
+                                                     job->linears[i].name,
+                                                     " does not match its weight"));
     }
     residuals[i] = residuals[i].to(w.device()).contiguous();
   }
@@ -222,9 +221,9 @@ absl::Status LspPath::SaveState(WorkerJob* job, const std::string& dir,
 }
 
 absl::StatusOr<UpdatePath::Commit> LspPath::ReadState(WorkerJob* job,
-                                                     const model::SafetensorsFile& file,
-                                                     const std::string& what,
-                                                     const std::string& dir) {
+                                                      const model::SafetensorsFile& file,
+                                                      const std::string& what,
+                                                      const std::string& dir) {
   // The compensation residuals (lsp.apply_rounding compensated, 16-bit weights). A checkpoint
   // written before they existed has none: the job goes on with zero residuals.
   auto comp = std::make_shared<std::vector<at::Tensor>>();
@@ -236,9 +235,8 @@ absl::StatusOr<UpdatePath::Commit> LspPath::ReadState(WorkerJob* job,
       comp->clear();
       break;
     }
-    ASSIGN_OR_RETURN(at::Tensor c, offload::ReadStateTensor(file, what, name,
-                                                            comp_[i].scalar_type(),
-                                                            comp_[i].sizes()));
+    ASSIGN_OR_RETURN(at::Tensor c, offload::ReadStateTensor(
+                                       file, what, name, comp_[i].scalar_type(), comp_[i].sizes()));
     comp->push_back(std::move(c));
   }
   const auto commit_comp = [this, comp]() {
@@ -263,10 +261,10 @@ absl::StatusOr<UpdatePath::Commit> LspPath::ReadState(WorkerJob* job,
   for (size_t i = 0; i < n; ++i) {
     const offload::LinearShape& ls = job->linears[i];
     const lsp::MatrixSubspace sub = offload::SlotSubspace(job->layout.linears(static_cast<int>(i)));
-    ASSIGN_OR_RETURN((*p)[i], offload::ReadStateProjector(file, what, ls.name + ".p", ls.m,
-                                                          sub.p.dim, sub.p.r));
-    ASSIGN_OR_RETURN((*q)[i], offload::ReadStateProjector(file, what, ls.name + ".q", ls.n,
-                                                          sub.q.dim, sub.q.r));
+    ASSIGN_OR_RETURN(
+        (*p)[i], offload::ReadStateProjector(file, what, ls.name + ".p", ls.m, sub.p.dim, sub.p.r));
+    ASSIGN_OR_RETURN(
+        (*q)[i], offload::ReadStateProjector(file, what, ls.name + ".q", ls.n, sub.q.dim, sub.q.r));
   }
   return Commit([this, job, p, q, commit_comp]() -> absl::Status {
     commit_comp();
@@ -276,8 +274,8 @@ absl::StatusOr<UpdatePath::Commit> LspPath::ReadState(WorkerJob* job,
         pi = pi.To(job->device);
         qi = qi.To(job->device);
       }
-      RETURN_IF_ERROR(InstallProjectors(job, static_cast<int64_t>(i), std::move(pi),
-                                        std::move(qi)));
+      RETURN_IF_ERROR(
+          InstallProjectors(job, static_cast<int64_t>(i), std::move(pi), std::move(qi)));
     }
     if (linears_ != nullptr) job->model->SetLinearMode(model::LinearMode::kCustom);
     fitted_ = true;
@@ -290,8 +288,7 @@ std::unique_ptr<UpdatePath> MakeLspPath() { return std::make_unique<LspPath>(); 
 absl::StatusOr<LspPath*> LspPathOf(WorkerJob* job, const char* what) {
   auto* path = dynamic_cast<LspPath*>(job->path.get());
   if (path == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " needs mode lsp (or galore-offload)"));
+    return absl::FailedPreconditionError(absl::StrCat(what, " needs mode lsp (or galore-offload)"));
   }
   return path;
 }

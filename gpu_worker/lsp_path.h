@@ -2,10 +2,10 @@
 // autograd node (lsp/lsp_linear.h), whose backward hands S = P^T G Q (d_p, d_q) fp32 to a sink
 // that sums it over the step's micro-batches; S goes to the optimizer service through the
 // arena, and the step D (d_p, d_q) fp32 comes back and lands as W <- (1 - lr wd) W + P D Q^T
-// in one fused pass with the spec's rounding (lsp::ApplyStepFused). Each matrix's (d_p, d_q) and identity sides come from lsp/subspace.h
-// (lsp.d or lsp.d_ratio, and lsp.narrow), resolved once when the arena is laid out. The
-// projectors P (m, d_p) and Q (n, d_q) are fitted by the projector check (calibration.h),
-// which reaches them through LspPathOf. Internal to gpu_worker/.
+// in one fused pass with the spec's rounding (lsp::ApplyStepFused). Each matrix's (d_p, d_q) and
+// identity sides come from lsp/subspace.h (lsp.d or lsp.d_ratio, and lsp.narrow), resolved once
+// when the arena is laid out. The projectors P (m, d_p) and Q (n, d_q) are fitted by the projector
+// check (calibration.h), which reaches them through LspPathOf. Internal to gpu_worker/.
 #ifndef LSPO_GPU_WORKER_LSP_PATH_H_
 #define LSPO_GPU_WORKER_LSP_PATH_H_
 
@@ -67,8 +67,7 @@ class LspPath : public OffloadPath {
   at::Tensor Gradient(WorkerJob* job, int64_t i) override { return s_accum_[i]; }
   absl::StatusOr<at::Tensor> GradientSlot(const WorkerJob& job, int64_t i) const override;
   at::Tensor DeviceSnapshot(const at::Tensor& grad) const override;
-  absl::Status Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor& w,
-                    double decay) override;
+  absl::Status Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor& w, double decay) override;
 
  protected:
   std::vector<lsp::SparseProjector> p_, q_;
@@ -80,7 +79,7 @@ class LspPath : public OffloadPath {
   // device for the whole job.
   std::vector<at::Tensor> s_accum_;
   bool persistent_s_ = true;
-  std::vector<at::Tensor> comp_;     // Per linear, (m, n) bf16/fp16 residuals; empty = none.
+  std::vector<at::Tensor> comp_;  // Per linear, (m, n) bf16/fp16 residuals; empty = none.
   bool fitted_ = false;
 };
 

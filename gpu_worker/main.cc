@@ -5,7 +5,6 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/process_env.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -13,6 +12,7 @@
 #include "gpu_worker/worker_service.h"
 #include "runtime/cpu_blas.h"
 #include "runtime/grpc_flags.h"
+#include "runtime/process_env.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50061",
           "host:port to serve lspo.v1.Worker on (loopback by default)");
@@ -25,7 +25,8 @@ ABSL_FLAG(bool, skip_memory_check, false,
 int main(int argc, char** argv) {
   lspo::runtime::UsePassiveOpenMpWaits(argc, argv);
   lspo::runtime::UseOneMallocArena();
-  absl::SetProgramUsageMessage("LSP-Offload GPU worker service. Usage: lsp_gpu_worker --listen=127.0.0.1:50061");
+  absl::SetProgramUsageMessage(
+      "LSP-Offload GPU worker service. Usage: lsp_gpu_worker --listen=127.0.0.1:50061");
   absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;

@@ -109,15 +109,16 @@ absl::Status CheckJobFitsDevice(JobSpec* spec_in, bool cuda, bool skip,
     absl::StrAppend(&advice, "; lsp.d ", fit.largest_d, " fits at this micro-batch");
   }
   if (fit.fits_with_nearest_rounding) {
-    absl::StrAppend(&advice, "; the job fits with lsp.apply_rounding: stochastic or nearest (no residuals)");
+    absl::StrAppend(&advice,
+                    "; the job fits with lsp.apply_rounding: stochastic or nearest (no residuals)");
   }
   return absl::ResourceExhaustedError(absl::StrFormat(
       "the job will not fit: its memory plan in mode %s needs %.2f GiB of %s memory (%s, ...) "
       "but %s leaves %.2f GiB: %s. `lspctl plan --spec=FILE --device=%s "
       "--device_memory_gb=%.0f` prints the whole plan; the worker's --skip_memory_check (lspctl "
       "run --skip_memory_check) runs it anyway",
-      std::string(m.name), need / kGiB, cuda ? "GPU" : "host", absl::StrJoin(largest, ", "),
-      what, budget / kGiB, advice, cuda ? "cuda" : "cpu", std::ceil(budget / kGiB)));
+      std::string(m.name), need / kGiB, cuda ? "GPU" : "host", absl::StrJoin(largest, ", "), what,
+      budget / kGiB, advice, cuda ? "cuda" : "cpu", std::ceil(budget / kGiB)));
 }
 
 }  // namespace lspo::worker

@@ -30,9 +30,7 @@ class NativePath final : public UpdatePath {
     return absl::OkStatus();
   }
 
-  int64_t OptimizerStateBytes(const WorkerJob& job) const override {
-    return adamw_->StateBytes();
-  }
+  int64_t OptimizerStateBytes(const WorkerJob& job) const override { return adamw_->StateBytes(); }
 
   void ZeroGrads(WorkerJob* job) override { adamw_->ZeroGrad(); }
 

@@ -64,20 +64,20 @@ bool OffloadPath::PublishGradient(WorkerJob* job, int64_t i, const at::Tensor& f
     at::Tensor src = DeviceSnapshot(grad);
     at::Tensor host = *dst;
     CHECK_EQ(src.nbytes(), host.nbytes()) << job->linears[i].name << ": gradient vs arena slot";
-    absl::Status st = job->offload->OffloadAsync(layer, std::move(src), host.data_ptr(),
-                                                 [job, i, step, layer, t0](bool finite) {
-      if (!finite) {
-        LOG(WARNING) << "worker: non-finite gradient for " << job->linears[i].name
-                     << " at step " << step << "; step skipped";
-        job->flags.Abort(step);
-        job->publish_failed = true;
-        return;
-      }
-      job->flags.PublishGrad(i, step);
-      const double t1 = MonotonicSeconds();
-      job->offload_done[layer] = t1;
-      job->offload_secs[layer] = std::max(job->offload_secs[layer], t1 - t0);
-    });
+    absl::Status st = job->offload->OffloadAsync(
+        layer, std::move(src), host.data_ptr(), [job, i, step, layer, t0](bool finite) {
+          if (!finite) {
+            LOG(WARNING) << "worker: non-finite gradient for " << job->linears[i].name
+                         << " at step " << step << "; step skipped";
+            job->flags.Abort(step);
+            job->publish_failed = true;
+            return;
+          }
+          job->flags.PublishGrad(i, step);
+          const double t1 = MonotonicSeconds();
+          job->offload_done[layer] = t1;
+          job->offload_secs[layer] = std::max(job->offload_secs[layer], t1 - t0);
+        });
     if (!st.ok()) {
       LOG(ERROR) << "worker: offloading " << job->linears[i].name << ": " << st;
       job->flags.Abort(step);
@@ -120,7 +120,8 @@ int64_t OffloadPath::OffloadBytesPerStep(const WorkerJob& job) const {
   };
   int64_t total = 0;
   for (const auto& slot : job.layout.linears()) {
-    total += bytes(slot.grad()) + bytes(slot.step()) + bytes(slot.full_grad()) + bytes(slot.param());
+    total +=
+        bytes(slot.grad()) + bytes(slot.step()) + bytes(slot.full_grad()) + bytes(slot.param());
   }
   return total;
 }
@@ -129,8 +130,8 @@ absl::Status OffloadPath::ApplyUpdate(WorkerJob* job, int64_t i, uint32_t step, 
   const double t0 = MonotonicSeconds();
   absl::Status st = job->flags.WaitStep(i, step, kPeerTimeout);
   if (!st.ok()) {
-    return absl::Status(st.code(), absl::StrCat("optimizer update of ", job->linears[i].name,
-                                                ": ", st.message()));
+    return absl::Status(
+        st.code(), absl::StrCat("optimizer update of ", job->linears[i].name, ": ", st.message()));
   }
   const double t1 = MonotonicSeconds();
   job->wait_seconds += t1 - t0;

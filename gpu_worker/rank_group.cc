@@ -69,12 +69,12 @@ uint32_t ModelChecksum(const model::LlamaModel& model) {
 uint32_t TrainDataChecksum(const WorkerJob& job) {
   uint32_t crc = 0;
   for (const data::TokenizedExample& e : job.train) {
-    crc = runtime::Crc32cExtend(
-        crc, absl::string_view(reinterpret_cast<const char*>(e.input_ids.data()),
-                               e.input_ids.size() * sizeof(int32_t)));
-    crc = runtime::Crc32cExtend(
-        crc, absl::string_view(reinterpret_cast<const char*>(e.labels.data()),
-                               e.labels.size() * sizeof(int32_t)));
+    crc = runtime::Crc32cExtend(crc,
+                                absl::string_view(reinterpret_cast<const char*>(e.input_ids.data()),
+                                                  e.input_ids.size() * sizeof(int32_t)));
+    crc =
+        runtime::Crc32cExtend(crc, absl::string_view(reinterpret_cast<const char*>(e.labels.data()),
+                                                     e.labels.size() * sizeof(int32_t)));
   }
   return crc;
 }
@@ -90,10 +90,10 @@ absl::StatusOr<std::unique_ptr<offload::Collective>> JoinGroup(const JobSpec& sp
   offload::CollectiveOptions o;
   o.rank = d.rank();
   o.world_size = d.world_size();
-  ASSIGN_OR_RETURN(runtime::HostPort at,
-                   runtime::ParseHostPort(d.rendezvous().empty() ? "127.0.0.1:29500"
-                                                                 : d.rendezvous(),
-                                          "job spec field distributed.rendezvous"));
+  ASSIGN_OR_RETURN(
+      runtime::HostPort at,
+      runtime::ParseHostPort(d.rendezvous().empty() ? "127.0.0.1:29500" : d.rendezvous(),
+                             "job spec field distributed.rendezvous"));
   o.host = at.host;
   o.port = at.port;
   if (!d.bind_address().empty()) o.bind_address = d.bind_address();
@@ -106,8 +106,9 @@ absl::StatusOr<std::unique_ptr<offload::Collective>> JoinGroup(const JobSpec& sp
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
     std::error_code ec;
-    o.exclusive = absl::StrCat("the output directory ", host, ":",
-                               std::filesystem::absolute(spec.output_dir(), ec).lexically_normal().string());
+    o.exclusive =
+        absl::StrCat("the output directory ", host, ":",
+                     std::filesystem::absolute(spec.output_dir(), ec).lexically_normal().string());
   }
   return offload::Collective::Join(o);
 }
@@ -128,10 +129,10 @@ absl::Status CheckRanksLoadedTheSame(const WorkerJob& job) {
     ASSIGN_OR_RETURN(std::vector<int64_t> all, group->AllGather(c.crc));
     for (size_t r = 1; r < all.size(); ++r) {
       if (all[r] != all[0]) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "distributed: rank ", r, " (", group->labels()[r], ") loaded other ", c.what,
-            " than rank 0 (", group->labels()[0], ") from ", c.field,
-            ": give every rank the same files (compare them with sha256sum)"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("distributed: rank ", r, " (", group->labels()[r], ") loaded other ",
+                         c.what, " than rank 0 (", group->labels()[0], ") from ", c.field,
+                         ": give every rank the same files (compare them with sha256sum)"));
       }
     }
   }
@@ -157,12 +158,12 @@ absl::Status AgreeOnStep(const WorkerJob& job, int step, bool overlap, int64_t* 
     }
     if (steps[r] != steps[0]) {
       auto name = [](int64_t v) { return v % 2 ? "overlap" : "serial"; };
-      return absl::InternalError(absl::StrCat(
-          "distributed: at step ", step, " rank ", r, " (", group->labels()[r],
-          ") was planned the ", name(steps[r]), " schedule and rank 0 (", group->labels()[0],
-          ") the ", name(steps[0]),
-          " one; every rank must run one schedule (report this: the schedulers of a "
-          "job's ranks plan alike)"));
+      return absl::InternalError(
+          absl::StrCat("distributed: at step ", step, " rank ", r, " (", group->labels()[r],
+                       ") was planned the ", name(steps[r]), " schedule and rank 0 (",
+                       group->labels()[0], ") the ", name(steps[0]),
+                       " one; every rank must run one schedule (report this: the schedulers of a "
+                       "job's ranks plan alike)"));
     }
   }
   at::Tensor t = at::full({1}, *total, at::kLong);

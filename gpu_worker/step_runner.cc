@@ -107,9 +107,9 @@ std::vector<data::Batch> StepBatches(WorkerJob* job, int step, int64_t* total,
   const JobSpec& spec = job->spec;
   const bool balanced = spec.data().balance_classes() && !job->train_class.empty();
   // Epoch length: every example once, or (balanced) classes x largest class size.
-  const int64_t n = balanced ? static_cast<int64_t>(
-                                   data::BalancedOrder(job->train_class, spec.seed(), 0).size())
-                             : static_cast<int64_t>(job->train.size());
+  const int64_t n =
+      balanced ? static_cast<int64_t>(data::BalancedOrder(job->train_class, spec.seed(), 0).size())
+               : static_cast<int64_t>(job->train.size());
   const int64_t mb = spec.micro_batch_size(), accum = spec.grad_accum();
   const int64_t world = job->collective ? job->collective->world_size() : 1;
   const int64_t rank = job->collective ? job->collective->rank() : 0;
@@ -136,8 +136,8 @@ std::vector<data::Batch> StepBatches(WorkerJob* job, int step, int64_t* total,
   return batches;
 }
 
-absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& batches,
-                             int64_t total, int step, const lspo::v1::StepPlan& plan,
+absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& batches, int64_t total,
+                             int step, const lspo::v1::StepPlan& plan,
                              lspo::v1::TrainStepReply* reply) {
   auto& model = *job->model;
   const int64_t num_layers = model.config().num_layers;
@@ -176,9 +176,9 @@ absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& bat
     const int64_t targets = b.num_loss_tokens;
     if (targets == 0) continue;
     auto t0 = std::chrono::steady_clock::now();
-    at::Tensor loss = model.CausalLmLoss(ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device),
-                                         ToTensor(b.labels, b.batch_size, b.seq_len, job->device),
-                                         LayoutOf(b, job->device));
+    at::Tensor loss = model.CausalLmLoss(
+        ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device),
+        ToTensor(b.labels, b.batch_size, b.seq_len, job->device), LayoutOf(b, job->device));
     // A failed layer hook (e.g. a pending update that timed out) keeps its status code.
     RETURN_IF_ERROR(model.HookStatus());
     fwd += runtime::SecondsSince(t0);

@@ -15,7 +15,6 @@
 
 namespace lspo::worker {
 
-
 void InstallLayerHooks(WorkerJob* job);
 
 // Resets the per-step state of `job` (events, waits, publication, the offload engine's step)
@@ -40,8 +39,8 @@ std::vector<data::Batch> StepBatches(WorkerJob* job, int step, int64_t* total,
 // an offloaded overlap plan the last micro-batch's backward publishes the gradients as they
 // form. Sets reply->nonfinite (returning OK) on a non-finite loss or gradient; otherwise the
 // metrics loss, tokens, forward_seconds, backward_seconds. Errors: a failed layer hook's.
-absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& batches,
-                             int64_t total, int step, const lspo::v1::StepPlan& plan,
+absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& batches, int64_t total,
+                             int step, const lspo::v1::StepPlan& plan,
                              lspo::v1::TrainStepReply* reply);
 
 // The step's offload events and, on CUDA, its transfers and device memory, into the reply.

@@ -13,11 +13,11 @@
 namespace lspo::worker {
 
 // Each mode's factory, defined in its own file.
-std::unique_ptr<UpdatePath> MakeNativePath();  // native_path.cc
-std::unique_ptr<UpdatePath> MakeLspPath();     // lsp_path.cc
-std::unique_ptr<UpdatePath> MakeZeroPath();    // zero_path.cc
-std::unique_ptr<UpdatePath> MakeLoraPath();    // lora_path.cc
-std::unique_ptr<UpdatePath> MakeGalorePath();  // galore_path.cc
+std::unique_ptr<UpdatePath> MakeNativePath();         // native_path.cc
+std::unique_ptr<UpdatePath> MakeLspPath();            // lsp_path.cc
+std::unique_ptr<UpdatePath> MakeZeroPath();           // zero_path.cc
+std::unique_ptr<UpdatePath> MakeLoraPath();           // lora_path.cc
+std::unique_ptr<UpdatePath> MakeGalorePath();         // galore_path.cc
 std::unique_ptr<UpdatePath> MakeGaloreOffloadPath();  // galore_offload_path.cc
 
 namespace {
@@ -45,9 +45,9 @@ absl::StatusOr<std::unique_ptr<UpdatePath>> MakeUpdatePath(const lspo::v1::JobSp
   for (const Registration& r : kRegistry) {
     if (r.mode == mode) return r.make();
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "job spec field mode = ", lspo::v1::TrainingMode_Name(mode),
-      " has no update path on this worker: use ", offload::ModeNames()));
+  return absl::InvalidArgumentError(
+      absl::StrCat("job spec field mode = ", lspo::v1::TrainingMode_Name(mode),
+                   " has no update path on this worker: use ", offload::ModeNames()));
 }
 
 int64_t UpdatePath::TrainableParameters(const WorkerJob& job) const {
@@ -65,9 +65,9 @@ absl::StatusOr<std::vector<std::string>> UpdatePath::WriteArtifacts(WorkerJob* j
   const std::string adapter = dir + "/adapter";
   for (const char* f : {"/adapter_config.json", "/adapter_model.safetensors"}) {
     if (std::remove((adapter + f).c_str()) != 0 && errno != ENOENT) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "cannot remove the stale PEFT adapter file '", adapter, f, "' of an earlier lora job: ",
-          std::strerror(errno)));
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot remove the stale PEFT adapter file '", adapter, f,
+                       "' of an earlier lora job: ", std::strerror(errno)));
     }
   }
   (void)rmdir(adapter.c_str());  // Only when empty: anything else the user put there stays.
@@ -75,9 +75,10 @@ absl::StatusOr<std::vector<std::string>> UpdatePath::WriteArtifacts(WorkerJob* j
 }
 
 absl::Status UpdatePath::ApplyUpdate(WorkerJob* job, int64_t i, uint32_t step, double decay) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "mode ", name(), " has no offloaded update to apply (ApplyUpdates needs a mode with an "
-      "optimizer service)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("mode ", name(),
+                   " has no offloaded update to apply (ApplyUpdates needs a mode with an "
+                   "optimizer service)"));
 }
 
 }  // namespace lspo::worker

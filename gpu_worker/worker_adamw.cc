@@ -16,16 +16,16 @@ namespace lspo::worker {
 
 WorkerAdamW::WorkerAdamW(std::vector<at::Tensor> params, const lspo::v1::OptimSpec& optim)
     : params_(std::move(params)), max_grad_norm_(optim.max_grad_norm()) {
-  adamw_ = std::make_unique<torch::optim::AdamW>(
-      params_, torch::optim::AdamWOptions(optim.lr())
-                   .betas({optim.beta1(), optim.beta2()})
-                   .eps(optim.eps())
-                   .weight_decay(optim.weight_decay()));
+  adamw_ = std::make_unique<torch::optim::AdamW>(params_, torch::optim::AdamWOptions(optim.lr())
+                                                              .betas({optim.beta1(), optim.beta2()})
+                                                              .eps(optim.eps())
+                                                              .weight_decay(optim.weight_decay()));
 }
 
 int64_t WorkerAdamW::StateBytes() const {
   int64_t bytes = 0;
-  for (const at::Tensor& p : params_) bytes += 2 * p.numel() * static_cast<int64_t>(p.element_size());
+  for (const at::Tensor& p : params_)
+    bytes += 2 * p.numel() * static_cast<int64_t>(p.element_size());
   return bytes;
 }
 
@@ -102,8 +102,8 @@ absl::StatusOr<std::function<absl::Status()>> WorkerAdamW::Read(const std::strin
     try {
       torch::load(*adamw_, path);
     } catch (const c10::Error& e) {
-      return absl::DataLossError(absl::StrCat("cannot read the AdamW state '", path,
-                                              "': ", e.what_without_backtrace()));
+      return absl::DataLossError(
+          absl::StrCat("cannot read the AdamW state '", path, "': ", e.what_without_backtrace()));
     }
     return absl::OkStatus();
   });

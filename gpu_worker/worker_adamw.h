@@ -13,22 +13,23 @@
 #include <string>
 #include <vector>
 
-#include "third_party/torch/torch_api.h"
 #include <torch/optim/adamw.h>
+#include "third_party/torch/torch_api.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "proto/job_spec.pb.h"
 #include "offload/collective.h"
+#include "proto/job_spec.pb.h"
 #include "proto/worker.pb.h"
 
 namespace lspo::worker {
 
 // Data parallel: replaces the gradient of every tensor in `params` by its sum over the ranks
 // of `group` (offload::SumTensorsAcrossRanks: one flat fp32 all-reduce of 1 + Σ numel values;
-// a tensor without a gradient counts as zeros and gets the sum), in place, in each gradient's dtype and device. Each rank's loss
-// was scaled by its share of the global loss tokens, so the sum is the gradient of the global
-// token-mean loss. Errors: Collective::AllReduceSum's (kUnavailable naming the ranks).
+// a tensor without a gradient counts as zeros and gets the sum), in place, in each gradient's dtype
+// and device. Each rank's loss was scaled by its share of the global loss tokens, so the sum is the
+// gradient of the global token-mean loss. Errors: Collective::AllReduceSum's (kUnavailable naming
+// the ranks).
 absl::Status SumGradientsAcrossRanks(const std::vector<at::Tensor>& params,
                                      offload::Collective* group);
 

@@ -31,10 +31,10 @@
 #include "gpu_worker/device_offload.h"
 #include "gpu_worker/evaluator.h"
 #include "gpu_worker/job_loading.h"
+#include "gpu_worker/lsp_path.h"
 #include "gpu_worker/memory_check.h"
 #include "gpu_worker/rank_group.h"
 #include "gpu_worker/step_runner.h"
-#include "gpu_worker/lsp_path.h"
 #include "gpu_worker/update_path.h"
 #include "gpu_worker/worker_job.h"
 #include "gpu_worker/worker_state.h"
@@ -44,9 +44,9 @@
 #include "offload/hf_export.h"
 #include "offload/job_assets.h"
 #include "offload/memory_plan.h"
-#include "offload/training_mode.h"
 #include "offload/spec_paths.h"
 #include "offload/torch_call.h"
+#include "offload/training_mode.h"
 #include "runtime/clock.h"
 #include "runtime/cuda/device_runtime.h"
 #include "runtime/file_io.h"
@@ -61,20 +61,13 @@ namespace lspo::worker {
 using lspo::v1::JobSpec;
 using runtime::MonotonicSeconds;
 
-WorkerCore::WorkerCore() = default;
+WorkerCore::WorkerCore() : slot_(&mu_, "worker") {}
 WorkerCore::WorkerCore(WorkerOptions options)
     : roots_(std::move(options.allowed_roots), "worker", "lsp_gpu_worker"),
       skip_memory_check_(options.skip_memory_check),
-      faults_(std::move(options.faults)) {}
+      faults_(std::move(options.faults)),
+      slot_(&mu_, "worker") {}
 WorkerCore::~WorkerCore() = default;
-
-absl::StatusOr<WorkerJob*> WorkerCore::Find(const std::string& job_id) {
-  if (job_ == nullptr || job_->id != job_id) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job '", job_id, "' is not loaded on this worker (LoadJob first)"));
-  }
-  return job_.get();
-}
 
 absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(
     const std::string& job_id, const JobSpec& requested,
@@ -87,13 +80,12 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(
   JobSpec spec = requested;
   std::vector<std::string> chosen;
   absl::MutexLock lock(&mu_);
-  if (job_ != nullptr) {
-    if (job_->id == job_id) {
+  if (const WorkerJob* loaded = slot_.get(); loaded != nullptr) {
+    if (loaded->id == job_id) {
       return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' already loaded"));
     }
-    LOG(WARNING) << "worker: replacing stale job " << job_->id << " with " << job_id;
-    aborter_.Detach();
-    job_.reset();
+    LOG(WARNING) << "worker: replacing stale job " << loaded->id << " with " << job_id;
+    slot_.Evict();
   }
   auto t0 = std::chrono::steady_clock::now();
   at::set_num_threads(spec.num_threads());
@@ -164,34 +156,31 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(
   for (const std::string& line : chosen) reply.add_chosen_settings(line);
   reply.set_agreed_resume_step(agreed_resume_step);
   reply.set_seconds(runtime::SecondsSince(t0));
-  LOG(INFO) << "worker: loaded job " << job_id << " (mode " << job->path->name() << "): "
-            << job->train.size()
-            << (spec.data().packing() ? " packed train rows / " : " train / ")
-            << job->eval.size() << " eval examples, "
-            << trainable << " trainable parameters in " << job->linears.size() << " matrices";
-  aborter_.Attach(job_id, job->flags, job->stop_step);
-  job_ = std::move(job);
+  LOG(INFO) << "worker: loaded job " << job_id << " (mode " << job->path->name()
+            << "): " << job->train.size()
+            << (spec.data().packing() ? " packed train rows / " : " train / ") << job->eval.size()
+            << " eval examples, " << trainable << " trainable parameters in " << job->linears.size()
+            << " matrices";
+  runtime::CompletionFlags flags = job->flags;
+  std::shared_ptr<std::atomic<uint32_t>> stop_step = job->stop_step;
+  slot_.Install(std::move(job), std::move(flags), std::move(stop_step));
   return reply;
 }
 
-absl::StatusOr<lspo::v1::FitProjectorsReply> WorkerCore::FitProjectors(
-    const std::string& job_id, int step) {
+absl::StatusOr<lspo::v1::FitProjectorsReply> WorkerCore::FitProjectors(const std::string& job_id,
+                                                                       int step) {
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
+  ASSIGN_OR_RETURN(WorkerJob * job, slot_.Find(job_id));
   return RunProjectorCheck(job, step);
 }
 
 absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
     const std::string& job_id, int step, double lr, const lspo::v1::StepPlan& requested) {
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
+  ASSIGN_OR_RETURN(WorkerJob * job, slot_.Find(job_id));
   const lspo::v1::StepPlan& plan = requested;
   // Published for UnloadJob, which may abandon this step while we wait (see the header).
-  busy_step_.store(step);
-  struct ClearStep {
-    std::atomic<int>* step;
-    ~ClearStep() { step->store(0); }
-  } clear_step{&busy_step_};
+  const auto busy = slot_.MarkBusy(step);
   RETURN_IF_ERROR(job->path->CheckReady(*job));
   if (step < 1) return absl::InvalidArgumentError("TrainStep: step is 1-based");
   auto t_step = std::chrono::steady_clock::now();
@@ -274,32 +263,28 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
 absl::StatusOr<lspo::v1::ApplyReply> WorkerCore::ApplyUpdates(
     const std::string& job_id, int step, const lspo::v1::ApplyRequest& request) {
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
+  ASSIGN_OR_RETURN(WorkerJob * job, slot_.Find(job_id));
   // Published for UnloadJob, which may abandon this step while we wait (see the header).
-  busy_step_.store(step);
-  struct ClearStep {
-    std::atomic<int>* step;
-    ~ClearStep() { step->store(0); }
-  } clear_step{&busy_step_};
+  const auto busy = slot_.MarkBusy(step);
   if (!job->path->offloaded()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ApplyUpdates needs a mode with an optimizer service; this job's mode ",
-        job->path->name(), " trains on the worker"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("ApplyUpdates needs a mode with an optimizer service; this job's mode ",
+                     job->path->name(), " trains on the worker"));
   }
   auto t0 = std::chrono::steady_clock::now();
   for (const auto& task : request.tasks()) {
     if (task.index() < 0 || task.index() >= job->layout.linears_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("ApplyUpdates: linear index ",
-                                                     task.index(), " out of range"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ApplyUpdates: linear index ", task.index(), " out of range"));
     }
   }
   // Check every step first so that a bad one leaves all weights untouched.
   for (const auto& task : request.tasks()) {
     const int i = task.index();
     if (job->flags.step_seq(i) < static_cast<uint32_t>(step)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "ApplyUpdates: the optimizer has not written step ", step, " of ",
-          job->linears[i].name, " (Update first)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("ApplyUpdates: the optimizer has not written step ", step, " of ",
+                       job->linears[i].name, " (Update first)"));
     }
     RETURN_IF_ERROR(job->path->CheckUpdate(job, i, static_cast<uint32_t>(step)));
   }
@@ -308,7 +293,8 @@ absl::StatusOr<lspo::v1::ApplyReply> WorkerCore::ApplyUpdates(
   absl::Status st = offload::TorchCall("apply", [&]() -> absl::Status {
     for (const auto& task : request.tasks()) {
       const double t1 = MonotonicSeconds();
-      RETURN_IF_ERROR(job->path->ApplyUpdate(job, task.index(), static_cast<uint32_t>(step), decay));
+      RETURN_IF_ERROR(
+          job->path->ApplyUpdate(job, task.index(), static_cast<uint32_t>(step), decay));
       auto* e = reply.add_events();
       e->set_layer(task.index() / model::kLinearsPerLayer);
       e->set_what("apply");
@@ -326,12 +312,12 @@ absl::StatusOr<lspo::v1::ApplyReply> WorkerCore::ApplyUpdates(
 absl::StatusOr<lspo::v1::LayerWeightsReply> WorkerCore::ImportLayerWeights(
     const std::string& job_id, int layer, bool measure_only) {
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
+  ASSIGN_OR_RETURN(WorkerJob * job, slot_.Find(job_id));
   RETURN_IF_ERROR(LspPathOf(job, "ImportLayerWeights").status());
   const int64_t num_layers = job->model->config().num_layers;
   if (layer < 0 || layer >= num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("ImportLayerWeights: layer ", layer,
-                                                   " is not in [0, ", num_layers, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ImportLayerWeights: layer ", layer, " is not in [0, ", num_layers, ")"));
   }
   lspo::v1::LayerWeightsReply reply;
   RETURN_IF_ERROR(offload::TorchCall("import layer weights", [&]() -> absl::Status {
@@ -347,10 +333,9 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> WorkerCore::ImportLayerWeights(
       at::Tensor src = staging.narrow(0, offset, w.numel()).view(w.sizes()).to(w.device());
       offset += w.numel();
       max_change = std::max(max_change, (w.to(at::kFloat) - src).abs().max().item<double>());
-      max_drift = std::max(max_drift, (w.to(at::kFloat) - src.to(w.scalar_type()).to(at::kFloat))
-                                          .abs()
-                                          .max()
-                                          .item<double>());
+      max_drift = std::max(
+          max_drift,
+          (w.to(at::kFloat) - src.to(w.scalar_type()).to(at::kFloat)).abs().max().item<double>());
       max_ulps = std::max(max_ulps, lsp::MaxDriftUlps(w, src));
       if (!measure_only) lsp_path->RefreshFromMaster(job, i, src);
     }
@@ -365,15 +350,15 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> WorkerCore::ImportLayerWeights(
 absl::StatusOr<lspo::v1::EvalMetrics> WorkerCore::Evaluate(const std::string& job_id, int step,
                                                            const std::function<bool()>& cancelled) {
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
+  ASSIGN_OR_RETURN(WorkerJob * job, slot_.Find(job_id));
   return EvaluateJob(job, step, cancelled);
 }
 
 absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string& job_id,
-                                                             const std::string& dir) {
+                                                              const std::string& dir) {
   RETURN_IF_ERROR(offload::CheckRequestFolder(roots_, "SaveArtifacts", dir));
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
+  ASSIGN_OR_RETURN(WorkerJob * job, slot_.Find(job_id));
   auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(offload::TorchCall("flush updates", [&] { return ApplyPending(job, -1); }));
   // generation_config.json: the input folder's (sampling defaults, eos list) when it had one,
@@ -386,9 +371,9 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
   RETURN_IF_ERROR(offload::TorchCall("save artifacts", [&]() -> absl::Status {
     offload::NamedTensors weights;
     if (!job->path->offloaded()) weights = job->path->ExportedTensors(job);
-    ASSIGN_OR_RETURN(files, offload::WriteHfModelFolder(
-                                job->model->config(), *job->tokenizer, gen_source,
-                                job->path->offloaded() ? nullptr : &weights, dir));
+    ASSIGN_OR_RETURN(files,
+                     offload::WriteHfModelFolder(job->model->config(), *job->tokenizer, gen_source,
+                                                 job->path->offloaded() ? nullptr : &weights, dir));
     ASSIGN_OR_RETURN(std::vector<std::string> own, job->path->WriteArtifacts(job, dir));
     files.insert(files.end(), own.begin(), own.end());
     return absl::OkStatus();
@@ -403,7 +388,7 @@ absl::StatusOr<lspo::v1::StateReply> WorkerCore::SaveState(const std::string& jo
                                                            const std::string& dir, int step) {
   RETURN_IF_ERROR(offload::CheckRequestFolder(roots_, "SaveState", dir));
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
+  ASSIGN_OR_RETURN(WorkerJob * job, slot_.Find(job_id));
   return SaveWorkerState(job, dir, step);
 }
 
@@ -411,25 +396,20 @@ absl::StatusOr<lspo::v1::StateReply> WorkerCore::LoadState(const std::string& jo
                                                            const std::string& dir, int step) {
   RETURN_IF_ERROR(offload::CheckRequestFolder(roots_, "LoadState", dir));
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(WorkerJob * job, Find(job_id));
+  ASSIGN_OR_RETURN(WorkerJob * job, slot_.Find(job_id));
   return LoadWorkerState(job, dir, step);
 }
 
 absl::Status WorkerCore::AbortStep(const std::string& job_id, int step) {
-  return aborter_.Abort(job_id, step, "worker");
+  return slot_.Abort(job_id, step);
 }
 
 absl::Status WorkerCore::UnloadJob(const std::string& job_id) {
   // A TrainStep / ApplyUpdates waiting for updates holds mu_: abandon its step first (a
   // no-op for another job's id or when none waits).
-  if (const int step = busy_step_.load(); step > 0) {
-    (void)aborter_.Abort(job_id, step, "worker");
-  }
+  slot_.AbandonBusy(job_id);
   absl::MutexLock lock(&mu_);
-  if (job_ != nullptr && job_->id == job_id) {
-    aborter_.Detach();
-    job_.reset();
-  }
+  slot_.Unload(job_id);
   return absl::OkStatus();
 }
 

@@ -38,6 +38,7 @@
 #include "proto/worker.pb.h"
 #include "runtime/allowed_roots.h"
 #include "runtime/completion_flags.h"
+#include "runtime/job_slot.h"
 
 namespace lspo::worker {
 
@@ -77,8 +78,7 @@ class WorkerCore {
   // refitted (reply.refitted lists them). A non-finite G is logged and that matrix's check
   // skipped. New projectors are written to the arena.
   // Errors: kFailedPrecondition (no job / not MODE_LSP).
-  absl::StatusOr<lspo::v1::FitProjectorsReply> FitProjectors(const std::string& job_id,
-                                                             int step);
+  absl::StatusOr<lspo::v1::FitProjectorsReply> FitProjectors(const std::string& job_id, int step);
 
   // One optimizer step's forward + backward over grad_accum micro-batches (data order from
   // the seed; step is 1-based), following `plan` (see the file comment). MODE_LSP: the summed
@@ -89,8 +89,8 @@ class WorkerCore {
   // per-layer timeline (forward, backward, offload, wait, apply; CLOCK_MONOTONIC seconds).
   // Errors: kDeadlineExceeded (an update never arrived: optimizer gone), kDataLoss
   // (non-finite D), kInternal (LibTorch).
-  absl::StatusOr<lspo::v1::TrainStepReply> TrainStep(const std::string& job_id, int step,
-                                                     double lr, const lspo::v1::StepPlan& plan);
+  absl::StatusOr<lspo::v1::TrainStepReply> TrainStep(const std::string& job_id, int step, double lr,
+                                                     const lspo::v1::StepPlan& plan);
 
   // Serial schedule: applies each listed matrix's update of `step`: MODE_LSP
   // W <- (1 - lr wd) W + P D Q^T from its step slot, MODE_ZERO W <- param slot.
@@ -132,8 +132,8 @@ class WorkerCore {
   // allowed roots first (offload::CheckRequestFolder).
   // Errors: kPermissionDenied (outside the allowed roots, naming the request field and the
   // path), kFailedPrecondition (no job), I/O errors naming the file.
-  absl::StatusOr<lspo::v1::StateReply> SaveState(const std::string& job_id,
-                                                 const std::string& dir, int step);
+  absl::StatusOr<lspo::v1::StateReply> SaveState(const std::string& job_id, const std::string& dir,
+                                                 int step);
 
   // Restores what SaveState wrote into the freshly loaded job (before any step): weights,
   // projectors (also into the arena and the model; the fit is then skipped), AdamW state.
@@ -142,8 +142,8 @@ class WorkerCore {
   // request field and the path), kNotFound (missing file/tensor), kDataLoss (other
   // shapes/dtypes, non-finite values, invalid projectors, a state of another mode or step),
   // each naming the file; the job's weights are unchanged unless every tensor was read.
-  absl::StatusOr<lspo::v1::StateReply> LoadState(const std::string& job_id,
-                                                 const std::string& dir, int step);
+  absl::StatusOr<lspo::v1::StateReply> LoadState(const std::string& job_id, const std::string& dir,
+                                                 int step);
 
   // Marks `step` abandoned in the arena so that a TrainStep waiting for the optimizer's
   // updates of that step fails at once (kAborted) instead of waiting for its timeout; the
@@ -158,21 +158,16 @@ class WorkerCore {
   absl::Status UnloadJob(const std::string& job_id);
 
  private:
-  absl::StatusOr<WorkerJob*> Find(const std::string& job_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   // The --allowed_roots (immutable: read without mu_).
   const runtime::AllowedRoots roots_;
   const bool skip_memory_check_ = false;
   const WorkerFaults faults_;
   absl::Mutex mu_;
-  std::unique_ptr<WorkerJob> job_ ABSL_GUARDED_BY(mu_);
-  // The loaded job's flags for AbortStep (which must not wait for mu_).
-  runtime::StepAborter aborter_;
-  // The step of the TrainStep / ApplyUpdates in progress (0 = none): UnloadJob abandons it
-  // without mu_. Only that step's updates can be missing: the previous step's were all
-  // published before the scheduler started this one.
-  std::atomic<int> busy_step_{0};
+  // The loaded job (under mu_), its flags for AbortStep and the step of the TrainStep /
+  // ApplyUpdates in progress for UnloadJob (both without mu_): runtime/job_slot.h, the slot the
+  // optimizer core shares. Only that step's updates can be missing: the previous step's were
+  // all published before the scheduler started this one.
+  runtime::JobSlot<WorkerJob> slot_;
 };
 
 }  // namespace lspo::worker

@@ -25,8 +25,8 @@ void AddEvent(WorkerJob* job, int64_t layer, const char* what, double start, dou
 
 absl::Status ApplyPending(WorkerJob* job, int64_t layer) {
   const int64_t lo = layer < 0 ? 0 : layer * model::kLinearsPerLayer;
-  const int64_t hi = layer < 0 ? static_cast<int64_t>(job->pending_step.size())
-                               : lo + model::kLinearsPerLayer;
+  const int64_t hi =
+      layer < 0 ? static_cast<int64_t>(job->pending_step.size()) : lo + model::kLinearsPerLayer;
   const double t0 = MonotonicSeconds(), waited0 = job->wait_seconds;
   bool any = false;
   for (int64_t i = lo; i < hi; ++i) {
@@ -45,7 +45,8 @@ absl::Status ApplyPending(WorkerJob* job, int64_t layer) {
 
 std::string NormalizedToken(const model::BpeTokenizer& tok, int64_t id) {
   const int32_t one = static_cast<int32_t>(id);
-  return absl::AsciiStrToLower(absl::StripAsciiWhitespace(tok.Decode(absl::MakeConstSpan(&one, 1))));
+  return absl::AsciiStrToLower(
+      absl::StripAsciiWhitespace(tok.Decode(absl::MakeConstSpan(&one, 1))));
 }
 
 at::Tensor ToTensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols,

@@ -83,19 +83,18 @@ struct WorkerJob {
   // The step the scheduler abandoned (AbortStep: a cancel or a failed peer), 0 = none: the
   // layer hooks stop the forward or backward of that step at the next layer boundary
   // (kCancelled). Shared with the core's StepAborter, which sets it from an RPC thread.
-  std::shared_ptr<std::atomic<uint32_t>> stop_step =
-      std::make_shared<std::atomic<uint32_t>>(0);
+  std::shared_ptr<std::atomic<uint32_t>> stop_step = std::make_shared<std::atomic<uint32_t>>(0);
   // While > 0: the step whose gradients the backward publishes as they are formed (overlap
   // schedule, last micro-batch only).
   uint32_t publish_step = 0;
   // A published gradient was non-finite (step abandoned). Set by the CUDA watcher thread and
   // the data-parallel reducer's thread too.
   std::atomic<bool> publish_failed{false};
-  double offload_seconds = 0;        // Time spent writing gradients into the arena.
-  std::vector<double> offload_done;  // Per layer: time its last gradient was published.
-  std::vector<double> offload_secs;  // Per layer: seconds spent publishing its gradients.
+  double offload_seconds = 0;                // Time spent writing gradients into the arena.
+  std::vector<double> offload_done;          // Per layer: time its last gradient was published.
+  std::vector<double> offload_secs;          // Per layer: seconds spent publishing its gradients.
   std::vector<lspo::v1::LayerEvent> events;  // Timeline of the current step.
-  double layer_t0 = 0;               // Start of the current layer's forward / backward.
+  double layer_t0 = 0;                       // Start of the current layer's forward / backward.
   double wait_seconds = 0;
   // Fault injection for the fault tests (WorkerOptions::faults, "3,4"): at these
   // steps the backward is seeded with NaN, so every gradient is non-finite and the real

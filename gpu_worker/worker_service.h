@@ -4,8 +4,8 @@
 
 #include "gpu_worker/worker_core.h"
 #include "proto/peer.pb.h"
-#include "proto/worker.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "proto/worker.pb.h"
 
 namespace lspo::worker {
 

@@ -31,8 +31,8 @@ absl::Status CheckStateMeta(const model::SafetensorsFile& file, const std::strin
   };
   if (get("mode") != mode || get("step") != std::to_string(step)) {
     return absl::DataLossError(absl::StrCat(
-        "'", path, "' holds the ", get("mode"), " state of step ", get("step"), ", expected ",
-        mode, " at step ", step, ": the checkpoint directory is inconsistent"));
+        "'", path, "' holds the ", get("mode"), " state of step ", get("step"), ", expected ", mode,
+        " at step ", step, ": the checkpoint directory is inconsistent"));
   }
   return absl::OkStatus();
 }

@@ -29,10 +29,10 @@ constexpr int64_t kGrain = 16384;
 // Per-step scalars shared by every element (fp32, derived in float64 from the int64 step).
 struct StepScalars {
   float beta1, one_minus_beta1, beta2, one_minus_beta2;
-  float step_size;       // lr / (1 - beta1^t)
-  float inv_sqrt_bc2;    // 1 / sqrt(1 - beta2^t)
+  float step_size;     // lr / (1 - beta1^t)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
   float eps;
-  float decay;           // 1 - lr * weight_decay (accumulate mode only)
+  float decay;  // 1 - lr * weight_decay (accumulate mode only)
 };
 
 StepScalars MakeScalars(const AdamHyper& h, int64_t step) {
@@ -69,8 +69,8 @@ __attribute__((always_inline)) inline void AdamBody(const StepScalars& s, float 
                                                     const GradT* __restrict grad,
                                                     float* __restrict m, float* __restrict v,
                                                     float* __restrict out,
-                                                    uint16_t* __restrict out_bf16,
-                                                    int64_t begin, int64_t end) {
+                                                    uint16_t* __restrict out_bf16, int64_t begin,
+                                                    int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     const float g = Load::Load(grad, i) * grad_scale;
     const float mi = s.beta1 * m[i] + s.one_minus_beta1 * g;
@@ -92,12 +92,11 @@ __attribute__((always_inline)) inline void AdamBody(const StepScalars& s, float 
 // One function per (gradient dtype, mode) so that GCC can clone each for AVX-512, AVX2+FMA and
 // baseline x86-64 and pick one at load time (ifunc). Non-x86 builds get the plain loop.
 
-#define LSPO_DEFINE_ADAM_CHUNK(NAME, LOAD, GRADT, ACC, BF16OUT)                              \
-  LSPO_CPU_CLONES void NAME(const StepScalars& s, float grad_scale, const GRADT* grad,      \
-                             float* m, float* v, float* out, uint16_t* out_bf16,             \
-                             int64_t begin, int64_t end) {                                   \
-    AdamBody<LOAD, GRADT, ACC, BF16OUT>(s, grad_scale, grad, m, v, out, out_bf16, begin,     \
-                                        end);                                                \
+#define LSPO_DEFINE_ADAM_CHUNK(NAME, LOAD, GRADT, ACC, BF16OUT)                                  \
+  LSPO_CPU_CLONES void NAME(const StepScalars& s, float grad_scale, const GRADT* grad, float* m, \
+                            float* v, float* out, uint16_t* out_bf16, int64_t begin,             \
+                            int64_t end) {                                                       \
+    AdamBody<LOAD, GRADT, ACC, BF16OUT>(s, grad_scale, grad, m, v, out, out_bf16, begin, end);   \
   }
 LSPO_DEFINE_ADAM_CHUNK(ChunkF32Delta, Fp32Grad, float, false, false)
 LSPO_DEFINE_ADAM_CHUNK(ChunkF32Acc, Fp32Grad, float, true, false)
@@ -113,9 +112,8 @@ LSPO_DEFINE_ADAM_CHUNK(ChunkBf16AccBf16, Bf16Grad, uint16_t, true, true)
 LSPO_CPU_CLONES void ChunkBf16AccBf16Undo(const StepScalars& s, float grad_scale,
                                           const uint16_t* __restrict grad, float* __restrict m,
                                           float* __restrict v, float* __restrict out,
-                                          uint16_t* __restrict out_bf16,
-                                          float* __restrict record, int64_t n, int64_t begin,
-                                          int64_t end) {
+                                          uint16_t* __restrict out_bf16, float* __restrict record,
+                                          int64_t n, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     record[i] = out[i];
     record[n + i] = m[i];
@@ -128,8 +126,7 @@ LSPO_CPU_CLONES void ChunkBf16AccBf16Undo(const StepScalars& s, float grad_scale
 // an all-ones exponent (NaN/Inf). Branch-free, so it vectorises.
 template <typename Load, typename GradT>
 __attribute__((always_inline)) inline void StatsBody(const GradT* __restrict x, int64_t begin,
-                                                     int64_t end, double* sum_sq,
-                                                     bool* any_bad) {
+                                                     int64_t end, double* sum_sq, bool* any_bad) {
   double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   uint32_t bad = 0;
   int64_t i = begin;
@@ -151,11 +148,11 @@ __attribute__((always_inline)) inline void StatsBody(const GradT* __restrict x, 
   *any_bad = bad != 0;
 }
 LSPO_CPU_CLONES void StatsF32(const float* x, int64_t begin, int64_t end, double* sum_sq,
-                               bool* any_bad) {
+                              bool* any_bad) {
   StatsBody<Fp32Grad, float>(x, begin, end, sum_sq, any_bad);
 }
 LSPO_CPU_CLONES void StatsBf16(const uint16_t* x, int64_t begin, int64_t end, double* sum_sq,
-                                bool* any_bad) {
+                               bool* any_bad) {
   StatsBody<Bf16Grad, uint16_t>(x, begin, end, sum_sq, any_bad);
 }
 
@@ -164,8 +161,8 @@ LSPO_CPU_CLONES void StatsBf16(const uint16_t* x, int64_t begin, int64_t end, do
 absl::Status ValidateAdamHyper(const AdamHyper& h) {
   auto bad = [](absl::string_view field, float value, absl::string_view range) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "AdamHyper.%s = %g is invalid: expected %s; fix the optimizer configuration", field,
-        value, range));
+        "AdamHyper.%s = %g is invalid: expected %s; fix the optimizer configuration", field, value,
+        range));
   };
   if (!std::isfinite(h.lr) || h.lr < 0) return bad("lr", h.lr, "a finite value >= 0");
   if (!(h.beta1 >= 0 && h.beta1 < 1)) return bad("beta1", h.beta1, "a value in [0, 1)");
@@ -203,23 +200,22 @@ void FusedAdamStep(const AdamHyper& h, int64_t step, const AdamOperands& ops) {
   // The variant (gradient dtype, accumulate, bf16 copy) is chosen once per call; its ISA clone
   // was chosen once per process (ifunc). The chunks only run it.
   auto run = [&](auto chunk, const auto* grad) {
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, o.n, kGrain),
-                      [&](const tbb::blocked_range<int64_t>& r) {
-                        chunk(s, o.grad_scale, grad, o.m, o.v, o.out, o.out_bf16, r.begin(),
-                              r.end());
-                      });
+    tbb::parallel_for(
+        tbb::blocked_range<int64_t>(0, o.n, kGrain), [&](const tbb::blocked_range<int64_t>& r) {
+          chunk(s, o.grad_scale, grad, o.m, o.v, o.out, o.out_bf16, r.begin(), r.end());
+        });
   };
   using F32Chunk = void (*)(const StepScalars&, float, const float*, float*, float*, float*,
                             uint16_t*, int64_t, int64_t);
   using Bf16Chunk = void (*)(const StepScalars&, float, const uint16_t*, float*, float*, float*,
                              uint16_t*, int64_t, int64_t);
   if (o.grad_fp32 != nullptr) {
-    const F32Chunk chunk = !o.accumulate          ? &ChunkF32Delta
+    const F32Chunk chunk = !o.accumulate           ? &ChunkF32Delta
                            : o.out_bf16 == nullptr ? &ChunkF32Acc
                                                    : &ChunkF32AccBf16;
     run(chunk, o.grad_fp32);
   } else {
-    const Bf16Chunk chunk = !o.accumulate          ? &ChunkBf16Delta
+    const Bf16Chunk chunk = !o.accumulate           ? &ChunkBf16Delta
                             : o.out_bf16 == nullptr ? &ChunkBf16Acc
                                                     : &ChunkBf16AccBf16;
     run(chunk, o.grad_bf16);
@@ -237,8 +233,8 @@ void RestoreAdamState(const float* record, float* w, float* m, float* v, int64_t
                     });
 }
 
-void AdamStep(const AdamHyper& h, int64_t step, const float* grad, float* m, float* v,
-              float* out, int64_t n, bool accumulate_into_out) {
+void AdamStep(const AdamHyper& h, int64_t step, const float* grad, float* m, float* v, float* out,
+              int64_t n, bool accumulate_into_out) {
   AdamOperands ops;
   ops.grad_fp32 = grad;
   ops.m = m;
@@ -341,8 +337,9 @@ absl::Status SubspaceAdam::Step(const AdamHyper& h, const float* S, float* D) {
         rows_, cols_));
   }
   if (S == nullptr || D == nullptr) {
-    return absl::InvalidArgumentError("SubspaceAdam::Step: S and D must be non-null (d_p, d_q) "
-                                      "fp32 buffers");
+    return absl::InvalidArgumentError(
+        "SubspaceAdam::Step: S and D must be non-null (d_p, d_q) "
+        "fp32 buffers");
   }
   absl::Status st = ValidateAdamHyper(h);
   if (!st.ok()) return st;

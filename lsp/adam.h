@@ -103,8 +103,8 @@ void RestoreAdamState(const float* record, float* w, float* m, float* v, int64_t
 // Convenience form for fp32 gradients: FusedAdamStep with grad_fp32 = grad, grad_scale = 1,
 // out_bf16 = null.
 //   grad (n) fp32 in; m, v (n) fp32 in/out; out (n) fp32 out (delta) or in/out (master).
-void AdamStep(const AdamHyper& h, int64_t step, const float* grad, float* m, float* v,
-              float* out, int64_t n, bool accumulate_into_out);
+void AdamStep(const AdamHyper& h, int64_t step, const float* grad, float* m, float* v, float* out,
+              int64_t n, bool accumulate_into_out);
 
 // Finiteness and squared L2 norm of a gradient in one read-only pass (the fused pre-pass of
 // the ZeRO-style update: the step must be rejected before any state is touched, and global-norm

@@ -32,9 +32,7 @@ struct F32 {
 };
 struct Bf16 {
   using T = uint16_t;
-  static LSPO_APPLY_INLINE float Load(const T* p, int64_t c) {
-    return runtime::Bf16ToFp32(p[c]);
-  }
+  static LSPO_APPLY_INLINE float Load(const T* p, int64_t c) { return runtime::Bf16ToFp32(p[c]); }
   static LSPO_APPLY_INLINE uint16_t Nearest(float f) { return runtime::Fp32ToBf16(f); }
 };
 struct F16 {
@@ -140,9 +138,9 @@ LSPO_APPLY_INLINE void RowsBody(const FusedApplyArgs& a, int64_t i0, int64_t i1)
 // One function per (storage, rounding) so that GCC clones each for AVX-512, AVX2 and baseline
 // x86-64 and picks one at load time, as lsp/adam.cc does.
 
-#define LSPO_DEFINE_APPLY_ROWS(NAME, STORAGE, ROUND)                                  \
-  LSPO_CPU_CLONES void NAME(const FusedApplyArgs& a, int64_t i0, int64_t i1) {      \
-    RowsBody<STORAGE, ROUND>(a, i0, i1);                                              \
+#define LSPO_DEFINE_APPLY_ROWS(NAME, STORAGE, ROUND)                           \
+  LSPO_CPU_CLONES void NAME(const FusedApplyArgs& a, int64_t i0, int64_t i1) { \
+    RowsBody<STORAGE, ROUND>(a, i0, i1);                                       \
   }
 LSPO_DEFINE_APPLY_ROWS(RowsF32, F32, Rounding::kNearest)
 LSPO_DEFINE_APPLY_ROWS(RowsBf16Nearest, Bf16, Rounding::kNearest)
@@ -178,13 +176,12 @@ absl::Status FusedApplyCpu(const FusedApplyArgs& a) {
   }
   if (a.m <= 0 || a.n <= 0 || a.d <= 0 || a.r < 1 || a.r > a.d) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "FusedApplyCpu: sizes m=%d n=%d d=%d r=%d; expected m, n, d > 0 and 1 <= r <= d", a.m,
-        a.n, a.d, a.r));
+        "FusedApplyCpu: sizes m=%d n=%d d=%d r=%d; expected m, n, d > 0 and 1 <= r <= d", a.m, a.n,
+        a.d, a.r));
   }
   if (!std::isfinite(a.decay) || a.decay < 0.0f) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "FusedApplyCpu: decay %g; expected a finite factor >= 0 (1 - lr * weight_decay)",
-        a.decay));
+        "FusedApplyCpu: decay %g; expected a finite factor >= 0 (1 - lr * weight_decay)", a.decay));
   }
   if (a.rounding == Rounding::kCompensated &&
       (a.c == nullptr || a.dtype == WeightDtype::kFloat32)) {
@@ -192,10 +189,9 @@ absl::Status FusedApplyCpu(const FusedApplyArgs& a) {
         "FusedApplyCpu: compensated rounding needs 16-bit W and its residual C");
   }
   const RowsFn rows = PickRows(a.dtype, a.rounding);
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, a.m, kRowGrain),
-                    [&](const tbb::blocked_range<int64_t>& range) {
-                      rows(a, range.begin(), range.end());
-                    });
+  tbb::parallel_for(
+      tbb::blocked_range<int64_t>(0, a.m, kRowGrain),
+      [&](const tbb::blocked_range<int64_t>& range) { rows(a, range.begin(), range.end()); });
   return absl::OkStatus();
 }
 
@@ -242,24 +238,23 @@ absl::Status StepTimesQtCpu(const float* dt, int64_t d_p, int64_t d_q, const int
   }
   if (d_p <= 0 || d_q <= 0 || n <= 0 || r < 1 || r > d_q) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "StepTimesQtCpu: d_p=%d d_q=%d n=%d r=%d; expected positive sizes and 1 <= r <= d_q",
-        d_p, d_q, n, r));
+        "StepTimesQtCpu: d_p=%d d_q=%d n=%d r=%d; expected positive sizes and 1 <= r <= d_q", d_p,
+        d_q, n, r));
   }
   const int64_t tiles = (n + kColTile - 1) / kColTile;
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, tiles, 4),
-                    [&](const tbb::blocked_range<int64_t>& range) {
-                      std::vector<float> et(static_cast<size_t>(kColTile * d_p));  // (16, d_p)
-                      for (int64_t tile = range.begin(); tile < range.end(); ++tile) {
-                        const int64_t j0 = tile * kColTile;
-                        const int64_t jb = std::min(kColTile, n - j0);
-                        for (int64_t jj = 0; jj < jb; ++jj) {
-                          const int64_t j = j0 + jj;
-                          CombineDtRows(dt, d_p, q_index + j * r, q_value + j * r, r, d_p,
-                                        et.data() + jj * d_p);
-                        }
-                        StoreColumns(et.data(), d_p, j0, jb, d_p, n, e);
-                      }
-                    });
+  tbb::parallel_for(
+      tbb::blocked_range<int64_t>(0, tiles, 4), [&](const tbb::blocked_range<int64_t>& range) {
+        std::vector<float> et(static_cast<size_t>(kColTile * d_p));  // (16, d_p)
+        for (int64_t tile = range.begin(); tile < range.end(); ++tile) {
+          const int64_t j0 = tile * kColTile;
+          const int64_t jb = std::min(kColTile, n - j0);
+          for (int64_t jj = 0; jj < jb; ++jj) {
+            const int64_t j = j0 + jj;
+            CombineDtRows(dt, d_p, q_index + j * r, q_value + j * r, r, d_p, et.data() + jj * d_p);
+          }
+          StoreColumns(et.data(), d_p, j0, jb, d_p, n, e);
+        }
+      });
   return absl::OkStatus();
 }
 
@@ -273,14 +268,14 @@ absl::Status RoundStochastic(const float* t, uint16_t* out, int64_t count, Weigh
     return absl::InvalidArgumentError("RoundStochastic: null input or output");
   }
   const bool bf16 = dtype == WeightDtype::kBFloat16;
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, count, 16384),
-                    [&](const tbb::blocked_range<int64_t>& range) {
-                      for (int64_t k = range.begin(); k < range.end(); ++k) {
-                        const uint32_t noise = RoundingNoise(seed, static_cast<uint32_t>(k));
-                        out[k] = bf16 ? Bf16Stochastic(runtime::FloatBits(t[k]), noise)
-                                      : Fp16Stochastic(t[k], noise);
-                      }
-                    });
+  tbb::parallel_for(
+      tbb::blocked_range<int64_t>(0, count, 16384), [&](const tbb::blocked_range<int64_t>& range) {
+        for (int64_t k = range.begin(); k < range.end(); ++k) {
+          const uint32_t noise = RoundingNoise(seed, static_cast<uint32_t>(k));
+          out[k] =
+              bf16 ? Bf16Stochastic(runtime::FloatBits(t[k]), noise) : Fp16Stochastic(t[k], noise);
+        }
+      });
   return absl::OkStatus();
 }
 

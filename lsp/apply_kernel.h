@@ -34,19 +34,19 @@ enum class WeightDtype : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 // Operands of one fused apply. All pointers are host memory, row-major, contiguous.
 struct FusedApplyArgs {
-  void* w = nullptr;             // W (m, n) in `dtype`, updated in place.
-  void* c = nullptr;             // C (m, n) in `dtype`: the residual, kCompensated only.
+  void* w = nullptr;  // W (m, n) in `dtype`, updated in place.
+  void* c = nullptr;  // C (m, n) in `dtype`: the residual, kCompensated only.
   WeightDtype dtype = WeightDtype::kFloat32;
-  int64_t m = 0;                 // Rows of W (= rows of P).
-  int64_t n = 0;                 // Columns of W (= columns of E).
-  const float* e = nullptr;      // E = D Q^T, (d, n) fp32.
-  int64_t d = 0;                 // Rows of E (= columns of P).
-  const int64_t* p_index = nullptr;  // (m, r) column of P for each non-zero, in [0, d).
-  const float* p_value = nullptr;    // (m, r) value of each non-zero.
-  int64_t r = 0;                 // Non-zeros per row of P (>= 1).
-  float decay = 1.0f;            // Decoupled weight-decay factor 1 - lr * wd (1 = none).
+  int64_t m = 0;                           // Rows of W (= rows of P).
+  int64_t n = 0;                           // Columns of W (= columns of E).
+  const float* e = nullptr;                // E = D Q^T, (d, n) fp32.
+  int64_t d = 0;                           // Rows of E (= columns of P).
+  const int64_t* p_index = nullptr;        // (m, r) column of P for each non-zero, in [0, d).
+  const float* p_value = nullptr;          // (m, r) value of each non-zero.
+  int64_t r = 0;                           // Non-zeros per row of P (>= 1).
+  float decay = 1.0f;                      // Decoupled weight-decay factor 1 - lr * wd (1 = none).
   Rounding rounding = Rounding::kNearest;  // Ignored for fp32 W except kCompensated (error).
-  uint64_t seed = 0;             // Noise seed of kStochastic (lsp::RoundingNoise).
+  uint64_t seed = 0;                       // Noise seed of kStochastic (lsp::RoundingNoise).
 };
 
 // Runs the fused apply. Errors (nothing is written): kInvalidArgument for null operands, non-

@@ -1,8 +1,8 @@
 // Projector fitting and Adam state transfer. See fit.h for the contract and the cost.
 #include "lsp/fit.h"
 
-#include "third_party/torch/torch_api.h"
 #include <torch/optim/adam.h>
+#include "third_party/torch/torch_api.h"
 
 #include <cmath>
 #include <limits>
@@ -24,8 +24,8 @@ namespace {
 absl::Status ValidateOptions(const FitOptions& o) {
   auto bad = [](absl::string_view field, double value, absl::string_view range) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "FitOptions.%s = %g is invalid: expected %s; fix the projector-fit configuration",
-        field, value, range));
+        "FitOptions.%s = %g is invalid: expected %s; fix the projector-fit configuration", field,
+        value, range));
   };
   if (o.max_iters < 0) return bad("max_iters", o.max_iters, "an integer >= 0");
   if (!std::isfinite(o.lr) || o.lr <= 0) return bad("lr", o.lr, "a finite value > 0");
@@ -51,9 +51,9 @@ absl::Status ValidateInputs(const at::Tensor& G, const SparseProjector* P,
     return absl::InvalidArgumentError(absl::StrFormat(
         "FitProjectors: G must be a 2-D floating (m, n) gradient, got %s; non-2-D parameters "
         "are not trained with LSP",
-        G.defined() ? absl::StrCat(c10::str(G.sizes()), " ",
-                                   std::string(c10::toString(G.scalar_type())))
-                    : std::string("an undefined tensor")));
+        G.defined()
+            ? absl::StrCat(c10::str(G.sizes()), " ", std::string(c10::toString(G.scalar_type())))
+            : std::string("an undefined tensor")));
   }
   if (G.size(0) != P->rows || G.size(1) != Q->rows) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -77,13 +77,13 @@ FitTerms FitObjective(const at::Tensor& Gn, const at::Tensor& p_index, const at:
                       const at::Tensor& q_index, const at::Tensor& q_value, int64_t d_p,
                       int64_t d_q, double beta, bool p_fixed, bool q_fixed) {
   const at::ScalarType ct = Gn.scalar_type();
-  const at::Tensor pv = p_value.to(ct);                                  // (m, r)
-  const at::Tensor qv = q_value.to(ct);                                  // (n, r)
-  const at::Tensor ptg = ScatterRows(Gn, p_index, pv, d_p);              // (d_p, n) = P^T Gn
+  const at::Tensor pv = p_value.to(ct);                                       // (m, r)
+  const at::Tensor qv = q_value.to(ct);                                       // (n, r)
+  const at::Tensor ptg = ScatterRows(Gn, p_index, pv, d_p);                   // (d_p, n) = P^T Gn
   const at::Tensor st = ScatterRows(ptg.t().contiguous(), q_index, qv, d_q);  // (d_q, d_p) = S^T
-  const at::Tensor s = st.t();                                           // (d_p, d_q) = P^T Gn Q
-  const at::Tensor a = CrossGram(p_index, pv, d_p, p_index, pv, d_p);    // (d_p, d_p) = P^T P
-  const at::Tensor b = CrossGram(q_index, qv, d_q, q_index, qv, d_q);    // (d_q, d_q) = Q^T Q
+  const at::Tensor s = st.t();                                         // (d_p, d_q) = P^T Gn Q
+  const at::Tensor a = CrossGram(p_index, pv, d_p, p_index, pv, d_p);  // (d_p, d_p) = P^T P
+  const at::Tensor b = CrossGram(q_index, qv, d_q, q_index, qv, d_q);  // (d_q, d_q) = Q^T Q
   // |P S Q^T - Gn|^2 = <A S, S B> - 2 |S|^2 + |Gn|^2, |Gn| = 1.
   const at::Tensor quad = (a.mm(s) * s.mm(b)).sum();
   const at::Tensor f2 = quad - 2.0 * s.pow(2).sum() + 1.0;
@@ -134,7 +134,7 @@ void RescaleToTheGradient(const at::Tensor& gn, int learned_sides, at::ScalarTyp
   const at::Tensor pv0 = P->value.to(ct), qv0 = Q->value.to(ct);
   const at::Tensor ptg = internal::ScatterRows(gn, P->index, pv0, P->d);  // (d_p, n)
   const at::Tensor st = internal::ScatterRows(ptg.t().contiguous(), Q->index, qv0, Q->d);
-  const at::Tensor sm = st.t();                                             // (d_p, d_q)
+  const at::Tensor sm = st.t();  // (d_p, d_q)
   const at::Tensor a = internal::CrossGram(P->index, pv0, P->d, P->index, pv0, P->d);
   const at::Tensor b = internal::CrossGram(Q->index, qv0, Q->d, Q->index, qv0, Q->d);
   const double quad = (a.mm(sm) * sm.mm(b)).sum().item<double>();
@@ -148,8 +148,8 @@ void RescaleToTheGradient(const at::Tensor& gn, int learned_sides, at::ScalarTyp
 
 }  // namespace
 
-absl::StatusOr<FitResult> FitProjectors(const at::Tensor& G, SparseProjector* P,
-                                        SparseProjector* Q, const FitOptions& options) {
+absl::StatusOr<FitResult> FitProjectors(const at::Tensor& G, SparseProjector* P, SparseProjector* Q,
+                                        const FitOptions& options) {
   absl::Status st = ValidateOptions(options);
   if (!st.ok()) return st;
   st = ValidateInputs(G, P, Q);
@@ -194,9 +194,8 @@ absl::StatusOr<FitResult> FitProjectors(const at::Tensor& G, SparseProjector* P,
     int since_best = 0;  // consecutive iterates without a new best objective
     int halvings = 0;
     for (int it = 0;; ++it) {
-      internal::FitTerms terms = internal::FitObjective(gn, P->index, pv, Q->index, qv, P->d,
-                                                        Q->d, options.beta, P->identity,
-                                                        Q->identity);
+      internal::FitTerms terms = internal::FitObjective(gn, P->index, pv, Q->index, qv, P->d, Q->d,
+                                                        options.beta, P->identity, Q->identity);
       const double objective = terms.objective.item<double>();
       const double error = terms.error.item<double>();
       const bool finite = std::isfinite(objective);
@@ -255,12 +254,12 @@ void TransferAdamState(const SparseProjector& P_old, const SparseProjector& Q_ol
       << Q_old.d << ")";
   torch::NoGradGuard no_grad;
   const at::ScalarType ct = M.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::Tensor cp = internal::CrossGram(P_new.index, P_new.value.to(ct), P_new.d,
-                                            P_old.index, P_old.value.to(ct), P_old.d);  // (d', d)
-  const at::Tensor cq = internal::CrossGram(Q_old.index, Q_old.value.to(ct), Q_old.d,
-                                            Q_new.index, Q_new.value.to(ct), Q_new.d);  // (d, d')
-  const at::Tensor m_new = cp.mm(M.to(ct)).mm(cq);                    // (d', d')
-  const at::Tensor v_new = cp.pow(2).mm(V.to(ct)).mm(cq.pow(2));      // (d', d')
+  const at::Tensor cp = internal::CrossGram(P_new.index, P_new.value.to(ct), P_new.d, P_old.index,
+                                            P_old.value.to(ct), P_old.d);  // (d', d)
+  const at::Tensor cq = internal::CrossGram(Q_old.index, Q_old.value.to(ct), Q_old.d, Q_new.index,
+                                            Q_new.value.to(ct), Q_new.d);  // (d, d')
+  const at::Tensor m_new = cp.mm(M.to(ct)).mm(cq);                         // (d', d')
+  const at::Tensor v_new = cp.pow(2).mm(V.to(ct)).mm(cq.pow(2));           // (d', d')
   M = m_new.to(M.scalar_type());
   V = v_new.to(V.scalar_type());
 }

@@ -82,8 +82,8 @@ struct FitResult {
 //                       non-finite G (docs/known-failures.md #12; the count and first index named).
 //   kFailedPrecondition G is all zero ("gradient is all zero, nothing to fit").
 //   kInternal           a LibTorch error during the fit.
-absl::StatusOr<FitResult> FitProjectors(const at::Tensor& G, SparseProjector* P,
-                                        SparseProjector* Q, const FitOptions& options);
+absl::StatusOr<FitResult> FitProjectors(const at::Tensor& G, SparseProjector* P, SparseProjector* Q,
+                                        const FitOptions& options);
 
 // Carries the subspace Adam moments into a new subspace after a refit (paper Alg. 1;
 // docs/method.md "On a refit, carry the Adam state"):

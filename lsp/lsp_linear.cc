@@ -37,8 +37,8 @@ struct LspLinearBackward : public torch::autograd::Node {
   std::string name() const override { return "LspLinearBackward"; }
 
   torch::autograd::SavedVariable weight;  // W (m, n) as stored (fp32, bf16 or fp16)
-  at::Tensor xq;                           // X Q (N, d_q) fp32, a view of (X Q)^T
-  SparseProjector p;                       // P (m, d_p)
+  at::Tensor xq;                          // X Q (N, d_q) fp32, a view of (X Q)^T
+  SparseProjector p;                      // P (m, d_p)
   int64_t linear_index = 0;
   std::shared_ptr<LspLinears::SinkHolder> sink;
 };
@@ -53,8 +53,8 @@ at::Tensor LspLinearForward(const at::Tensor& x2d, const at::Tensor& w, int64_t 
     at::NoGradGuard no_grad;
     y = at::mm(x2d, w.to(x2d.scalar_type()).t());  // an upcast of 16-bit W lives only here
   }
-  auto node = std::shared_ptr<LspLinearBackward>(new LspLinearBackward(),
-                                                 torch::autograd::deleteNode);
+  auto node =
+      std::shared_ptr<LspLinearBackward>(new LspLinearBackward(), torch::autograd::deleteNode);
   node->weight = torch::autograd::SavedVariable(w, /*is_output=*/false);
   node->sink = xq_t.defined() ? sink : nullptr;
   if (xq_t.defined()) node->xq = xq_t.t();  // (N, d_q) view; the GEMM reads it in place
@@ -98,15 +98,15 @@ LspLinears::LspLinears(const model::LlamaModel& model) {
 absl::Status LspLinears::SetProjectors(int64_t i, SparseProjector P, SparseProjector Q) {
   const int64_t count = static_cast<int64_t>(slots_.size());
   if (i < 0 || i >= count) {
-    return absl::InvalidArgumentError(absl::StrCat("SetProjectors: linear index ", i,
-                                                   " is not in [0, ", count, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetProjectors: linear index ", i, " is not in [0, ", count, ")"));
   }
   Slot& s = slots_[static_cast<size_t>(i)];
   if (P.rows != s.m || Q.rows != s.n || P.d <= 0 || Q.d <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "SetProjectors(", s.name, "): W is (", s.m, ", ", s.n, ") so P must be (", s.m,
-        ", d_p) and Q (", s.n, ", d_q) with d_p, d_q > 0; got P (", P.rows, ", ", P.d,
-        "), Q (", Q.rows, ", ", Q.d, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("SetProjectors(", s.name, "): W is (", s.m, ", ",
+                                                   s.n, ") so P must be (", s.m, ", d_p) and Q (",
+                                                   s.n, ", d_q) with d_p, d_q > 0; got P (", P.rows,
+                                                   ", ", P.d, "), Q (", Q.rows, ", ", Q.d, ")"));
   }
   s.pq = std::make_pair(std::move(P), std::move(Q));
   s.p_dense.reset();
@@ -123,9 +123,9 @@ bool LspLinears::HasProjectors(int64_t i) const {
 absl::Status LspLinears::ValidateReady(const model::LlamaModel& model) const {
   for (int64_t i = 0; i < model.num_linears(); ++i) {
     if (model.linear_mode(i) == model::LinearMode::kCustom && !HasProjectors(i)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "linear ", i, " (", model.LinearName(i),
-          ") is trained by LSP but has no projectors; call SetProjectors first"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("linear ", i, " (", model.LinearName(i),
+                       ") is trained by LSP but has no projectors; call SetProjectors first"));
     }
   }
   return absl::OkStatus();
@@ -226,8 +226,8 @@ absl::Status LspLinears::To(const at::Device& device) {
     std::vector<std::optional<std::pair<SparseProjector, SparseProjector>>> moved;
     moved.reserve(slots_.size());
     for (const Slot& s : slots_) {
-      moved.push_back(s.pq.has_value() ? std::make_optional(std::make_pair(
-                                             s.pq->first.To(device), s.pq->second.To(device)))
+      moved.push_back(s.pq.has_value() ? std::make_optional(std::make_pair(s.pq->first.To(device),
+                                                                           s.pq->second.To(device)))
                                        : std::nullopt);
     }
     for (size_t k = 0; k < slots_.size(); ++k) {
@@ -237,9 +237,8 @@ absl::Status LspLinears::To(const at::Device& device) {
     dense_groups_.clear();
     shared_ = SharedInput();
   } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot move the projectors to device '",
-                                                   device.str(), "': ",
-                                                   e.what_without_backtrace()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot move the projectors to device '", device.str(), "': ", e.what_without_backtrace()));
   }
   return absl::OkStatus();
 }

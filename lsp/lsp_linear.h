@@ -119,8 +119,8 @@ class LspLinears : public model::LinearImpl {
   // Forward when x2d is still the same tensor (same storage, view and version); replaced by
   // the next group's. Holds X, so X's memory cannot be reused while it waits.
   struct SharedInput {
-    at::Tensor x;        // the shared (N, n) input
-    int64_t version = 0;  // its version counter when the projections were taken
+    at::Tensor x;                        // the shared (N, n) input
+    int64_t version = 0;                 // its version counter when the projections were taken
     std::map<int64_t, at::Tensor> xq_t;  // linear index -> (X Q)^T (d_q, N) fp32
   };
   std::vector<Slot> slots_;

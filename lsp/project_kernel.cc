@@ -15,12 +15,11 @@
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
 
-
 namespace lspo::lsp {
 namespace {
 
-constexpr int64_t kTile = 16;       // Tokens per tile: one AVX-512 vector of fp32.
-constexpr int64_t kTileGrain = 2;   // Tiles per TBB task (32 tokens).
+constexpr int64_t kTile = 16;      // Tokens per tile: one AVX-512 vector of fp32.
+constexpr int64_t kTileGrain = 2;  // Tiles per TBB task (32 tokens).
 
 // A 64-byte-aligned fp32 buffer of `count` elements.
 struct AlignedFree {
@@ -103,7 +102,6 @@ void LoadTile(const ProjectArgs& a, int64_t t0, int64_t tb, float* xt) {
   LoadTileScalar(a, t0, tb, 0, xt);
 }
 
-
 // 16 fp32 lanes (GCC vector extension): one zmm in the x86-64-v4 clone, two ymm in v3, four
 // xmm in the baseline. Written out because GCC does not vectorise the 16-lane loop itself
 // (it cannot rule out that acc aliases P's values and keeps the lanes scalar).
@@ -134,9 +132,9 @@ absl::Status ProjectTokensCpu(const ProjectArgs& a) {
     return absl::InvalidArgumentError("ProjectTokensCpu: X and the targets must be given");
   }
   if (a.n_tok <= 0 || a.rows <= 0 || a.n_targets <= 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "ProjectTokensCpu: n_tok=%d rows=%d targets=%d; expected all > 0", a.n_tok, a.rows,
-        a.n_targets));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ProjectTokensCpu: n_tok=%d rows=%d targets=%d; expected all > 0", a.n_tok,
+                        a.rows, a.n_targets));
   }
   int64_t d_max = 0;
   for (int64_t k = 0; k < a.n_targets; ++k) {
@@ -167,8 +165,7 @@ absl::Status ProjectTokensCpu(const ProjectArgs& a) {
             ScatterTile(xt.get(), a.rows, p, acc.get());
             if (tb == kTile) {  // a constant size: one vector move per row, not a call
               for (int64_t c = 0; c < p.d; ++c) {
-                std::memcpy(p.out + c * a.n_tok + t0, acc.get() + c * kTile,
-                            kTile * sizeof(float));
+                std::memcpy(p.out + c * a.n_tok + t0, acc.get() + c * kTile, kTile * sizeof(float));
               }
             } else {
               for (int64_t c = 0; c < p.d; ++c) {

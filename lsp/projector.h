@@ -64,8 +64,8 @@ struct SparseProjector {
 
   // The projector a side of a matrix's subspace calls for (lsp/subspace.h): Identity(rows)
   // when `identity`, else Random(rows, d, r, seed). Errors as those two.
-  static absl::StatusOr<SparseProjector> ForSide(int64_t rows, int64_t d, int64_t r,
-                                                 bool identity, uint64_t seed);
+  static absl::StatusOr<SparseProjector> ForSide(int64_t rows, int64_t d, int64_t r, bool identity,
+                                                 uint64_t seed);
 
   // A fresh projector on the CPU: per row, r distinct columns drawn uniformly without
   // replacement (Floyd's algorithm, sorted ascending), values ~ N(0, 1/r) (std 1/sqrt(r)), so
@@ -73,8 +73,7 @@ struct SparseProjector {
   // every platform (mt19937_64 + own unbiased integer draws, no implementation-defined std
   // distributions); values use Box-Muller with std::log/cos, identical up to libm rounding.
   // kInvalidArgument if rows <= 0, d <= 0, r <= 0 or r > d.
-  static absl::StatusOr<SparseProjector> Random(int64_t rows, int64_t d, int64_t r,
-                                                uint64_t seed);
+  static absl::StatusOr<SparseProjector> Random(int64_t rows, int64_t d, int64_t r, uint64_t seed);
 
   // Wraps existing tensors (e.g. read from a checkpoint; docs/known-failures.md #11) after
   // Validate(). index (rows, r) integer, value (rows, r) floating (converted to int64 / fp32 on
@@ -128,8 +127,8 @@ std::vector<at::Tensor> ProjectRowsTransposed(const at::Tensor& X,
 // dY: (N, m) any floating dtype (cast to fp32 before the projection); XQ: (N, d_q) = X Q from
 // ProjectRows, or the transposed view .t() of ProjectRowsTransposed's (d_q, N) (any floating
 // dtype, any strides: the GEMM reads it in place); P: (m, d_p). dY P is formed token-minor
-// (ProjectRowsTransposed), then S = (dY P)^T (X Q) by one GEMM. Returns (d_p, d_q) fp32 (fp64 if dY and XQ
-// are both fp64). Cost O(N m r + N d_p d_q).
+// (ProjectRowsTransposed), then S = (dY P)^T (X Q) by one GEMM. Returns (d_p, d_q) fp32 (fp64 if dY
+// and XQ are both fp64). Cost O(N m r + N d_p d_q).
 at::Tensor CompressFactored(const at::Tensor& dY, const at::Tensor& XQ, const SparseProjector& P);
 
 // The same S = P^T G Q (d, d) from a dense gradient G (m, n), e.g. calibration gradients. Two

@@ -59,7 +59,7 @@ LSPO_HD uint32_t RoundingNoise(uint64_t seed, uint32_t index) {
 LSPO_HD uint16_t Bf16Stochastic(uint32_t x, uint32_t noise) {
   // Selects only (no branches), so that a loop of these vectorises.
   const uint32_t up = x + (noise & 0xffffu);
-  const bool special = (x & 0x7f800000u) == 0x7f800000u;   // inf or NaN
+  const bool special = (x & 0x7f800000u) == 0x7f800000u;    // inf or NaN
   const bool overflow = (up & 0x7f800000u) == 0x7f800000u;  // finite, rounded past the largest
   const uint32_t kept = (x >> 16) | (special && (x & 0x007fffffu) != 0 ? 0x40u : 0u);
   return static_cast<uint16_t>(special || overflow ? kept : up >> 16);

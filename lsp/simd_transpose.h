@@ -40,14 +40,14 @@ __attribute__((target("avx512f"))) inline void Transpose16(__m512 v[16]) {
     b[4 * q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
   }
   for (int j = 0; j < 4; ++j) {
-    const __m512 lo01 = _mm512_shuffle_f32x4(b[j], b[4 + j], 0x44);      // x0 x1 y0 y1
+    const __m512 lo01 = _mm512_shuffle_f32x4(b[j], b[4 + j], 0x44);       // x0 x1 y0 y1
     const __m512 lo23 = _mm512_shuffle_f32x4(b[8 + j], b[12 + j], 0x44);  // z0 z1 w0 w1
-    const __m512 hi01 = _mm512_shuffle_f32x4(b[j], b[4 + j], 0xEE);      // x2 x3 y2 y3
+    const __m512 hi01 = _mm512_shuffle_f32x4(b[j], b[4 + j], 0xEE);       // x2 x3 y2 y3
     const __m512 hi23 = _mm512_shuffle_f32x4(b[8 + j], b[12 + j], 0xEE);  // z2 z3 w2 w3
-    v[j] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);       // column j
-    v[4 + j] = _mm512_shuffle_f32x4(lo01, lo23, 0xDD);   // column 4 + j
-    v[8 + j] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);   // column 8 + j
-    v[12 + j] = _mm512_shuffle_f32x4(hi01, hi23, 0xDD);  // column 12 + j
+    v[j] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);                        // column j
+    v[4 + j] = _mm512_shuffle_f32x4(lo01, lo23, 0xDD);                    // column 4 + j
+    v[8 + j] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);                    // column 8 + j
+    v[12 + j] = _mm512_shuffle_f32x4(hi01, hi23, 0xDD);                   // column 12 + j
   }
 }
 

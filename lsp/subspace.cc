@@ -45,20 +45,20 @@ absl::StatusOr<MatrixSubspace> ResolveSubspace(int64_t m, int64_t n, int64_t d, 
   }
   const bool have_ratio = d_ratio != 0;
   if (have_ratio && !(std::isfinite(d_ratio) && d_ratio > 0 && d_ratio < 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "lsp.d_ratio = ", d_ratio, ": must lie in (0, 1) (the paper uses about 0.5)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("lsp.d_ratio = ", d_ratio, ": must lie in (0, 1) (the paper uses about 0.5)"));
   }
   if ((d > 0) == have_ratio) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "lsp.d = ", d, " and lsp.d_ratio = ", d_ratio,
-        ": set exactly one of them (an absolute subspace size, or a fraction of each "
-        "matrix's smaller side)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("lsp.d = ", d, " and lsp.d_ratio = ", d_ratio,
+                     ": set exactly one of them (an absolute subspace size, or a fraction of each "
+                     "matrix's smaller side)"));
   }
   const int64_t min_mn = std::min(m, n);
   if (have_ratio) {
     if (min_mn == 1) return MatrixSubspace{Identity(m), Identity(n)};
-    const int64_t di = std::clamp<int64_t>(std::llround(d_ratio * static_cast<double>(min_mn)),
-                                           1, min_mn - 1);
+    const int64_t di =
+        std::clamp<int64_t>(std::llround(d_ratio * static_cast<double>(min_mn)), 1, min_mn - 1);
     return MatrixSubspace{Learned(m, di, r), Learned(n, di, r)};
   }
   if (d < min_mn) return MatrixSubspace{Learned(m, d, r), Learned(n, d, r)};

@@ -3,8 +3,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -30,9 +30,9 @@ int64_t NextToken(const at::Tensor& logits_in, const GenerationOptions& o, at::G
   }
   if (o.top_p < 1.0) {
     auto [sorted, order] = at::sort(logits, /*dim=*/0, /*descending=*/false);
-    at::Tensor cum = at::softmax(sorted, 0).cumsum(0);     // ascending probabilities
+    at::Tensor cum = at::softmax(sorted, 0).cumsum(0);  // ascending probabilities
     at::Tensor remove = cum <= (1.0 - o.top_p);
-    remove.select(0, V - 1).fill_(false);                  // keep the most likely token
+    remove.select(0, V - 1).fill_(false);  // keep the most likely token
     logits = logits.scatter(0, order, sorted.masked_fill(remove, neg_inf));
   }
   at::Tensor probs = at::softmax(logits, 0);
@@ -64,8 +64,8 @@ absl::StatusOr<GenerationResult> Generate(LlamaModel& model, absl::Span<const in
   if (o.max_new_tokens < 1 || !(o.temperature >= 0.0) || !std::isfinite(o.temperature) ||
       o.top_k < 0 || !(o.top_p > 0.0) || o.top_p > 1.0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "Generate: max_new_tokens ", o.max_new_tokens, ", temperature ", o.temperature,
-        ", top_k ", o.top_k, ", top_p ", o.top_p,
+        "Generate: max_new_tokens ", o.max_new_tokens, ", temperature ", o.temperature, ", top_k ",
+        o.top_k, ", top_p ", o.top_p,
         "; expected max_new_tokens >= 1, a finite temperature >= 0 (0 = greedy), top_k >= 0 "
         "(0 = off) and top_p in (0, 1]"));
   }
@@ -89,8 +89,8 @@ absl::StatusOr<GenerationResult> Generate(LlamaModel& model, absl::Span<const in
       break;
     }
     if (step + 1 == o.max_new_tokens) break;
-    at::Tensor one = at::full({1, 1}, next, at::TensorOptions().dtype(at::kLong))
-                         .to(model.device());
+    at::Tensor one =
+        at::full({1, 1}, next, at::TensorOptions().dtype(at::kLong)).to(model.device());
     ASSIGN_OR_RETURN(logits, model.ForwardCached(one, &cache));
   }
   result.decode_seconds = Seconds(t1, std::chrono::steady_clock::now());

@@ -387,8 +387,7 @@ absl::StatusOr<GgufTensorInfo> ReadTensorInfo(
   RETURN_IF_ERROR(r.ReadString(&t.name, absl::StrCat("name of tensor #", i)));
   if (t.name.empty() || t.name.size() > kMaxNameBytes) {
     return absl::DataLossError(absl::StrCat("GGUF file '", name, "': tensor #", i, " name has ",
-                                            t.name.size(), " bytes, expected 1..",
-                                            kMaxNameBytes));
+                                            t.name.size(), " bytes, expected 1..", kMaxNameBytes));
   }
   if (seen.contains(t.name)) {
     return absl::DataLossError(absl::StrCat("GGUF file '", name, "': duplicate tensor name '",
@@ -532,8 +531,7 @@ absl::StatusOr<GgufFile> GgufFile::Parse(MappedFile file, const std::string& nam
   // ---- tensor infos ----
   g.tensors_.reserve(n_tensors);
   for (uint64_t i = 0; i < n_tensors; ++i) {
-    ASSIGN_OR_RETURN(GgufTensorInfo t,
-                     ReadTensorInfo(r, i, name, g.alignment_, g.tensor_index_));
+    ASSIGN_OR_RETURN(GgufTensorInfo t, ReadTensorInfo(r, i, name, g.alignment_, g.tensor_index_));
     g.tensor_index_.emplace(t.name, g.tensors_.size());
     g.tensors_.push_back(std::move(t));
   }

@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/file_io.h"
-#include "runtime/status_macros.h"
 #include "runtime/json_text.h"
+#include "runtime/status_macros.h"
 
 namespace lspo::model {
 namespace {
@@ -51,8 +51,8 @@ absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(absl::string_view text,
   for (const auto& [name, file] : index["weight_map"].items()) {
     if (!file.is_string() || file.get<std::string>().empty() ||
         file.get<std::string>().find('/') != std::string::npos) {
-      return absl::DataLossError(absl::StrCat("safetensors index '", index_path,
-                                              "': weight_map[\"", name, "\"] is ", runtime::JsonForMessage(file),
+      return absl::DataLossError(absl::StrCat("safetensors index '", index_path, "': weight_map[\"",
+                                              name, "\"] is ", runtime::JsonForMessage(file),
                                               "; expected a shard file name in the folder"));
     }
     out.weight_map[name] = file.get<std::string>();
@@ -98,9 +98,9 @@ bool IsHfModelFolder(const std::string& path) {
 
 absl::StatusOr<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
   if (!runtime::IsDirectory(dir)) {
-    return absl::NotFoundError(
-        absl::StrCat("HF model folder '", dir, "' is not a directory; give the folder that "
-                                               "holds config.json and the .safetensors files"));
+    return absl::NotFoundError(absl::StrCat("HF model folder '", dir,
+                                            "' is not a directory; give the folder that "
+                                            "holds config.json and the .safetensors files"));
   }
   HfCheckpoint c;
   c.dir_ = dir;
@@ -130,9 +130,11 @@ absl::StatusOr<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
     shard_names = std::move(index.shards);
   } else {
     std::string hint;
-    if (runtime::IsRegularFile(dir + "/pytorch_model.bin") || runtime::IsRegularFile(dir + "/pytorch_model.bin.index.json")) {
-      hint = " (it has pytorch_model.bin weights: re-save them with "
-             "save_pretrained(..., safe_serialization=True))";
+    if (runtime::IsRegularFile(dir + "/pytorch_model.bin") ||
+        runtime::IsRegularFile(dir + "/pytorch_model.bin.index.json")) {
+      hint =
+          " (it has pytorch_model.bin weights: re-save them with "
+          "save_pretrained(..., safe_serialization=True))";
     }
     return absl::NotFoundError(absl::StrCat("HF model folder '", dir,
                                             "' has neither model.safetensors nor "
@@ -172,8 +174,7 @@ absl::StatusOr<HfCheckpoint> HfCheckpoint::Open(const std::string& dir) {
     auto it = c.file_of_.find(name);
     if (it == c.file_of_.end() || c.file_paths_[it->second] != dir + "/" + shard) {
       return absl::DataLossError(absl::StrCat(
-          "safetensors index '", index_path, "' says tensor '", name, "' is in '", shard,
-          "', but ",
+          "safetensors index '", index_path, "' says tensor '", name, "' is in '", shard, "', but ",
           it == c.file_of_.end() ? std::string("no shard holds it")
                                  : absl::StrCat("it is in '", c.file_paths_[it->second], "'"),
           "; the index and the shards are from different saves"));

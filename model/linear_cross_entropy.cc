@@ -29,20 +29,20 @@ at::Tensor BlockedLoss(const at::Tensor& h, const at::Tensor& w, const at::Tenso
   const at::Tensor wt = w.t();  // (H, V) view
   for (int64_t s = 0; s < R; s += block) {
     const int64_t n = std::min(block, R - s);
-    const at::Tensor tb = target.narrow(0, s, n);                          // (n) int64
-    const at::Tensor valid = tb.ne(ignore_index);                          // (n) bool
+    const at::Tensor tb = target.narrow(0, s, n);                                   // (n) int64
+    const at::Tensor valid = tb.ne(ignore_index);                                   // (n) bool
     const at::Tensor safe = at::where(valid, tb, at::zeros_like(tb)).unsqueeze(1);  // (n, 1)
-    at::Tensor logits = at::matmul(h.narrow(0, s, n).to(gemm), wt);        // (n, V)
+    at::Tensor logits = at::matmul(h.narrow(0, s, n).to(gemm), wt);                 // (n, V)
     if (gemm != at::kFloat) logits = logits.to(at::kFloat);
-    const at::Tensor lse = at::logsumexp(logits, {1});                     // (n) fp32
-    const at::Tensor nll = lse - logits.gather(1, safe).squeeze(1);        // (n) fp32
+    const at::Tensor lse = at::logsumexp(logits, {1});               // (n) fp32
+    const at::Tensor nll = lse - logits.gather(1, safe).squeeze(1);  // (n) fp32
     loss.add_(nll.masked_fill(valid.logical_not(), 0.0).sum());
     if (grad_h == nullptr && grad_w == nullptr) continue;
     // softmax - onehot(t), zero on ignored rows, in place in the logits block.
     logits.sub_(lse.unsqueeze(1)).exp_();
     logits.scatter_add_(1, safe, at::full({n, 1}, -1.0, logits.options()));
     logits.mul_(valid.unsqueeze(1).to(at::kFloat));
-    const at::Tensor g = logits.to(gemm);  // (n, V) dL/dlogits
+    const at::Tensor g = logits.to(gemm);                                    // (n, V) dL/dlogits
     if (grad_h != nullptr) grad_h->narrow(0, s, n).copy_(at::matmul(g, w));  // (n, H)
     if (grad_w != nullptr) grad_w->add_(at::matmul(g.t(), h.narrow(0, s, n).to(gemm)));
   }
@@ -51,8 +51,7 @@ at::Tensor BlockedLoss(const at::Tensor& h, const at::Tensor& w, const at::Tenso
 
 // Autograd node: the forward forms dL/dh (and dL/dw for a trainable head) with the loss; the
 // backward scales them.
-struct LinearCrossEntropyFunction
-    : public torch::autograd::Function<LinearCrossEntropyFunction> {
+struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h,
                             const at::Tensor& w, const at::Tensor& target, int64_t ignore_index,
                             int64_t budget_bytes) {
@@ -82,9 +81,8 @@ struct LinearCrossEntropyFunction
 
 }  // namespace
 
-at::Tensor LinearCrossEntropySum(const at::Tensor& h, const at::Tensor& w,
-                                 const at::Tensor& target, int64_t ignore_index,
-                                 int64_t budget_bytes) {
+at::Tensor LinearCrossEntropySum(const at::Tensor& h, const at::Tensor& w, const at::Tensor& target,
+                                 int64_t ignore_index, int64_t budget_bytes) {
   if ((h.requires_grad() || w.requires_grad()) && at::GradMode::is_enabled()) {
     return LinearCrossEntropyFunction::apply(h, w, target, ignore_index, budget_bytes);
   }

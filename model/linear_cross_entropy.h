@@ -31,7 +31,8 @@ namespace lspo::model {
 
 // Summed cross-entropy of the head `w` over hidden rows `h` (see the file comment).
 //   h (R, H) fp32 or bf16/fp16, any device, R >= 0; may require grad.
-//   w (V, H) on h's device, any floating dtype; may require grad. The GEMMs run in w's dtype (h's block is cast to it, as autocast would), the softmax in
+//   w (V, H) on h's device, any floating dtype; may require grad. The GEMMs run in w's dtype (h's
+//   block is cast to it, as autocast would), the softmax in
 //     fp32.
 //   target (R) int64 on h's device, each value `ignore_index` or in [0, V).
 // Returns a scalar fp32 tensor, Σ over non-ignored rows of -log softmax(h_i Wᵀ)[t_i] (0 when
@@ -39,8 +40,8 @@ namespace lspo::model {
 // `budget_bytes` bounds one block's logits (tests use small values to force several blocks).
 // Throws c10::Error (as ATen ops do) on shapes that disagree or a target outside [0, V); the
 // caller (LlamaModel::CausalLmLoss) validates batches before.
-at::Tensor LinearCrossEntropySum(const at::Tensor& h, const at::Tensor& w,
-                                 const at::Tensor& target, int64_t ignore_index = -100,
+at::Tensor LinearCrossEntropySum(const at::Tensor& h, const at::Tensor& w, const at::Tensor& target,
+                                 int64_t ignore_index = -100,
                                  int64_t budget_bytes = kLossBlockBytes);
 
 }  // namespace lspo::model

@@ -20,7 +20,7 @@ struct UpcastLinearBackward : public torch::autograd::Node {
         dx = at::mm(dy, w.to(dy.scalar_type()));
       }
       if (task_should_compute_output(1)) {
-        const at::Tensor x = input.unpack();  // (N, n)
+        const at::Tensor x = input.unpack();          // (N, n)
         dw = at::mm(x.t(), dy).t().to(weight_dtype);  // autograd's mm order: (x^T dY)^T
       }
     }

@@ -34,8 +34,7 @@ class LinearImpl {
   //   again when the backward needs it (UpcastLinear does both for plain x W^T).
   // Must not throw for well-formed inputs (shapes are the model's own); c10::Error from
   // LibTorch (e.g. out of memory) propagates to the caller of the forward, as any op's would.
-  virtual at::Tensor Forward(const at::Tensor& x2d, const at::Tensor& w,
-                             int64_t linear_index) = 0;
+  virtual at::Tensor Forward(const at::Tensor& x2d, const at::Tensor& w, int64_t linear_index) = 0;
 
   // True when the implementation changes what the linear computes (e.g. LoRA's W + B A), so
   // that evaluation and generation under at::NoGradGuard must go through Forward too; false

@@ -148,8 +148,8 @@ class LlamaModel {
   static absl::StatusOr<LlamaModel> FromHfCheckpoint(const HfCheckpoint& checkpoint);
 
   // A randomly initialised model (HF `_init_weights`): linear and embedding weights
-  // ~ N(0, 0.02^2) fp32, RMSNorm weights 1, biases 0. Deterministic in `seed` (own CPU generator; the
-  // global torch RNG is untouched). Errors: kInvalidArgument when config.Validate() fails.
+  // ~ N(0, 0.02^2) fp32, RMSNorm weights 1, biases 0. Deterministic in `seed` (own CPU generator;
+  // the global torch RNG is untouched). Errors: kInvalidArgument when config.Validate() fails.
   static absl::StatusOr<LlamaModel> RandomInit(const LlamaConfig& config, uint64_t seed);
 
   const LlamaConfig& config() const { return config_; }
@@ -334,16 +334,16 @@ class LlamaModel {
                              const at::Tensor& sin, int64_t start, KvCache* cache);
 
   LlamaConfig config_;
-  std::vector<std::string> names_;    // HF names, NamedTensors order.
-  std::vector<at::Tensor> tensors_;   // fp32, aliases handed out by NamedTensors.
+  std::vector<std::string> names_;   // HF names, NamedTensors order.
+  std::vector<at::Tensor> tensors_;  // fp32, aliases handed out by NamedTensors.
   absl::flat_hash_map<std::string, int64_t> slot_of_;
-  std::vector<int64_t> linear_slot_;  // linear index -> slot in tensors_.
-  std::vector<int64_t> bias_slot_;    // linear index -> slot of its bias, -1 = none.
+  std::vector<int64_t> linear_slot_;      // linear index -> slot in tensors_.
+  std::vector<int64_t> bias_slot_;        // linear index -> slot of its bias, -1 = none.
   std::vector<int64_t> input_norm_slot_;  // layer -> input_layernorm slot.
   std::vector<int64_t> post_norm_slot_;   // layer -> post_attention_layernorm slot.
   int64_t embed_slot_ = 0;
   int64_t final_norm_slot_ = 0;
-  int64_t lm_head_slot_ = 0;          // == embed_slot_ when tied.
+  int64_t lm_head_slot_ = 0;  // == embed_slot_ when tied.
   std::vector<LinearMode> modes_;
   std::shared_ptr<LinearImpl> linear_impl_;
   LayerHook pre_forward_, post_forward_, post_backward_;

@@ -6,16 +6,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/gguf.h"
-#include "runtime/status_macros.h"
 #include "runtime/json_text.h"
+#include "runtime/status_macros.h"
 
 namespace lspo::model {
 namespace {
 
 absl::Status Positive(const char* field, int64_t value) {
   if (value > 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("LlamaConfig.", field, " is ", value,
-                                                 "; expected a positive value"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("LlamaConfig.", field, " is ", value, "; expected a positive value"));
 }
 
 // Upper bounds of a sane Llama-family config, far above any published model (Llama 3.1 405B:
@@ -72,8 +72,8 @@ absl::Status LlamaConfig::Validate() const {
                      num_kv_heads, "); GQA needs num_heads % num_kv_heads == 0"));
   }
   if (head_dim % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("LlamaConfig.head_dim is ", head_dim,
-                                                   "; RoPE needs an even head_dim"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("LlamaConfig.head_dim is ", head_dim, "; RoPE needs an even head_dim"));
   }
   if (!(rms_norm_eps > 0.0)) {
     return absl::InvalidArgumentError(
@@ -84,8 +84,8 @@ absl::Status LlamaConfig::Validate() const {
         absl::StrCat("LlamaConfig.rope_theta is ", rope_theta, "; expected > 0"));
   }
   if (rope_scaling.type != RopeScaling::Type::kNone && !(rope_scaling.factor >= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "LlamaConfig.rope_scaling.factor is ", rope_scaling.factor, "; expected >= 1"));
+    return absl::InvalidArgumentError(absl::StrCat("LlamaConfig.rope_scaling.factor is ",
+                                                   rope_scaling.factor, "; expected >= 1"));
   }
   if (rope_scaling.type == RopeScaling::Type::kLlama3 &&
       !(rope_scaling.low_freq_factor > 0.0 &&
@@ -93,13 +93,13 @@ absl::Status LlamaConfig::Validate() const {
         rope_scaling.original_max_position_embeddings > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "LlamaConfig.rope_scaling (llama3) has low_freq_factor ", rope_scaling.low_freq_factor,
-        ", high_freq_factor ", rope_scaling.high_freq_factor,
-        ", original_max_position_embeddings ", rope_scaling.original_max_position_embeddings,
+        ", high_freq_factor ", rope_scaling.high_freq_factor, ", original_max_position_embeddings ",
+        rope_scaling.original_max_position_embeddings,
         "; expected high_freq_factor > low_freq_factor > 0 and a positive context length"));
   }
   if (sliding_window < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("LlamaConfig.sliding_window is ",
-                                                   sliding_window, "; expected >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("LlamaConfig.sliding_window is ", sliding_window, "; expected >= 0"));
   }
   RETURN_IF_ERROR(TokenId("bos_token_id", bos_token_id, vocab_size));
   RETURN_IF_ERROR(TokenId("eos_token_id", eos_token_id, vocab_size));
@@ -136,7 +136,8 @@ int64_t LlamaConfig::NumParameters() const {
   const int64_t kv = num_kv_heads * head_dim;
   const int64_t attn = hidden_size * (num_heads * head_dim) * 2 + hidden_size * kv * 2;
   const int64_t mlp = 3 * hidden_size * intermediate_size;
-  const int64_t biases = (qkv_bias ? num_heads * head_dim + 2 * kv : 0) + (o_bias ? hidden_size : 0);
+  const int64_t biases =
+      (qkv_bias ? num_heads * head_dim + 2 * kv : 0) + (o_bias ? hidden_size : 0);
   const int64_t per_layer = attn + mlp + 2 * hidden_size + biases;
   int64_t total = vocab_size * hidden_size + num_layers * per_layer + hidden_size;
   if (!tie_word_embeddings) total += vocab_size * hidden_size;
@@ -187,8 +188,8 @@ nlohmann::json LlamaConfig::ToHfConfigJson(absl::string_view torch_dtype) const 
   j["tie_word_embeddings"] = tie_word_embeddings;
   auto id_or_null = [](int64_t id) { return id >= 0 ? nlohmann::json(id) : nlohmann::json(); };
   j["bos_token_id"] = id_or_null(bos_token_id);
-  j["eos_token_id"] = eos_token_ids.size() > 1 ? nlohmann::json(eos_token_ids)
-                                                : id_or_null(eos_token_id);
+  j["eos_token_id"] =
+      eos_token_ids.size() > 1 ? nlohmann::json(eos_token_ids) : id_or_null(eos_token_id);
   j["pad_token_id"] = id_or_null(pad_token_id);
   j["torch_dtype"] = std::string(torch_dtype);
   return j;
@@ -310,9 +311,8 @@ class HfConfigReader {
 
   absl::Status Mistyped(absl::string_view key, const nlohmann::json& v,
                         absl::string_view expected) const {
-    return absl::InvalidArgumentError(absl::StrCat(source_, ": field \"", key, "\" is ",
-                                                   runtime::JsonForMessage(v), "; expected ",
-                                                   expected));
+    return absl::InvalidArgumentError(absl::StrCat(
+        source_, ": field \"", key, "\" is ", runtime::JsonForMessage(v), "; expected ", expected));
   }
 
  private:
@@ -418,9 +418,9 @@ absl::Status ReadRope(const HfConfigReader& r, LlamaConfig* c) {
     s.original_max_position_embeddings = static_cast<int64_t>(original);
     return absl::OkStatus();
   }
-  return absl::UnimplementedError(absl::StrCat(
-      r.source(), ": ", scaling_key, ".rope_type \"", type,
-      "\" is not supported; supported: default, linear, llama3"));
+  return absl::UnimplementedError(
+      absl::StrCat(r.source(), ": ", scaling_key, ".rope_type \"", type,
+                   "\" is not supported; supported: default, linear, llama3"));
 }
 
 }  // namespace
@@ -436,8 +436,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const nlohmann::json& config,
   ASSIGN_OR_RETURN(c.family, FamilyOf(r));
   ASSIGN_OR_RETURN(std::string act, r.StringOr("hidden_act", "silu"));
   if (act != "silu") {
-    return absl::UnimplementedError(absl::StrCat(source, ": hidden_act \"", act,
-                                                 "\" is not supported; only silu (SwiGLU)"));
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": hidden_act \"", act, "\" is not supported; only silu (SwiGLU)"));
   }
   ASSIGN_OR_RETURN(bool mlp_bias, r.BoolOr("mlp_bias", false));
   if (mlp_bias) {
@@ -469,8 +469,9 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const nlohmann::json& config,
       ASSIGN_OR_RETURN(bool sliding, r.BoolOr("use_sliding_window", false));
       if (sliding) {
         return absl::UnimplementedError(absl::StrCat(
-            source, ": use_sliding_window true (per-layer sliding-window attention of Qwen2) is "
-                    "not supported; set it to false (the published Qwen2.5 checkpoints do)"));
+            source,
+            ": use_sliding_window true (per-layer sliding-window attention of Qwen2) is "
+            "not supported; set it to false (the published Qwen2.5 checkpoints do)"));
       }
       break;
     }
@@ -485,10 +486,10 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const nlohmann::json& config,
       const bool full = t == "full_attention";
       const bool sliding_ok = t == "sliding_attention" && c.sliding_window > 0;
       if (!full && !sliding_ok) {
-        return absl::UnimplementedError(absl::StrCat(
-            source, ": layer_types entry ", runtime::JsonForMessage(t),
-            " is not supported; every layer must be full_attention (or, for Mistral, "
-            "sliding_attention with a sliding_window)"));
+        return absl::UnimplementedError(
+            absl::StrCat(source, ": layer_types entry ", runtime::JsonForMessage(t),
+                         " is not supported; every layer must be full_attention (or, for Mistral, "
+                         "sliding_attention with a sliding_window)"));
       }
     }
   }

@@ -58,9 +58,9 @@ struct RopeScaling {
   enum class Type { kNone, kLinear, kLlama3 };
   Type type = Type::kNone;
   double factor = 1.0;
-  double low_freq_factor = 1.0;                    // llama3 only
-  double high_freq_factor = 4.0;                   // llama3 only
-  int64_t original_max_position_embeddings = 0;    // llama3 only (tokens)
+  double low_freq_factor = 1.0;                  // llama3 only
+  double high_freq_factor = 4.0;                 // llama3 only
+  int64_t original_max_position_embeddings = 0;  // llama3 only (tokens)
 };
 
 // Architecture hyperparameters. Field names follow HF `LlamaConfig`; units are element counts.
@@ -93,7 +93,7 @@ struct LlamaConfig {
   int64_t bos_token_id = 1;
   int64_t eos_token_id = 2;
   int64_t pad_token_id = 2;
-  std::vector<int64_t> eos_token_ids;   // empty = {eos_token_id}
+  std::vector<int64_t> eos_token_ids;  // empty = {eos_token_id}
 
   // Checks that every size is positive and below a sanity bound far above any published
   // model (vocab_size <= 2^22, hidden_size <= 2^17, intermediate_size <= 2^20, num_layers,

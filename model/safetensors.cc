@@ -12,8 +12,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/float16.h"
 #include "nlohmann/json.hpp"
+#include "runtime/float16.h"
 #include "runtime/status_macros.h"
 
 namespace lspo::model {
@@ -202,10 +202,10 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
 // checked against each other and the data section. Errors: kDataLoss (Corrupt) naming the
 // tensor and the field; kUnimplemented for a dtype this reader does not support.
 static absl::StatusOr<SafetensorsTensorInfo> ParseTensorEntry(const std::string& name,
-                                                       const std::string& key,
-                                                       const nlohmann::json& v,
-                                                       uint64_t data_size, uint64_t data_start,
-                                                       uint64_t size) {
+                                                              const std::string& key,
+                                                              const nlohmann::json& v,
+                                                              uint64_t data_size,
+                                                              uint64_t data_start, uint64_t size) {
   const std::string where = absl::StrCat("tensor '", key, "'");
   if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
       !v.contains("data_offsets")) {
@@ -251,9 +251,9 @@ static absl::StatusOr<SafetensorsTensorInfo> ParseTensorEntry(const std::string&
   }
   const uint64_t nbytes = static_cast<uint64_t>(numel) * static_cast<uint64_t>(esize);
   if (t.begin > t.end || t.end - t.begin != nbytes) {
-    return Corrupt(name, absl::StrCat(where, ": data_offsets [", t.begin, ", ", t.end,
-                                      "] do not span ", nbytes, " bytes (shape ",
-                                      ShapeString(t.shape), " of ", t.dtype, ")"));
+    return Corrupt(
+        name, absl::StrCat(where, ": data_offsets [", t.begin, ", ", t.end, "] do not span ",
+                           nbytes, " bytes (shape ", ShapeString(t.shape), " of ", t.dtype, ")"));
   }
   if (t.end > data_size) {
     return Corrupt(name, absl::StrCat(where, ": data ends at byte ", t.end,

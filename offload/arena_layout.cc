@@ -57,7 +57,8 @@ void AddStaging(const std::vector<LinearShape>& linears, size_t per_layer,
     }
     largest_layer = std::max(largest_layer, layer);
   }
-  *layout->mutable_staging() = MakeRef(cursor, lspo::v1::F32, {std::max<int64_t>(largest_layer, 1)});
+  *layout->mutable_staging() =
+      MakeRef(cursor, lspo::v1::F32, {std::max<int64_t>(largest_layer, 1)});
 }
 
 absl::Status CheckPerLayer(const std::vector<LinearShape>& linears, int32_t per_layer) {
@@ -77,8 +78,7 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildSubspaceLayout(
   RETURN_IF_ERROR(CheckPerLayer(linears, linears_per_layer));
   if (subspaces.size() != linears.size()) {
     return absl::InvalidArgumentError(absl::StrCat("arena layout: ", subspaces.size(),
-                                                   " subspaces for ", linears.size(),
-                                                   " matrices"));
+                                                   " subspaces for ", linears.size(), " matrices"));
   }
   for (size_t i = 0; i < linears.size(); ++i) {
     const LinearShape& l = linears[i];
@@ -88,10 +88,10 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildSubspaceLayout(
              (!side.identity || (side.dim == rows && side.r == 1));
     };
     if (!side_ok(s.p, l.m) || !side_ok(s.q, l.n)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "arena layout: the subspace of ", l.name, " (", l.m, " x ", l.n, ") is P (", s.p.rows,
-          ", ", s.p.dim, ") r ", s.p.r, ", Q (", s.q.rows, ", ", s.q.dim, ") r ", s.q.r,
-          "; expected P (m, d_p), Q (n, d_q) with 1 <= r <= d"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("arena layout: the subspace of ", l.name, " (", l.m, " x ", l.n, ") is P (",
+                       s.p.rows, ", ", s.p.dim, ") r ", s.p.r, ", Q (", s.q.rows, ", ", s.q.dim,
+                       ") r ", s.q.r, "; expected P (m, d_p), Q (n, d_q) with 1 <= r <= d"));
     }
   }
   lspo::v1::ArenaLayout layout;
@@ -193,8 +193,9 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildGaloreArenaLayout(
                              lspo::v1::MODE_GALORE_OFFLOAD);
 }
 
-absl::StatusOr<lspo::v1::ArenaLayout> BuildZeroArenaLayout(
-    const std::vector<LinearShape>& linears, int32_t linears_per_layer, const std::string& name) {
+absl::StatusOr<lspo::v1::ArenaLayout> BuildZeroArenaLayout(const std::vector<LinearShape>& linears,
+                                                           int32_t linears_per_layer,
+                                                           const std::string& name) {
   RETURN_IF_ERROR(CheckPerLayer(linears, linears_per_layer));
   lspo::v1::ArenaLayout layout;
   layout.set_name(name);
@@ -214,10 +215,11 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildZeroArenaLayout(
 absl::StatusOr<int32_t> NumLayers(const lspo::v1::ArenaLayout& layout) {
   const int32_t k = layout.linears_per_layer();
   if (k < 1 || layout.linears_size() % k != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "arena layout ", layout.name(), ": linears_per_layer = ", k, " does not split its ",
-        layout.linears_size(), " matrices into layers (worker and optimizer of different "
-        "versions?)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("arena layout ", layout.name(), ": linears_per_layer = ", k,
+                     " does not split its ", layout.linears_size(),
+                     " matrices into layers (worker and optimizer of different "
+                     "versions?)"));
   }
   return layout.linears_size() / k;
 }

@@ -64,8 +64,8 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildArenaLayout(
 // than its rows, lsp/subspace.h). For a slot of another mode the sides are all zero.
 lsp::MatrixSubspace SlotSubspace(const lspo::v1::LinearSlot& slot);
 
-// The MODE_GALORE_OFFLOAD layout of GaLore-Offload (docs/baselines.md "GaLore"): the MODE_LSP layout
-// with the subspace of GaLore's one-sided projection of rank `rank`: for m >= n the identity
+// The MODE_GALORE_OFFLOAD layout of GaLore-Offload (docs/baselines.md "GaLore"): the MODE_LSP
+// layout with the subspace of GaLore's one-sided projection of rank `rank`: for m >= n the identity
 // on P and a dense (n, rank) Q = B^T (r_q = rank: every column of every row), so S = G B^T
 // (m, rank); for m < n a dense (m, rank) P = A and the identity on Q, so S = A^T G (rank, n).
 // Each slot also has grad_sq (1) f32, |G|_F^2 of the full gradient (clipping). `d` and `r` of
@@ -79,8 +79,9 @@ absl::StatusOr<lspo::v1::ArenaLayout> BuildGaloreArenaLayout(
 
 // The MODE_ZERO layout (see the file comment): 4 m n bytes per matrix plus the flags.
 // Errors: kInvalidArgument as BuildArenaLayout for `linears_per_layer`.
-absl::StatusOr<lspo::v1::ArenaLayout> BuildZeroArenaLayout(
-    const std::vector<LinearShape>& linears, int32_t linears_per_layer, const std::string& name);
+absl::StatusOr<lspo::v1::ArenaLayout> BuildZeroArenaLayout(const std::vector<LinearShape>& linears,
+                                                           int32_t linears_per_layer,
+                                                           const std::string& name);
 
 // Number of decoder layers of `layout`: linears / linears_per_layer.
 // Errors: kInvalidArgument when linears_per_layer < 1 or does not divide the matrix count

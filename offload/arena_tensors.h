@@ -19,7 +19,8 @@
 namespace lspo::offload {
 
 // A CPU bf16 tensor viewing the slot `ref`. Errors as ArenaF32 (dtype must be BF16).
-absl::StatusOr<at::Tensor> ArenaBf16(const runtime::ShmArena& arena, const lspo::v1::TensorRef& ref);
+absl::StatusOr<at::Tensor> ArenaBf16(const runtime::ShmArena& arena,
+                                     const lspo::v1::TensorRef& ref);
 
 // The completion flags of `layout` inside `arena`. kInvalidArgument if the flags region does
 // not hold 1 + 2 L words; kOutOfRange if it lies outside the arena.

@@ -86,8 +86,8 @@ absl::Status CheckBindAddress(const std::string& address) {
 std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToDoubleSeconds(d), " s"); }
 
 int64_t MicrosSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now() - t0)
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               t0)
       .count();
 }
 
@@ -245,7 +245,8 @@ absl::Status PendingCollective::Wait() {
   auto work = std::move(impl_->work);
   impl_->work.reset();
   try {
-    work->wait(std::chrono::milliseconds(absl::ToInt64Milliseconds(impl_->owner->options_.timeout)));
+    work->wait(
+        std::chrono::milliseconds(absl::ToInt64Milliseconds(impl_->owner->options_.timeout)));
   } catch (const std::exception& e) {
     impl_->owner->all_reduce_micros_ += MicrosSince(t0);
     return impl_->owner->Failure(impl_->what, &impl_->tensor, Reason(e));
@@ -275,8 +276,7 @@ absl::Status CheckRendezvousReach(const CollectiveOptions& options, const char* 
         "distributed: the rendezvous host '", options.host,
         "' is not a loopback address (or does not resolve): rank 0's store would be reachable "
         "from other hosts, which needs ",
-        absl::StrJoin(missing, " and "),
-        "; or use 127.0.0.1 when every rank runs on this host"));
+        absl::StrJoin(missing, " and "), "; or use 127.0.0.1 when every rank runs on this host"));
   }
   return absl::OkStatus();
 }
@@ -301,11 +301,11 @@ absl::Status ExchangeJoinTable(c10d::Store& store, const CollectiveOptions& opti
           "distributed: rank ", options.rank, " (", options.label,
           ") is already taken in the group at ", at,
           ": another process joined with the same rank; give every process its own rank "
-          "(lspctl run --rank=R, R in 0 .. ", options.world_size - 1, ")"));
+          "(lspctl run --rank=R, R in 0 .. ",
+          options.world_size - 1, ")"));
     }
     store.set(key("exclusive", options.rank), text(options.exclusive));
-    store.set(key("join", options.rank),
-                     text(options.fingerprint + '\n' + options.label));
+    store.set(key("join", options.rank), text(options.fingerprint + '\n' + options.label));
     std::vector<std::string> keys;
     for (int r = 0; r < options.world_size; ++r) keys.push_back(key("join", r));
     try {
@@ -341,8 +341,8 @@ absl::Status ExchangeJoinTable(c10d::Store& store, const CollectiveOptions& opti
     const auto* store_error = dynamic_cast<const RendezvousStoreError*>(&e);
     if (store_error != nullptr &&
         store_error->status().code() == absl::StatusCode::kPermissionDenied) {
-      return absl::PermissionDeniedError(absl::StrCat("distributed: rank ", options.rank, ": ",
-                                                      store_error->status().message()));
+      return absl::PermissionDeniedError(
+          absl::StrCat("distributed: rank ", options.rank, ": ", store_error->status().message()));
     }
     return absl::UnavailableError(absl::StrCat(
         "distributed: rank ", options.rank, " lost the rendezvous store at ", at, ": ",
@@ -376,9 +376,9 @@ absl::Status CheckRanksAgree(const CollectiveOptions& options,
   for (int r = 0; r < options.world_size; ++r) {
     for (int q = r + 1; q < options.world_size && !exclusive[r].empty(); ++q) {
       if (exclusive[q] == exclusive[r]) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "distributed: ranks ", r, " (", labels[r], ") and ", q, " (", labels[q],
-            ") share ", exclusive[r], ": give every rank its own"));
+        return absl::AlreadyExistsError(absl::StrCat("distributed: ranks ", r, " (", labels[r],
+                                                     ") and ", q, " (", labels[q], ") share ",
+                                                     exclusive[r], ": give every rank its own"));
       }
     }
   }
@@ -394,14 +394,14 @@ Collective::~Collective() = default;
 
 absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOptions& options) {
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("distributed: rank ", options.rank, " with world_size ",
-                     options.world_size, ": the rank must be in [0, world_size)"));
+    return absl::InvalidArgumentError(absl::StrCat("distributed: rank ", options.rank,
+                                                   " with world_size ", options.world_size,
+                                                   ": the rank must be in [0, world_size)"));
   }
   if (options.world_size > kMaxWorldSize) {
-    return absl::InvalidArgumentError(absl::StrCat("distributed: world_size ",
-                                                   options.world_size, " is above the ",
-                                                   kMaxWorldSize, " ranks a job may have"));
+    return absl::InvalidArgumentError(absl::StrCat("distributed: world_size ", options.world_size,
+                                                   " is above the ", kMaxWorldSize,
+                                                   " ranks a job may have"));
   }
   if (options.world_size > 1 && options.host.empty()) {
     return absl::InvalidArgumentError(
@@ -424,8 +424,8 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
   if (!options.secret_file.empty()) {
     absl::StatusOr<std::string> t = ReadRendezvousToken(options.secret_file, kTokenSetting);
     if (!t.ok()) {
-      return absl::Status(t.status().code(), absl::StrCat("distributed: rank ", options.rank,
-                                                          ": ", t.status().message()));
+      return absl::Status(t.status().code(), absl::StrCat("distributed: rank ", options.rank, ": ",
+                                                          t.status().message()));
     }
     token = *std::move(t);
   }
@@ -457,17 +457,17 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
       return absl::PermissionDeniedError(absl::StrCat("distributed: rank ", options.rank,
                                                       " cannot join: ", store.status().message()));
     }
-    return absl::UnavailableError(absl::StrCat(
-        "distributed: rank ", options.rank, " cannot reach the rendezvous store at ",
-        JoinHostPort(options.host, c->port_), " within ", Seconds(options.timeout), ": ",
-        store.status().message()));
+    return absl::UnavailableError(
+        absl::StrCat("distributed: rank ", options.rank, " cannot reach the rendezvous store at ",
+                     JoinHostPort(options.host, c->port_), " within ", Seconds(options.timeout),
+                     ": ", store.status().message()));
   }
   impl->store = *std::move(store);
   const std::string at = JoinHostPort(options.host, c->port_);
   std::vector<std::string> fingerprints(options.world_size), labels(options.world_size),
       exclusive(options.world_size);
-  RETURN_IF_ERROR(ExchangeJoinTable(*impl->store, c->options_, at, &fingerprints, &labels,
-                                    &exclusive));
+  RETURN_IF_ERROR(
+      ExchangeJoinTable(*impl->store, c->options_, at, &fingerprints, &labels, &exclusive));
   c->labels_ = labels;
   RETURN_IF_ERROR(CheckRanksAgree(c->options_, fingerprints, labels, exclusive));
   try {
@@ -477,7 +477,7 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
     gloo_options->threads = 2;
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("lspo/gloo", impl->store);
     impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, options.rank,
-                                                             options.world_size, gloo_options);
+                                                              options.world_size, gloo_options);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(
         "distributed: rank ", options.rank, " (", c->options_.label,
@@ -487,17 +487,17 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Join(const CollectiveOpt
         "reach; a rank that failed to connect says why in its own error)"));
   }
   c->impl_ = std::move(impl);
-  LOG(INFO) << "distributed: rank " << options.rank << " of " << options.world_size
-            << " joined at " << at << " (" << absl::StrJoin(labels, ", ") << ")";
+  LOG(INFO) << "distributed: rank " << options.rank << " of " << options.world_size << " joined at "
+            << at << " (" << absl::StrJoin(labels, ", ") << ")";
   return c;
 #endif
 }
 
 absl::Status Collective::Check(const at::Tensor& tensor, const char* what) const {
   if (broken_.load()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "distributed: ", what, " on rank ", options_.rank,
-        " after an earlier collective failed: the group is broken; restart the job"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("distributed: ", what, " on rank ", options_.rank,
+                     " after an earlier collective failed: the group is broken; restart the job"));
   }
   if (!tensor.defined() || !tensor.device().is_cpu() || !tensor.is_contiguous() ||
       (tensor.scalar_type() != at::kFloat && tensor.scalar_type() != at::kDouble &&
@@ -518,10 +518,9 @@ absl::Status Collective::Failure(const std::string& what, const at::Tensor* tens
   return absl::UnavailableError(absl::StrCat(
       "distributed: ", what,
       tensor != nullptr ? absl::StrCat(" of ", tensor->nbytes(), " bytes") : "", " on rank ",
-      options_.rank, " of ", options_.world_size, " failed: ", reason,
-      ". Ranks: ", absl::StrJoin(ranks, ", "),
-      ". A rank died, closed its connections or did not answer within ", Seconds(options_.timeout),
-      "; the job cannot go on with this group"));
+      options_.rank, " of ", options_.world_size, " failed: ", reason, ". Ranks: ",
+      absl::StrJoin(ranks, ", "), ". A rank died, closed its connections or did not answer within ",
+      Seconds(options_.timeout), "; the job cannot go on with this group"));
 }
 
 absl::StatusOr<std::unique_ptr<PendingCollective>> Collective::StartAllReduceSum(
@@ -568,8 +567,8 @@ absl::Status Collective::AllReduceMean(at::Tensor& tensor) {
 
 absl::Status Collective::Broadcast(at::Tensor& tensor, int root) {
   if (root < 0 || root >= options_.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("distributed: broadcast from rank ", root,
-                                                   " of ", options_.world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("distributed: broadcast from rank ", root, " of ", options_.world_size));
   }
   if (absl::Status st = Check(tensor, "broadcast"); !st.ok()) return st;
 #if LSPO_HAS_GLOO
@@ -623,12 +622,14 @@ absl::StatusOr<int> AgreeOnNewestCommonStep(Collective& group, std::vector<int> 
   }
   std::vector<std::string> newest;
   for (size_t r = 0; r < first.size(); ++r) {
-    newest.push_back(absl::StrCat("rank ", r, " (", group.labels()[r], "): ",
-                                  first[r] > 0 ? absl::StrCat("step ", first[r]) : "none"));
+    newest.push_back(absl::StrCat("rank ", r, " (", group.labels()[r],
+                                  "): ", first[r] > 0 ? absl::StrCat("step ", first[r]) : "none"));
   }
   return absl::FailedPreconditionError(absl::StrCat(
       "distributed: the ranks hold no checkpoint of one step in common (newest verified "
-      "checkpoint per rank: ", absl::StrJoin(newest, "; "), "): resume every rank from a "
+      "checkpoint per rank: ",
+      absl::StrJoin(newest, "; "),
+      "): resume every rank from a "
       "checkpoint of the same step (resume_from: <output_dir>/checkpoints/step-NNNNNNNN), or "
       "start afresh with overwrite_output_dir: true"));
 }
@@ -643,8 +644,8 @@ absl::StatusOr<std::vector<int64_t>> Collective::AllGather(int64_t value) {
     std::vector<at::Tensor> in = {mine};
     std::vector<std::vector<at::Tensor>> gathered(1);
     for (int r = 0; r < options_.world_size; ++r) gathered[0].push_back(at::zeros({1}, at::kLong));
-    impl_->group->allgather(gathered, in)->wait(
-        std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.timeout)));
+    impl_->group->allgather(gathered, in)
+        ->wait(std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.timeout)));
     for (int r = 0; r < options_.world_size; ++r) out[r] = gathered[0][r].item<int64_t>();
   } catch (const std::exception& e) {
     return Failure("all-gather", &mine, Reason(e));

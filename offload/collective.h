@@ -165,10 +165,10 @@ bool CollectivesAvailable();
 // newest). `held`: this rank's checkpoint steps (> 0, any order; duplicates ignored). Rounds
 // of one all-gather each: every rank proposes its newest step not above the bound (the
 // smallest proposal of the previous round; at first unbounded) until all propose the same
-// one (each round lowers the bound: at most as many rounds as distinct steps held). Returns that step, or 0 when no rank holds any. Errors:
-// kFailedPrecondition when some rank holds checkpoints but no step is held by all (naming
-// every rank's newest and the fix), kInvalidArgument (a step <= 0), else as AllGather.
-// Every rank must call it (it is a collective).
+// one (each round lowers the bound: at most as many rounds as distinct steps held). Returns that
+// step, or 0 when no rank holds any. Errors: kFailedPrecondition when some rank holds checkpoints
+// but no step is held by all (naming every rank's newest and the fix), kInvalidArgument (a step <=
+// 0), else as AllGather. Every rank must call it (it is a collective).
 absl::StatusOr<int> AgreeOnNewestCommonStep(Collective& group, std::vector<int> held);
 
 // Sums a list of tensors over the ranks in one fp32 all-reduce, the way DDP sums a bucket of

@@ -32,8 +32,8 @@ absl::StatusOr<std::vector<std::string>> WriteHfModelFolder(
   const std::string gen_path = dir + "/generation_config.json";
   std::string gen_text;
   if (!generation_config_source.empty() && runtime::IsRegularFile(generation_config_source)) {
-    ASSIGN_OR_RETURN(gen_text, runtime::ReadFileToString(generation_config_source,
-                                                         "generation_config.json"));
+    ASSIGN_OR_RETURN(gen_text,
+                     runtime::ReadFileToString(generation_config_source, "generation_config.json"));
   } else {
     gen_text = config.ToHfGenerationConfigJson().dump(2) + "\n";
   }

@@ -21,9 +21,8 @@ absl::Status Prefix(const absl::Status& s, absl::string_view what, const std::st
 }  // namespace
 
 absl::StatusOr<model::BpeTokenizer> LoadJobTokenizer(const lspo::v1::JobSpec& spec) {
-  const std::string& path = spec.model().tokenizer_path().empty()
-                                ? spec.model().path()
-                                : spec.model().tokenizer_path();
+  const std::string& path =
+      spec.model().tokenizer_path().empty() ? spec.model().path() : spec.model().tokenizer_path();
   if (runtime::IsDirectory(path)) {
     auto tok = model::BpeTokenizer::FromHfFolder(path);
     if (!tok.ok()) return Prefix(tok.status(), "tokenizer of the model folder", path);
@@ -81,9 +80,9 @@ absl::StatusOr<model::LlamaModel> LoadBaseModel(const lspo::v1::JobSpec& spec) {
                      RandomLlamaConfig(m.random_shape(), tok->vocab_size()));
     return model::LlamaModel::RandomInit(config, m.init_seed());
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "job spec field model.format = ", static_cast<int>(m.format()),
-      ": use hf, gguf or tiny-random"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("job spec field model.format = ", static_cast<int>(m.format()),
+                   ": use hf, gguf or tiny-random"));
 }
 
 }  // namespace
@@ -124,9 +123,8 @@ absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec) {
   absl::StatusOr<std::shared_ptr<baselines::LoraAdapter>> adapter =
       baselines::ReadPeftAdapter(adapter_path, model);
   if (!adapter.ok()) {
-    return absl::Status(adapter.status().code(),
-                        absl::StrCat("job spec field model.adapter_path: ",
-                                     adapter.status().message()));
+    return absl::Status(adapter.status().code(), absl::StrCat("job spec field model.adapter_path: ",
+                                                              adapter.status().message()));
   }
   at::NoGradGuard no_grad;
   for (int64_t i = 0; i < model.num_linears(); ++i) {

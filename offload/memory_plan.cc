@@ -151,7 +151,7 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
   // (model::UpcastLinear, the LinearImpl contract). Up to 2026-12-06 each linear kept one
   // (4 m n bytes), which the H200 run's peaks include (tests/offload/memory_plan_test.cc).
   const int64_t layer = 4 * LayerSavedFloats(c, B, T, saves_input, extra);
-  const int64_t rows = N;                      // loss rows (see the header)
+  const int64_t rows = N;  // loss rows (see the header)
   // model/linear_cross_entropy.h: the loss keeps dL/dh (R, H) for its backward and holds two
   // blocks of fp32 logits at a time (the block and logsumexp's temporary).
   const int64_t loss_kept = 4 * rows * H;
@@ -181,9 +181,10 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
   return plan;
 }
 
-absl::StatusOr<std::vector<std::string>> ChooseFittingDefaults(
-    JobSpec* spec, const model::LlamaConfig& config, lspo::v1::TrainingMode mode, bool cuda,
-    int64_t device_bytes) {
+absl::StatusOr<std::vector<std::string>> ChooseFittingDefaults(JobSpec* spec,
+                                                               const model::LlamaConfig& config,
+                                                               lspo::v1::TrainingMode mode,
+                                                               bool cuda, int64_t device_bytes) {
   std::vector<std::string> lines;
   if (!cuda) return lines;
   constexpr double kGiB = 1LL << 30;
@@ -200,8 +201,8 @@ absl::StatusOr<std::vector<std::string>> ChooseFittingDefaults(
             "activation checkpointing: on (chosen: the %s plan at micro-batch %d needs %.2f GiB "
             "without it and %.2f GiB with it, of %.2f GiB on the device; set "
             "activation_checkpointing to decide)",
-            std::string(DescriptorOf(mode).name).c_str(), MicroBatchOf(*spec), plan.device_peak / kGiB,
-            ckpt.device_peak / kGiB, device_bytes / kGiB));
+            std::string(DescriptorOf(mode).name).c_str(), MicroBatchOf(*spec),
+            plan.device_peak / kGiB, ckpt.device_peak / kGiB, device_bytes / kGiB));
       }
     }
   }
@@ -241,13 +242,14 @@ absl::StatusOr<std::vector<std::string>> ChooseFittingDefaults(
       "micro_batch_size: %d (chosen: the largest power of two up to %d whose %s plan fits, "
       "%.2f GiB of %.2f GiB on the device with activation checkpointing %s; set "
       "micro_batch_size to decide)",
-      b, kMaxChosenMicroBatch, std::string(DescriptorOf(mode).name).c_str(), peak / kGiB, device_bytes / kGiB,
-      spec->activation_checkpointing() ? "on" : "off"));
+      b, kMaxChosenMicroBatch, std::string(DescriptorOf(mode).name).c_str(), peak / kGiB,
+      device_bytes / kGiB, spec->activation_checkpointing() ? "on" : "off"));
   return lines;
 }
 
 absl::StatusOr<FitAnswer> FitOnDevice(const JobSpec& spec, const model::LlamaConfig& config,
-                                      lspo::v1::TrainingMode mode, bool cuda, int64_t device_bytes) {
+                                      lspo::v1::TrainingMode mode, bool cuda,
+                                      int64_t device_bytes) {
   FitAnswer a;
   ASSIGN_OR_RETURN(MemoryPlan plan, PlanJobMemory(spec, config, mode, cuda));
   a.fits = plan.device_peak <= device_bytes;

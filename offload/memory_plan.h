@@ -21,9 +21,9 @@
 //   + N Σ_{7 W} d_q              lsp instead saves X Q (N, d_q) per linear
 //   + N r per adapted linear      lora: X A^T
 // (no fp32 upcast copy of 16-bit weights: the linears keep W as stored, model::UpcastLinear;
-// up to 2026-12-06 each kept one, 4 m n bytes). With activation checkpointing a layer keeps only its
-// input (N H floats) and one layer at a time is recomputed in the backward. The loss keeps dL/dh of R rows
-// (R H floats, model/linear_cross_entropy.h; up to 2026-12-07 it kept the R V
+// up to 2026-12-06 each kept one, 4 m n bytes). With activation checkpointing a layer keeps only
+// its input (N H floats) and one layer at a time is recomputed in the backward. The loss keeps
+// dL/dh of R rows (R H floats, model/linear_cross_entropy.h; up to 2026-12-07 it kept the R V
 // log-probabilities; R = N on CUDA, which runs lm_head over every row; on the CPU only the rows
 // in the loss, at most N: the plan takes N, exact for text and packed data, an upper bound for
 // classification); the loss's blocks of logits (two of LossBlockRows(V) x V floats) and the
@@ -58,11 +58,11 @@ struct PlanTerm {
 
 // The memory of one job in one mode (see the file comment). All sizes are bytes.
 struct MemoryPlan {
-  lspo::v1::TrainingMode mode{};  // the plan's mode; its name: training_mode.h DescriptorOf
-  bool cuda = false;           // the worker's terms are for a CUDA device (else the CPU)
-  int64_t weight_bytes = 4;    // w: storage bytes of a trained matrix element (2 or 4)
-  int64_t tokens = 0;          // N = micro_batch_size * seq_len
-  bool checkpointing = false;  // the job's activation_checkpointing
+  lspo::v1::TrainingMode mode{};   // the plan's mode; its name: training_mode.h DescriptorOf
+  bool cuda = false;               // the worker's terms are for a CUDA device (else the CPU)
+  int64_t weight_bytes = 4;        // w: storage bytes of a trained matrix element (2 or 4)
+  int64_t tokens = 0;              // N = micro_batch_size * seq_len
+  bool checkpointing = false;      // the job's activation_checkpointing
   int64_t trained_parameters = 0;  // Σ m n over the trained matrices
   int64_t trained_matrices = 0;    // 7 per decoder layer
 
@@ -86,8 +86,8 @@ struct MemoryPlan {
   // A CUDA worker's host memory while it trains: the data-parallel all-reduce buffers (the
   // collectives run over Gloo on host copies; on the CPU they are in device_static).
   int64_t worker_host_train = 0;
-  int64_t d2h_bytes_per_step = 0;        // worker -> optimizer per optimizer step
-  int64_t h2d_bytes_per_step = 0;        // optimizer -> worker per optimizer step
+  int64_t d2h_bytes_per_step = 0;  // worker -> optimizer per optimizer step
+  int64_t h2d_bytes_per_step = 0;  // optimizer -> worker per optimizer step
 
   int64_t DeviceStatic() const;   // Σ device_static
   int64_t OptimizerHost() const;  // Σ optimizer_host
@@ -111,7 +111,7 @@ inline constexpr double kCpuHeapRetention = 0.65;
 // on the H200: "4.58 GiB in use, 3.98 GiB allocated by PyTorch + 0.15 GiB reserved").
 inline constexpr int64_t kCudaContextBytes = 512LL << 20;
 
-// The plan of `spec` (defaults resolved: scheduler/job_spec.h ResolveDefaults) in `mode` for a
+// The plan of `spec` (defaults resolved: spec/job_spec.h ResolveDefaults) in `mode` for a
 // model of shape `config` (the mode's own terms: its ModeDescriptor's plan hook,
 // offload/mode_plans.cc), with the worker on CUDA when `cuda` (bf16 weights unless
 // spec.weight_dtype says fp32) or on the CPU (fp32 unless it says bf16). The spec's settings
@@ -155,9 +155,8 @@ struct FitAnswer {
 // kMaxPlannedMicroBatch, d up to the model's widest side (hidden or intermediate size).
 // Errors: PlanJobMemory's for the spec as given.
 absl::StatusOr<FitAnswer> FitOnDevice(const lspo::v1::JobSpec& spec,
-                                      const model::LlamaConfig& config,
-                                      lspo::v1::TrainingMode mode, bool cuda,
-                                      int64_t device_bytes);
+                                      const model::LlamaConfig& config, lspo::v1::TrainingMode mode,
+                                      bool cuda, int64_t device_bytes);
 
 // Settings a CUDA job left unset, chosen so that its plan fits `device_bytes` (issue 42,
 // "defaults that fit the card"), in this order:
@@ -176,8 +175,7 @@ absl::StatusOr<FitAnswer> FitOnDevice(const lspo::v1::JobSpec& spec,
 absl::StatusOr<std::vector<std::string>> ChooseFittingDefaults(lspo::v1::JobSpec* spec,
                                                                const model::LlamaConfig& config,
                                                                lspo::v1::TrainingMode mode,
-                                                               bool cuda,
-                                                               int64_t device_bytes);
+                                                               bool cuda, int64_t device_bytes);
 
 // The plans as a table, one column per plan (each column headed by its mode; the spec's own
 // mode marked with '*' when `own` matches), every term in MiB, then the host memory and the

@@ -9,12 +9,18 @@ namespace {
 
 const char* SafetensorsDtype(at::ScalarType t) {
   switch (t) {
-    case at::kDouble: return "F64";
-    case at::kFloat: return "F32";
-    case at::kBFloat16: return "BF16";
-    case at::kInt: return "I32";
-    case at::kLong: return "I64";
-    default: return nullptr;
+    case at::kDouble:
+      return "F64";
+    case at::kFloat:
+      return "F32";
+    case at::kBFloat16:
+      return "BF16";
+    case at::kInt:
+      return "I32";
+    case at::kLong:
+      return "I64";
+    default:
+      return nullptr;
   }
 }
 
@@ -55,14 +61,14 @@ absl::StatusOr<at::Tensor> ViewStateTensor(const model::SafetensorsFile& file,
         "]: the checkpoint belongs to a different model or spec"));
   }
   ASSIGN_OR_RETURN(absl::Span<const uint8_t> raw, file.RawData(name));
-  at::Tensor t = at::from_blob(const_cast<uint8_t*>(raw.data()), shape,
-                               at::TensorOptions().dtype(dtype));
+  at::Tensor t =
+      at::from_blob(const_cast<uint8_t*>(raw.data()), shape, at::TensorOptions().dtype(dtype));
   if (static_cast<size_t>(t.numel() * t.element_size()) != raw.size()) {
     return absl::DataLossError(absl::StrCat(what, ": tensor '", name, "' has a bad size"));
   }
   if (t.is_floating_point() && !at::isfinite(t).all().item<bool>()) {
-    return absl::DataLossError(absl::StrCat(what, ": tensor '", name,
-                                            "' holds NaN or Inf: refusing to resume from it"));
+    return absl::DataLossError(
+        absl::StrCat(what, ": tensor '", name, "' holds NaN or Inf: refusing to resume from it"));
   }
   return t;
 }
@@ -74,24 +80,23 @@ absl::StatusOr<at::Tensor> ReadStateTensor(const model::SafetensorsFile& file,
   return view.clone();
 }
 
-void AppendProjector(const std::string& prefix, const lsp::SparseProjector& p,
-                     NamedTensors* out) {
+void AppendProjector(const std::string& prefix, const lsp::SparseProjector& p, NamedTensors* out) {
   out->emplace_back(prefix + "_index", p.index.to(at::kInt).contiguous());
   out->emplace_back(prefix + "_value", p.value.to(at::kFloat).contiguous());
 }
 
 absl::StatusOr<lsp::SparseProjector> ReadStateProjector(const model::SafetensorsFile& file,
                                                         const std::string& what,
-                                                        const std::string& prefix,
-                                                        int64_t rows, int64_t d, int64_t r) {
+                                                        const std::string& prefix, int64_t rows,
+                                                        int64_t d, int64_t r) {
   ASSIGN_OR_RETURN(at::Tensor index,
                    ReadStateTensor(file, what, prefix + "_index", at::kInt, {rows, r}));
   ASSIGN_OR_RETURN(at::Tensor value,
                    ReadStateTensor(file, what, prefix + "_value", at::kFloat, {rows, r}));
   auto p = lsp::SparseProjector::FromTensors(index, value, d);
   if (!p.ok()) {
-    return absl::DataLossError(absl::StrCat(what, ": projector '", prefix, "': ",
-                                            p.status().message()));
+    return absl::DataLossError(
+        absl::StrCat(what, ": projector '", prefix, "': ", p.status().message()));
   }
   return p;
 }

@@ -45,14 +45,13 @@ absl::StatusOr<at::Tensor> ReadStateTensor(const model::SafetensorsFile& file,
 
 // A projector as two state tensors `<prefix>_index` (rows, r) int32 and `<prefix>_value`
 // (rows, r) fp32 (docs/known-failures.md #11: plain tensors).
-void AppendProjector(const std::string& prefix, const lsp::SparseProjector& p,
-                     NamedTensors* out);
+void AppendProjector(const std::string& prefix, const lsp::SparseProjector& p, NamedTensors* out);
 // Reads back what AppendProjector wrote, validated (SparseProjector::FromTensors) against
 // `rows` and `d`. Errors: as ReadStateTensor, kDataLoss for an invalid projector.
 absl::StatusOr<lsp::SparseProjector> ReadStateProjector(const model::SafetensorsFile& file,
                                                         const std::string& what,
-                                                        const std::string& prefix,
-                                                        int64_t rows, int64_t d, int64_t r);
+                                                        const std::string& prefix, int64_t rows,
+                                                        int64_t d, int64_t r);
 
 }  // namespace lspo::offload
 

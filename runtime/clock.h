@@ -11,8 +11,7 @@ namespace lspo::runtime {
 
 // Seconds on the monotonic clock since an unspecified origin (boot, on Linux).
 inline double MonotonicSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // Seconds elapsed since `t0` on the monotonic clock.

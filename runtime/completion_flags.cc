@@ -43,8 +43,8 @@ void CompletionFlags::Abort(uint32_t step) {
   for (int64_t k = 1; k < Words(n_); ++k) Futex(Word(k), FUTEX_WAKE, INT_MAX, nullptr);
 }
 
-absl::Status CompletionFlags::Wait(std::atomic<uint32_t>* w, uint32_t step,
-                                   absl::Duration timeout, const char* what, int64_t i) const {
+absl::Status CompletionFlags::Wait(std::atomic<uint32_t>* w, uint32_t step, absl::Duration timeout,
+                                   const char* what, int64_t i) const {
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
     const uint32_t seen = w->load(std::memory_order_acquire);

@@ -54,9 +54,7 @@ class CompletionFlags {
   void PublishVerdict(uint32_t step) { Publish(Word(1 + 2 * n_), step); }
 
   uint32_t grad_seq(int64_t i) const { return Word(1 + i)->load(std::memory_order_acquire); }
-  uint32_t step_seq(int64_t i) const {
-    return Word(1 + n_ + i)->load(std::memory_order_acquire);
-  }
+  uint32_t step_seq(int64_t i) const { return Word(1 + n_ + i)->load(std::memory_order_acquire); }
   uint32_t abort_step() const { return Word(0)->load(std::memory_order_acquire); }
   uint32_t verdict_seq() const { return Word(1 + 2 * n_)->load(std::memory_order_acquire); }
 

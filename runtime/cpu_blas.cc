@@ -26,18 +26,18 @@ struct CoreEntry {
 // OpenBLAS 0.3.x's x86-64 core names (driver/others/dynamic.c, corename[]; SapphireRapids
 // from 0.3.22) and what their kernels need.
 constexpr CoreEntry kCores[] = {
-    {"Katmai", SimdLevel::kSse, false},       {"Coppermine", SimdLevel::kSse, false},
-    {"Northwood", SimdLevel::kSse, false},    {"Prescott", SimdLevel::kSse, false},
-    {"Banias", SimdLevel::kSse, false},       {"Atom", SimdLevel::kSse, false},
-    {"Core2", SimdLevel::kSse, false},        {"Penryn", SimdLevel::kSse, false},
-    {"Dunnington", SimdLevel::kSse, false},   {"Nehalem", SimdLevel::kSse, false},
-    {"Athlon", SimdLevel::kSse, true},        {"Opteron", SimdLevel::kSse, true},
-    {"Opteron_SSE3", SimdLevel::kSse, true},  {"Barcelona", SimdLevel::kSse, true},
-    {"Nano", SimdLevel::kSse, false},         {"Sandybridge", SimdLevel::kAvx, false},
-    {"Bobcat", SimdLevel::kSse, true},        {"Bulldozer", SimdLevel::kAvx, true},
-    {"Piledriver", SimdLevel::kAvx, true},    {"Haswell", SimdLevel::kAvx2, false},
-    {"Steamroller", SimdLevel::kAvx, true},   {"Excavator", SimdLevel::kAvx2, true},
-    {"Zen", SimdLevel::kAvx2, false},         {"SkylakeX", SimdLevel::kAvx512, false},
+    {"Katmai", SimdLevel::kSse, false},        {"Coppermine", SimdLevel::kSse, false},
+    {"Northwood", SimdLevel::kSse, false},     {"Prescott", SimdLevel::kSse, false},
+    {"Banias", SimdLevel::kSse, false},        {"Atom", SimdLevel::kSse, false},
+    {"Core2", SimdLevel::kSse, false},         {"Penryn", SimdLevel::kSse, false},
+    {"Dunnington", SimdLevel::kSse, false},    {"Nehalem", SimdLevel::kSse, false},
+    {"Athlon", SimdLevel::kSse, true},         {"Opteron", SimdLevel::kSse, true},
+    {"Opteron_SSE3", SimdLevel::kSse, true},   {"Barcelona", SimdLevel::kSse, true},
+    {"Nano", SimdLevel::kSse, false},          {"Sandybridge", SimdLevel::kAvx, false},
+    {"Bobcat", SimdLevel::kSse, true},         {"Bulldozer", SimdLevel::kAvx, true},
+    {"Piledriver", SimdLevel::kAvx, true},     {"Haswell", SimdLevel::kAvx2, false},
+    {"Steamroller", SimdLevel::kAvx, true},    {"Excavator", SimdLevel::kAvx2, true},
+    {"Zen", SimdLevel::kAvx2, false},          {"SkylakeX", SimdLevel::kAvx512, false},
     {"Cooperlake", SimdLevel::kAvx512, false}, {"SapphireRapids", SimdLevel::kAvx512, false},
 };
 
@@ -114,8 +114,7 @@ CpuBlasInfo Select() {
   }
   info.detected = OpenBlasCoreName();
   const char* env = std::getenv("OPENBLAS_CORETYPE");
-  const std::optional<std::string> user =
-      env ? std::optional<std::string>(env) : std::nullopt;
+  const std::optional<std::string> user = env ? std::optional<std::string>(env) : std::nullopt;
   const char* automatic = std::getenv("LSPO_CPU_BLAS_AUTO");
   CoreChoice choice;
   if (automatic != nullptr && std::string(automatic) == "0") {
@@ -137,17 +136,16 @@ CpuBlasInfo Select() {
   info.kernels = OpenBlasCoreName();
   if (!choice.core.empty() && !absl::EqualsIgnoreCase(info.kernels, choice.core) &&
       info.warning.empty()) {
-    info.warning = absl::StrCat("OpenBLAS was asked for its ", choice.core, " kernels and runs ",
-                                info.kernels, "; set OPENBLAS_CORETYPE=", choice.core,
-                                " or report the OpenBLAS version");
+    info.warning =
+        absl::StrCat("OpenBLAS was asked for its ", choice.core, " kernels and runs ", info.kernels,
+                     "; set OPENBLAS_CORETYPE=", choice.core, " or report the OpenBLAS version");
   }
   if (info.warning.empty()) {
     const CoreEntry* in_use = FindCore(info.kernels);
     // A generic (SSE or AVX) kernel set where AVX2 + FMA is there: 4-7x slower fp32 GEMMs.
     if (in_use != nullptr && in_use->level < SimdLevel::kAvx2 && info.cpu >= SimdLevel::kAvx2) {
       info.warning = absl::StrCat("OpenBLAS runs its ", info.kernels, " kernels (",
-                                  SimdLevelName(in_use->level), ") on an ",
-                                  SimdLevelName(info.cpu),
+                                  SimdLevelName(in_use->level), ") on an ", SimdLevelName(info.cpu),
                                   " CPU, several times slower than it could: unset "
                                   "OPENBLAS_CORETYPE and LSPO_CPU_BLAS_AUTO, or set "
                                   "OPENBLAS_CORETYPE=",
@@ -240,10 +238,10 @@ CoreChoice ChooseOpenBlasCore(absl::string_view detected,
     const CoreEntry* wanted = FindCore(u);
     if (wanted == nullptr) {
       out.reason = "OpenBLAS (OPENBLAS_CORETYPE not recognised)";
-      out.warning = absl::StrCat("OPENBLAS_CORETYPE=", u,
-                                 " is not a core OpenBLAS knows, so it chose ", detected,
-                                 " by itself; unset OPENBLAS_CORETYPE or give one such as ",
-                                 best.empty() ? "Nehalem" : best);
+      out.warning =
+          absl::StrCat("OPENBLAS_CORETYPE=", u, " is not a core OpenBLAS knows, so it chose ",
+                       detected, " by itself; unset OPENBLAS_CORETYPE or give one such as ",
+                       best.empty() ? "Nehalem" : best);
       return out;
     }
     if (Runs(*wanted, cpu, cpu_is_amd)) {
@@ -283,8 +281,8 @@ const CpuBlasInfo& SelectCpuBlasKernels() {
 std::string CpuBlasInfo::Line() const {
   std::string s = library;
   if (is_openblas) {
-    absl::StrAppend(&s, ", ", threads, " thread", threads == 1 ? "" : "s", "; kernels ",
-                    kernels, " on an ", SimdLevelName(cpu), " CPU (chosen by ", chosen_by, ")");
+    absl::StrAppend(&s, ", ", threads, " thread", threads == 1 ? "" : "s", "; kernels ", kernels,
+                    " on an ", SimdLevelName(cpu), " CPU (chosen by ", chosen_by, ")");
   } else {
     absl::StrAppend(&s, " (not OpenBLAS; an ", SimdLevelName(cpu), " CPU)");
   }

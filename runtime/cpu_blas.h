@@ -85,17 +85,17 @@ CoreChoice ChooseOpenBlasCore(absl::string_view detected,
 
 // What runs the CPU's fp32 GEMMs in this process.
 struct CpuBlasInfo {
-  std::string library;    // "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY ..." (openblas_get_config),
-                          // or the file that provides sgemm_, or "no sgemm_ found"
-  std::string provider;   // the file that provides sgemm_ (dladdr), "" if unknown
+  std::string library;   // "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY ..." (openblas_get_config),
+                         // or the file that provides sgemm_, or "no sgemm_ found"
+  std::string provider;  // the file that provides sgemm_ (dladdr), "" if unknown
   bool is_openblas = false;
   std::string detected;   // the core OpenBLAS chose at load ("" if not OpenBLAS)
   std::string kernels;    // the core in use now ("" if not OpenBLAS)
   std::string chosen_by;  // "OpenBLAS", "OPENBLAS_CORETYPE", "lsp-offload (...)"
   SimdLevel cpu = SimdLevel::kSse;
-  int threads = 0;        // openblas_get_num_threads(), 0 if unknown
-  std::string warning;    // non-empty: a generic kernel set on an AVX2-or-better CPU, a forced
-                          // core the CPU lacks, a reference BLAS; names the fix
+  int threads = 0;      // openblas_get_num_threads(), 0 if unknown
+  std::string warning;  // non-empty: a generic kernel set on an AVX2-or-better CPU, a forced
+                        // core the CPU lacks, a reference BLAS; names the fix
 
   // One line: "OpenBLAS 0.3.21 (pthread, 2 threads), kernels SkylakeX on an AVX-512 CPU
   // (chosen by ...)" and, if any, " WARNING: ...".

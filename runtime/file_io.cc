@@ -28,10 +28,10 @@ absl::Status ErrnoError(absl::string_view op, absl::string_view what, const std:
   switch (err) {
     case ENOENT: {
       std::error_code ec;
-      return absl::NotFoundError(absl::StrCat(
-          subject, " does not exist (", op, ": ", reason, "); check the path (relative paths "
-          "resolve from the working directory ", std::filesystem::current_path(ec).string(),
-          ")"));
+      return absl::NotFoundError(absl::StrCat(subject, " does not exist (", op, ": ", reason,
+                                              "); check the path (relative paths "
+                                              "resolve from the working directory ",
+                                              std::filesystem::current_path(ec).string(), ")"));
     }
     case EACCES:
     case EPERM:
@@ -39,8 +39,7 @@ absl::Status ErrnoError(absl::string_view op, absl::string_view what, const std:
       return absl::PermissionDeniedError(
           absl::StrCat("cannot ", op, " ", subject, ": ", reason, "; check its permissions"));
     case EISDIR:
-      return absl::InvalidArgumentError(
-          absl::StrCat(subject, " is a directory; pass a file"));
+      return absl::InvalidArgumentError(absl::StrCat(subject, " is a directory; pass a file"));
     case ENOTDIR:
       return absl::InvalidArgumentError(absl::StrCat(
           "cannot ", op, " ", subject, ": a component of the path is not a directory"));
@@ -118,8 +117,8 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path, absl::stri
 }
 
 absl::Status WriteFileSynced(const std::string& path, absl::string_view contents, int mode) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                        static_cast<mode_t>(mode));
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, static_cast<mode_t>(mode));
   if (fd < 0) return ErrnoError("create", "", path, errno);
   absl::Status s = WriteAll(fd, contents, path);
   if (s.ok() && ::fsync(fd) != 0) s = ErrnoError("fsync", "", path, errno);
@@ -127,8 +126,7 @@ absl::Status WriteFileSynced(const std::string& path, absl::string_view contents
   return s;
 }
 
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents,
-                                 int mode) {
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents, int mode) {
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = absl::StrCat(path, ".tmp-", ::getpid(), "-", counter++);
   absl::Status s = WriteFileSynced(tmp, contents, mode);

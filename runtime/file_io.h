@@ -26,16 +26,14 @@ namespace lspo::runtime {
 // file in messages ("job spec", "data.train_path", ...); empty means "file". `max_bytes` > 0:
 // a file larger than that (by its size, or by what is read from a pipe) is refused with
 // kResourceExhausted naming the file, its size and the limit, before it is held in memory.
-absl::StatusOr<std::string> ReadFileToString(const std::string& path,
-                                             absl::string_view what = "",
+absl::StatusOr<std::string> ReadFileToString(const std::string& path, absl::string_view what = "",
                                              int64_t max_bytes = 0);
 
 // Creates or truncates `path`, writes `contents`, fsyncs and closes it. Not atomic: a crash
 // may leave a partial file (use inside a temporary directory that is renamed when complete,
 // as checkpoints do, or use WriteFileAtomically).
 // `mode`: permission bits of a created file (0600 for files that hold specs or secrets).
-absl::Status WriteFileSynced(const std::string& path, absl::string_view contents,
-                             int mode = 0644);
+absl::Status WriteFileSynced(const std::string& path, absl::string_view contents, int mode = 0644);
 
 // Replaces `path` atomically and durably: writes `path`.tmp-<pid>, fsyncs it, renames it over
 // `path` and fsyncs the parent directory, so a crash leaves the old or the new file, whole.

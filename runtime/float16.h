@@ -70,7 +70,9 @@ inline uint16_t Fp32ToFp16(float f) {
 }
 
 // bf16 bits -> f32 (exact: f32 bits = b << 16).
-LSPO_FLOAT16_INLINE float Bf16ToFp32(uint16_t b) { return BitsToFloat(static_cast<uint32_t>(b) << 16); }
+LSPO_FLOAT16_INLINE float Bf16ToFp32(uint16_t b) {
+  return BitsToFloat(static_cast<uint32_t>(b) << 16);
+}
 
 // f32 -> bf16 bits, round to nearest, ties to even; NaN -> quiet NaN with the same sign.
 LSPO_FLOAT16_INLINE uint16_t Fp32ToBf16(float f) {

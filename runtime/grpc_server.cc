@@ -22,8 +22,8 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/auth_metadata_processor.h"
-#include "runtime/status_macros.h"
 #include "runtime/file_io.h"
+#include "runtime/status_macros.h"
 
 namespace lspo::runtime {
 namespace {
@@ -71,8 +71,8 @@ class BearerTokenProcessor : public grpc::AuthMetadataProcessor {
                           "wrong bearer token: check --auth_token_file");
     }
     // Handlers never see the token.
-    consumed_auth_metadata->insert({std::string(it->first.data(), it->first.size()),
-                                    std::string(value)});
+    consumed_auth_metadata->insert(
+        {std::string(it->first.data(), it->first.size()), std::string(value)});
     return grpc::Status::OK;
   }
 
@@ -94,8 +94,8 @@ std::string HostOf(absl::string_view address) {
   }
   if (absl::StartsWith(address, "[")) {
     const size_t close = address.find(']');
-    return std::string(address.substr(1, close == absl::string_view::npos ? address.npos
-                                                                          : close - 1));
+    return std::string(
+        address.substr(1, close == absl::string_view::npos ? address.npos : close - 1));
   }
   const size_t colon = address.rfind(':');
   // More than one colon without brackets: a bare IPv6 address without a port.
@@ -142,8 +142,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   } else if (token) {
     // Plaintext on loopback, but gRPC only runs auth processors for "secure" credentials:
     // local credentials are those (and refuse peers that are not on this host).
-    creds = grpc::experimental::LocalServerCredentials(IsUnixAddress(options.listen) ? UDS
-                                                                                    : LOCAL_TCP);
+    creds =
+        grpc::experimental::LocalServerCredentials(IsUnixAddress(options.listen) ? UDS : LOCAL_TCP);
   } else {
     creds = grpc::InsecureServerCredentials();
   }
@@ -177,8 +177,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> StartGrpcServer(const ServerOptions&
       return absl::InvalidArgumentError("every service needs a name and a non-null pointer");
     }
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
-                   MakeServerCredentials(options));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds, MakeServerCredentials(options));
   EnableHealthAndReflection();
   grpc::ServerBuilder builder;
   // A second instance on the same port must fail, not silently share it (SO_REUSEPORT).
@@ -211,9 +210,8 @@ absl::Status ServeUntilShutdown(const ServerOptions& options, absl::string_view 
                                 absl::string_view detail) {
   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> server, StartGrpcServer(options));
   const ServerSecurity& sec = options.security;
-  LOG(INFO) << program << " listening on " << options.listen
-            << (detail.empty() ? "" : " ") << detail
-            << (sec.tls_cert_file.empty() ? "" : " [TLS]")
+  LOG(INFO) << program << " listening on " << options.listen << (detail.empty() ? "" : " ")
+            << detail << (sec.tls_cert_file.empty() ? "" : " [TLS]")
             << (sec.auth_token_file.empty() ? "" : " [bearer token]");
   server->Wait();
   return absl::OkStatus();
@@ -328,8 +326,7 @@ bool IsLoopbackAddress(absl::string_view address) {
   }
   in6_addr v6{};
   if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
-    return IN6_IS_ADDR_LOOPBACK(&v6) ||
-           (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
   }
   return false;
 }

@@ -72,9 +72,9 @@ absl::Status RewriteEnums(const Descriptor& d, Json* j, bool to_full, const std:
       if (e == nullptr) {
         std::vector<std::string> names;
         for (int k = 1; k < type.value_count(); ++k) names.push_back(EnumShortName(*type.value(k)));
-        return absl::InvalidArgumentError(absl::StrCat(
-            source, ": field ", path, " = '", s, "' is not one of ", absl::StrJoin(names, ", "),
-            " (or leave it empty)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": field ", path, " = '", s, "' is not one of ",
+                         absl::StrJoin(names, ", "), " (or leave it empty)"));
       }
       *v = to_full ? e->name() : EnumShortName(*e);
     }
@@ -97,8 +97,7 @@ const EnumValueDescriptor* FindEnumValue(const EnumDescriptor& type, absl::strin
   if (!HasShortNames(type)) return nullptr;
   if (name.empty()) return type.FindValueByNumber(0);
   const std::string full = absl::StrCat(
-      EnumPrefix(type), "_",
-      absl::StrReplaceAll(absl::AsciiStrToUpper(name), {{"-", "_"}}));
+      EnumPrefix(type), "_", absl::StrReplaceAll(absl::AsciiStrToUpper(name), {{"-", "_"}}));
   const EnumValueDescriptor* e = type.FindValueByName(full);
   return e != nullptr && e->number() != 0 ? e : nullptr;
 }
@@ -133,8 +132,8 @@ absl::Status ProtoFromJson(absl::string_view json, google::protobuf::Message* me
   try {
     text = j.dump();
   } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, " holds text that is not valid UTF-8: save the file as UTF-8"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, " holds text that is not valid UTF-8: save the file as UTF-8"));
   }
   google::protobuf::util::JsonParseOptions o;
   o.ignore_unknown_fields = ignore_unknown_fields;

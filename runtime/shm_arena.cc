@@ -16,8 +16,8 @@ namespace lspo::runtime {
 namespace {
 
 absl::Status ErrnoStatus(absl::string_view what, const std::string& name, int err) {
-  std::string msg = absl::StrCat(what, " of shared-memory segment '", name, "' failed: ",
-                                 std::strerror(err));
+  std::string msg =
+      absl::StrCat(what, " of shared-memory segment '", name, "' failed: ", std::strerror(err));
   if (err == ENOSPC || err == ENOMEM) {
     return absl::ResourceExhaustedError(
         absl::StrCat(msg, ". Free space in /dev/shm (df -h /dev/shm) or use smaller d."));
@@ -34,9 +34,9 @@ absl::Status ErrnoStatus(absl::string_view what, const std::string& name, int er
 absl::Status CheckName(const std::string& name) {
   if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos ||
       name.size() > 250) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shared-memory name '", name, "' is invalid: expected '/' followed by 1-249 "
-        "characters without '/'"));
+    return absl::InvalidArgumentError(absl::StrCat("shared-memory name '", name,
+                                                   "' is invalid: expected '/' followed by 1-249 "
+                                                   "characters without '/'"));
   }
   return absl::OkStatus();
 }
@@ -97,10 +97,11 @@ absl::StatusOr<ShmArena> ShmArena::Create(const std::string& name, size_t bytes)
   if (int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
     close(fd);
     shm_unlink(name.c_str());
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "shared-memory segment '", name, "': cannot reserve ", bytes, " bytes in /dev/shm (",
-        std::strerror(err), "); enlarge /dev/shm (docker --shm-size, compose shm_size) or use "
-        "a smaller model / subspace"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shared-memory segment '", name, "': cannot reserve ", bytes,
+                     " bytes in /dev/shm (", std::strerror(err),
+                     "); enlarge /dev/shm (docker --shm-size, compose shm_size) or use "
+                     "a smaller model / subspace"));
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int err = errno;
@@ -160,9 +161,9 @@ std::string ShmArena::UniqueName(absl::string_view tag) {
 }
 
 absl::Status ShmArena::RangeError(uint64_t offset, uint64_t len) {
-  return absl::OutOfRangeError(absl::StrFormat(
-      "arena range [%d, %d) is outside the segment: the slot reference is corrupt", offset,
-      offset + len));
+  return absl::OutOfRangeError(
+      absl::StrFormat("arena range [%d, %d) is outside the segment: the slot reference is corrupt",
+                      offset, offset + len));
 }
 
 absl::Status ShmArena::MisalignedError(uint64_t offset, uint64_t align) {

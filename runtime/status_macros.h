@@ -11,10 +11,10 @@
 
 // Evaluates `expr` (an absl::Status); returns it from the enclosing function if not OK.
 #ifndef RETURN_IF_ERROR
-#define RETURN_IF_ERROR(expr)                         \
-  do {                                                \
-    ::absl::Status lspo_status_ = (expr);             \
-    if (!lspo_status_.ok()) return lspo_status_;      \
+#define RETURN_IF_ERROR(expr)                    \
+  do {                                           \
+    ::absl::Status lspo_status_ = (expr);        \
+    if (!lspo_status_.ok()) return lspo_status_; \
   } while (0)
 #endif
 

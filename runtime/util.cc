@@ -16,11 +16,11 @@ namespace lspo::runtime {
 absl::Status MakeDirs(const std::string& dir) {
   std::string cur;
   for (size_t i = 0; i <= dir.size(); ++i) {
-    if ((i == dir.size() || dir[i] == '/') && !cur.empty() &&
-        mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "cannot create directory '", cur, "': ", std::strerror(errno),
-          ". Choose a writable output_dir in the job spec"));
+    if ((i == dir.size() || dir[i] == '/') && !cur.empty() && mkdir(cur.c_str(), 0755) != 0 &&
+        errno != EEXIST) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot create directory '", cur, "': ", std::strerror(errno),
+                       ". Choose a writable output_dir in the job spec"));
     }
     if (i < dir.size()) cur.push_back(dir[i]);
   }
@@ -69,7 +69,8 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& value, const std::stri
     if (out.host.find(':') != std::string::npos) return bad("an IPv6 address needs brackets");
   }
   if (out.host.empty()) return bad("no host");
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) {
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos) {
     return bad("the port is not a number");
   }
   out.port = std::stoi(port);

@@ -1,8 +1,8 @@
 #include "scheduler/checkpoint.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <openssl/evp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,12 +17,12 @@
 #include <set>
 #include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "runtime/file_io.h"
@@ -103,10 +103,10 @@ absl::StatusOr<std::string> BeginCheckpoint(const std::string& output_dir, int s
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec || !fs::is_directory(root)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "cannot create the checkpoint directory '", root, "'",
-        ec ? absl::StrCat(": ", ec.message()) : std::string(": it is not a directory"),
-        " (check output_dir and its permissions)"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create the checkpoint directory '", root, "'",
+                     ec ? absl::StrCat(": ", ec.message()) : std::string(": it is not a directory"),
+                     " (check output_dir and its permissions)"));
   }
   const std::string tmp = absl::StrCat(root, "/.tmp-", StepName(step));
   fs::remove_all(tmp, ec);
@@ -125,7 +125,8 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
     return fail(absl::InvalidArgumentError("trainer_state has no integer 'step'"));
   }
   const int step = trainer_state["step"].get<int>();
-  absl::Status st = runtime::WriteFileSynced(tmp_dir + "/" + kTrainerState, trainer_state.dump(2) + "\n");
+  absl::Status st =
+      runtime::WriteFileSynced(tmp_dir + "/" + kTrainerState, trainer_state.dump(2) + "\n");
   if (!st.ok()) return fail(st);
   // Checksums over every regular file, sub-folders included (mode lora's adapter/), by path
   // relative to the checkpoint (sorted for a stable manifest).
@@ -172,12 +173,12 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
   }
   RETURN_IF_ERROR(runtime::FsyncDir(parent));
   // The newest checkpoint by commit, whatever its step (checkpoint.h, "Lineage").
-  RETURN_IF_ERROR(runtime::WriteFileAtomically(parent + "/" + kLatestPointer, StepName(step) + "\n"));
+  RETURN_IF_ERROR(
+      runtime::WriteFileAtomically(parent + "/" + kLatestPointer, StepName(step) + "\n"));
   return final_dir;
 }
 
-absl::StatusOr<nlohmann::json> ParseTrainerState(absl::string_view text,
-                                                 const std::string& path) {
+absl::StatusOr<nlohmann::json> ParseTrainerState(absl::string_view text, const std::string& path) {
   auto invalid = [&](absl::string_view why) {
     return absl::DataLossError(
         absl::StrCat("'", path, "' is not a valid trainer state (", why, ")"));
@@ -374,8 +375,8 @@ absl::StatusOr<nlohmann::json> VerifyCheckpoint(const std::string& dir) {
   const std::string manifest_path = dir + "/" + kChecksums;
   absl::StatusOr<std::string> manifest = runtime::ReadFileToString(manifest_path);
   if (absl::IsNotFound(manifest.status())) {
-    return absl::NotFoundError(absl::StrCat("'", manifest_path,
-                                            "' is missing: not a complete checkpoint"));
+    return absl::NotFoundError(
+        absl::StrCat("'", manifest_path, "' is missing: not a complete checkpoint"));
   }
   RETURN_IF_ERROR(manifest.status());
   ASSIGN_OR_RETURN(std::vector<ChecksumEntry> entries,

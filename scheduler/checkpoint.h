@@ -57,9 +57,9 @@ absl::StatusOr<std::string> BeginCheckpoint(const std::string& output_dir, int s
 // Writes trainer_state.json (`trainer_state`, which must hold "step") into `tmp_dir`, fsyncs
 // every file, writes checksums.sha256 over all files, fsyncs it and the directory, renames
 // `tmp_dir` to checkpoints/step-<8 digits> (replacing an existing one of that step), fsyncs
-// the parent and points checkpoints/latest at it. Returns the final directory. On error the temporary directory is removed and
-// earlier checkpoints are untouched. Errors: kInternal / kResourceExhausted (ENOSPC, EFBIG)
-// naming the file.
+// the parent and points checkpoints/latest at it. Returns the final directory. On error the
+// temporary directory is removed and earlier checkpoints are untouched. Errors: kInternal /
+// kResourceExhausted (ENOSPC, EFBIG) naming the file.
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& tmp_dir,
                                              const nlohmann::json& trainer_state);
 

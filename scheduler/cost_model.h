@@ -1,5 +1,5 @@
-// The per-layer offload schedule's cost model (docs/method.md "Layer-wise schedule"; paper Sec. 4.3,
-// whose reference implementation hand-tunes the split point per model — here it is chosen
+// The per-layer offload schedule's cost model (docs/method.md "Layer-wise schedule"; paper
+// Sec. 4.3, whose reference implementation hand-tunes the split point per model — here it is chosen
 // from measured per-layer times).
 //
 // One step of an L-layer model, times in seconds measured from the previous steps' timelines:
@@ -39,9 +39,9 @@ struct LayerTimes {
 };
 
 struct SplitChoice {
-  int split = 0;               // Layers >= split are applied right after the backward.
-  double predicted_cost = 0;   // cost(split), seconds (see the file comment).
-  double predicted_stall = 0;  // Worker seconds waiting for updates under this split.
+  int split = 0;                      // Layers >= split are applied right after the backward.
+  double predicted_cost = 0;          // cost(split), seconds (see the file comment).
+  double predicted_stall = 0;         // Worker seconds waiting for updates under this split.
   std::vector<double> cost_by_split;  // cost(s) for s = 0 .. L.
 };
 

@@ -21,9 +21,9 @@
 #include "runtime/status_macros.h"
 #include "runtime/util.h"
 #include "scheduler/checkpoint.h"
-#include "scheduler/job_spec.h"
 #include "scheduler/lr_schedule.h"
 #include "scheduler/step_executor.h"
+#include "spec/job_spec.h"
 
 namespace lspo::scheduler {
 namespace {
@@ -94,10 +94,10 @@ absl::Status JobRunner::Run() {
   // cannot be written is a warning, never the job's error.
   if (log_.has_value()) {
     (void)log_->Sync();
-    const std::string outcome =
-        st.ok() ? "succeeded"
-        : absl::IsCancelled(st) ? absl::StrCat("cancelled (", st.message(), ")")
-                                : absl::StrCat("failed: ", st.message());
+    const std::string outcome = st.ok() ? "succeeded"
+                                : absl::IsCancelled(st)
+                                    ? absl::StrCat("cancelled (", st.message(), ")")
+                                    : absl::StrCat("failed: ", st.message());
     if (absl::Status report = WriteRunReport(spec_.output_dir(), outcome); !report.ok()) {
       LOG(WARNING) << "scheduler: " << id_ << ": run report: " << report;
     }
@@ -151,7 +151,9 @@ absl::Status JobRunner::Load() {
     LOG(WARNING) << "scheduler: " << id_ << ": rank " << spec_.distributed().rank()
                  << " holds step " << start_step_ << " but not every rank does: resuming from "
                  << it->dir << ", the newest checkpoint every rank holds";
-    Log({{"kind", "resume_agreed"}, {"own_newest", start_step_}, {"step", agreed},
+    Log({{"kind", "resume_agreed"},
+         {"own_newest", start_step_},
+         {"step", agreed},
          {"checkpoint", it->dir}});
     resume_dir_ = it->dir;
     resume_state_ = it->state;
@@ -200,8 +202,8 @@ void JobRunner::InitSummary() {
   // What the worker runs with: the spec's setting or its own choice (chosen_settings).
   summary_["activation_checkpointing"] = wload_.activation_checkpointing();
   if (wload_.chosen_settings_size() > 0) {
-    summary_["chosen_settings"] = std::vector<std::string>(wload_.chosen_settings().begin(),
-                                                           wload_.chosen_settings().end());
+    summary_["chosen_settings"] =
+        std::vector<std::string>(wload_.chosen_settings().begin(), wload_.chosen_settings().end());
     for (const std::string& line : wload_.chosen_settings()) {
       LOG(INFO) << "scheduler: " << id_ << ": the worker chose " << line;
       Log({{"kind", "settings_chosen"}, {"setting", line}});
@@ -214,7 +216,7 @@ void JobRunner::InitSummary() {
   summary_["r"] = lsp_ ? spec_.lsp().r() : 0;
   summary_["d_ratio"] = lsp_ ? spec_.lsp().d_ratio() : 0.0;
   // The rule for matrices with a side no wider than d (proto NarrowRule; unset = one-sided).
-  summary_["narrow"] = !lsp_                          ? "none"
+  summary_["narrow"] = !lsp_                        ? "none"
                        : spec_.lsp().d_ratio() != 0 ? "not used (d_ratio)"
                        : spec_.lsp().narrow() == v1::NARROW_RULE_UNSPECIFIED
                            ? "one-sided"
@@ -349,8 +351,8 @@ absl::Status JobRunner::Fit(int step) {
        {"mean_final_relative_bias", fin / n},
        {"seconds", rep.seconds()}});
   LOG(INFO) << "scheduler: " << id_ << ": projectors: " << rep.refitted_size()
-            << " refitted, mean relative estimation bias " << init / n << " -> " << fin / n
-            << " (" << rep.seconds() << " s)";
+            << " refitted, mean relative estimation bias " << init / n << " -> " << fin / n << " ("
+            << rep.seconds() << " s)";
   host_->UpdateStatus([&](v1::JobStatus* s) { s->set_mean_projector_error(fin / n); });
   if (step == 0) {
     summary_["projector_initial_relative_bias"] = init / n;
@@ -456,10 +458,12 @@ absl::StatusOr<bool> JobRunner::RunStep(int step) {
     watcher.join();
   }
   if (!executed.ok() && host_->CancelRequested()) {
-    return absl::CancelledError(absl::StrCat(
-        "cancelled by the user during step ", step, " (the step was abandoned at a layer "
-        "boundary: ", executed.status().message(), "); the last checkpoint is intact: resume with "
-        "resume_from: latest"));
+    return absl::CancelledError(absl::StrCat("cancelled by the user during step ", step,
+                                             " (the step was abandoned at a layer "
+                                             "boundary: ",
+                                             executed.status().message(),
+                                             "); the last checkpoint is intact: resume with "
+                                             "resume_from: latest"));
   }
   ASSIGN_OR_RETURN(StepReplies rep, std::move(executed));
   if (rep.train.nonfinite()) {
@@ -492,18 +496,19 @@ absl::Status JobRunner::SkipNonFiniteStep(int step) {
   ++skipped_;
   host_->UpdateStatus([&](v1::JobStatus* s) {
     s->set_skipped_steps(skipped_);
-    s->set_last_error(absl::StrCat("step ", step, " had a non-finite loss or gradient and "
-                                   "was skipped (", nonfinite_in_a_row_ + 1, " in a row)"));
+    s->set_last_error(absl::StrCat("step ", step,
+                                   " had a non-finite loss or gradient and "
+                                   "was skipped (",
+                                   nonfinite_in_a_row_ + 1, " in a row)"));
   });
   LOG(WARNING) << "scheduler: " << id_ << ": step " << step
                << " had a non-finite loss or gradient and was skipped";
-  const int max_in_a_row = spec_.max_nonfinite_steps() > 0
-                               ? spec_.max_nonfinite_steps()
-                               : options_.max_nonfinite_steps_in_a_row;
+  const int max_in_a_row = spec_.max_nonfinite_steps() > 0 ? spec_.max_nonfinite_steps()
+                                                           : options_.max_nonfinite_steps_in_a_row;
   if (++nonfinite_in_a_row_ >= max_in_a_row) {
-    return absl::DataLossError(absl::StrCat(
-        nonfinite_in_a_row_, " non-finite steps in a row at step ", step,
-        ": lower optim.lr, set optim.max_grad_norm, or check the data"));
+    return absl::DataLossError(
+        absl::StrCat(nonfinite_in_a_row_, " non-finite steps in a row at step ", step,
+                     ": lower optim.lr, set optim.max_grad_norm, or check the data"));
   }
   return absl::OkStatus();
 }
@@ -554,8 +559,7 @@ void JobRunner::RecordOffloadedStep(int step, const StepReplies& rep, const v1::
 
 absl::Status JobRunner::AfterStep(int step) {
   const int last = spec_.steps();
-  if (lsp_ && spec_.lsp().check_freq() > 0 && step % spec_.lsp().check_freq() == 0 &&
-      step < last) {
+  if (lsp_ && spec_.lsp().check_freq() > 0 && step % spec_.lsp().check_freq() == 0 && step < last) {
     RETURN_IF_ERROR(Fit(step));
     if (spec_.lsp().master_refresh() == v1::MASTER_REFRESH_REFIT) {
       Phase(absl::StrCat("refreshing worker weights from the master (step ", step, ")"));
@@ -605,7 +609,8 @@ absl::Status JobRunner::Finish() {
       step_time_sum_ > 0 ? (input_tokens_sum_ - padding_tokens_sum_) / step_time_sum_ : 0.0;
   if (has_eval_) {
     ASSIGN_OR_RETURN(v1::EvalMetrics fin, Evaluate(spec_.steps()));
-    if (spec_.data().format() == v1::DATA_FORMAT_CLASSIFICATION) summary_["final_accuracy"] = fin.accuracy();
+    if (spec_.data().format() == v1::DATA_FORMAT_CLASSIFICATION)
+      summary_["final_accuracy"] = fin.accuracy();
     summary_["final_eval_loss"] = fin.loss();
     AddGenerativeScores("final_", fin);
     if (fin.perplexity() > 0) summary_["final_perplexity"] = fin.perplexity();

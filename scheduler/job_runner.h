@@ -162,7 +162,7 @@ class JobRunner {
   bool has_eval_ = false;
   std::vector<lspo::v1::LayerTask> plan_tasks_;  // Deepest layer first.
   int num_layers_ = 0;
-  double last_drift_ = 0;  // max |W_worker - round(W_master)| of the last refresh.
+  double last_drift_ = 0;       // max |W_worker - round(W_master)| of the last refresh.
   double last_drift_ulps_ = 0;  // the same in ulps of round(W_master) (worker's dtype).
   std::optional<LayerCostModel> cost_model_;
   double last_step_end_ = -1;  // Worker clock at the end of the last step.

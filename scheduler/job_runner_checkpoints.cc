@@ -13,8 +13,8 @@
 #include "runtime/util.h"
 #include "scheduler/checkpoint.h"
 #include "scheduler/job_runner.h"
-#include "scheduler/job_spec.h"
 #include "scheduler/lr_schedule.h"
+#include "spec/job_spec.h"
 
 namespace lspo::scheduler {
 
@@ -37,8 +37,8 @@ absl::Status JobRunner::SelectResume() {
     ASSIGN_OR_RETURN(std::string aside, SupersedeCheckpoints(spec_.output_dir(), run_id_));
     LOG(WARNING) << "scheduler: " << id_ << ": overwrite_output_dir: moved " << existing.size()
                  << " checkpoint(s) of an earlier run to " << aside;
-    superseded_ = {{"kind", "checkpoints_superseded"}, {"count", existing.size()},
-                   {"moved_to", aside}};
+    superseded_ = {
+        {"kind", "checkpoints_superseded"}, {"count", existing.size()}, {"moved_to", aside}};
     return absl::OkStatus();
   }
   std::vector<CheckpointInfo> candidates;
@@ -73,23 +73,23 @@ absl::Status JobRunner::SelectResume() {
 
 absl::Status JobRunner::AdoptResume() {
   const std::string stored = resume_state_.value("training_fingerprint", std::string());
-  TakeChosenSettingsFrom(stored, &spec_);
-  if (!SameTraining(stored, spec_)) {
+  spec::TakeChosenSettingsFrom(stored, &spec_);
+  if (!spec::SameTraining(stored, spec_)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint '", resume_dir_, "' was written by a job with a different training spec (",
-        TrainingDifferences(stored, spec_),
+        spec::TrainingDifferences(stored, spec_),
         ", checkpoint -> this job): resume with the spec in its trainer_state.json, changing "
         "only steps, output, evaluation, threads, the schedule or where the ranks run "
         "(distributed.rendezvous, bind_address, rank; not distributed.world_size)"));
   }
   start_step_ = resume_state_["step"].get<int>();
   if (start_step_ > spec_.steps()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint '", resume_dir_, "' is at step ", start_step_, " but the job has only ",
-        spec_.steps(), " steps: raise steps"));
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint '", resume_dir_, "' is at step ",
+                                                   start_step_, " but the job has only ",
+                                                   spec_.steps(), " steps: raise steps"));
   }
-  LOG(INFO) << "scheduler: " << id_ << ": resuming from " << resume_dir_ << " (step "
-            << start_step_ << ")";
+  LOG(INFO) << "scheduler: " << id_ << ": resuming from " << resume_dir_ << " (step " << start_step_
+            << ")";
   return absl::OkStatus();
 }
 
@@ -140,16 +140,18 @@ nlohmann::json JobRunner::TrainerState(int step) const {
                           {"world_size", world_size},
                           {"examples_per_step", per_step},
                           {"examples_consumed", per_step * step},
-                          {"order", "data::ShuffledOrder(train size, seed, epoch) over the "
-                                    "global example index (step - 1) * examples_per_step; "
-                                    "rank r of world_size reads its micro-batch b of "
-                                    "accumulation a at offset (a * world_size + r) * "
-                                    "micro_batch_size + b"}};
+                          {"order",
+                           "data::ShuffledOrder(train size, seed, epoch) over the "
+                           "global example index (step - 1) * examples_per_step; "
+                           "rank r of world_size reads its micro-batch b of "
+                           "accumulation a at offset (a * world_size + r) * "
+                           "micro_batch_size + b"}};
   state["rng"] = {{"seed", spec_.seed()},
                   {"model_init_seed", spec_.model().init_seed()},
-                  {"derivation", "every random draw (data order, calibration subsets, "
-                                 "projector draws) is a pure function of (seed, step); no "
-                                 "generator state is carried between steps"}};
+                  {"derivation",
+                   "every random draw (data order, calibration subsets, "
+                   "projector draws) is a pure function of (seed, step); no "
+                   "generator state is carried between steps"}};
   nlohmann::json evals = nlohmann::json::array();
   for (const auto& e : host_->Evals()) evals.push_back(ToJson(e));
   state["evals"] = std::move(evals);
@@ -160,7 +162,7 @@ nlohmann::json JobRunner::TrainerState(int step) const {
                         : nlohmann::json{{"run_id", resume_state_.value("run_id", std::string())},
                                          {"step", start_step_},
                                          {"dir", resume_dir_}};
-  state["training_fingerprint"] = TrainingFingerprint(spec_);
+  state["training_fingerprint"] = spec::TrainingFingerprint(spec_);
   state["spec"] = ToJson(spec_);
   return state;
 }
@@ -194,7 +196,7 @@ absl::StatusOr<std::string> JobRunner::WriteCheckpoint(int step) {
   // it (it began the step after it, whose first collective this rank passed), but perhaps not
   // this one yet: the ranks resume from the newest step all of them hold (Load).
   const int keep = spec_.distributed().world_size() > 1 ? std::max(2, spec_.keep_checkpoints())
-                                                       : spec_.keep_checkpoints();
+                                                        : spec_.keep_checkpoints();
   RETURN_IF_ERROR(PruneCheckpoints(spec_.output_dir(), keep, dir));
   return dir;
 }
@@ -232,8 +234,7 @@ absl::Status JobRunner::Checkpoint(int step) {
     }
   });
   // A peer that died while saving fails the job like any other call.
-  if (!dir.ok() &&
-      (absl::IsUnavailable(dir.status()) || absl::IsDeadlineExceeded(dir.status()))) {
+  if (!dir.ok() && (absl::IsUnavailable(dir.status()) || absl::IsDeadlineExceeded(dir.status()))) {
     return dir.status();
   }
   return absl::OkStatus();

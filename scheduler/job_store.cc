@@ -15,8 +15,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "runtime/proto_json.h"
 #include "runtime/file_io.h"
+#include "runtime/proto_json.h"
 #include "runtime/status_macros.h"
 
 namespace lspo::scheduler {
@@ -34,7 +34,7 @@ bool ValidId(const std::string& id) {
 }  // namespace
 
 absl::StatusOr<lspo::v1::JobStatus> ParseJobStoreRecord(absl::string_view text,
-                                                       const std::string& path) {
+                                                        const std::string& path) {
   lspo::v1::JobStatus status;
   // Closed sets may be short names or, in files of earlier versions, the old strings.
   RETURN_IF_ERROR(runtime::ProtoFromJson(text, &status, path, /*ignore_unknown_fields=*/true));
@@ -51,8 +51,7 @@ absl::StatusOr<JobStore> JobStore::Open(const std::string& state_dir) {
   if (ec || !fs::is_directory(dir)) {
     return absl::PermissionDeniedError(absl::StrCat(
         "cannot create the job state directory '", dir, "'",
-        ec ? absl::StrCat(": ", ec.message()) : std::string(),
-        ": pass a writable --state_dir"));
+        ec ? absl::StrCat(": ", ec.message()) : std::string(), ": pass a writable --state_dir"));
   }
   ::chmod(dir.c_str(), 0700);
   return JobStore(dir);
@@ -84,13 +83,12 @@ absl::StatusOr<JobStore> JobStore::OpenExclusive(const std::string& state_dir) {
     std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string();
     absl::StripAsciiWhitespace(&holder);
     if (err == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the state directory '", state_dir, "' is in use by another lsp_scheduler",
-          holder.empty() ? std::string() : absl::StrCat(" (pid ", holder, ")"), ", which holds ",
-          path, ": stop it first, or pass another --state_dir"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("the state directory '", state_dir, "' is in use by another lsp_scheduler",
+                       holder.empty() ? std::string() : absl::StrCat(" (pid ", holder, ")"),
+                       ", which holds ", path, ": stop it first, or pass another --state_dir"));
     }
-    return absl::InternalError(
-        absl::StrCat("cannot lock '", path, "': ", std::strerror(err)));
+    return absl::InternalError(absl::StrCat("cannot lock '", path, "': ", std::strerror(err)));
   }
   const std::string me = absl::StrCat(::getpid(), "\n");
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) < 0) {

@@ -25,7 +25,7 @@ namespace lspo::scheduler {
 // enum names). Errors: kInvalidArgument naming `path` and the field for text that does not
 // parse as a JobStatus (runtime::ProtoFromJson's), or "job id differs from the file name".
 absl::StatusOr<lspo::v1::JobStatus> ParseJobStoreRecord(absl::string_view text,
-                                                       const std::string& path);
+                                                        const std::string& path);
 
 class JobStore {
  public:

@@ -3,13 +3,13 @@
 #include <string>
 #include <vector>
 
-#include "runtime/process_env.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "runtime/grpc_flags.h"
+#include "runtime/process_env.h"
 #include "scheduler/scheduler_service.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50060", "host:port to serve lspo.v1.Scheduler on");
@@ -20,15 +20,18 @@ ABSL_FLAG(double, rpc_deadline_seconds, 1800, "deadline of each worker/optimizer
 ABSL_FLAG(int, max_restarts, 3,
           "automatic resumes of a job interrupted by scheduler restarts (0 = none); the next "
           "interruption leaves it FAILED");
-ABSL_FLAG(std::string, state_dir, "",
-          "directory where jobs are persisted and resumed from after a restart (empty = memory only)");
+ABSL_FLAG(
+    std::string, state_dir, "",
+    "directory where jobs are persisted and resumed from after a restart (empty = memory only)");
 ABSL_FLAG(std::vector<std::string>, allowed_roots, {},
           "comma-separated directories job specs may read and write (empty = anywhere)");
 
 int main(int argc, char** argv) {
   lspo::runtime::UsePassiveOpenMpWaits(argc, argv);
   lspo::runtime::UseOneMallocArena();
-  absl::SetProgramUsageMessage("LSP-Offload scheduler service. Usage: lsp_scheduler --listen=... --worker=... --optimizer=...");
+  absl::SetProgramUsageMessage(
+      "LSP-Offload scheduler service. Usage: lsp_scheduler --listen=... --worker=... "
+      "--optimizer=...");
   absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;

@@ -35,16 +35,14 @@ class GrpcWorkerClient final : public WorkerClient {
   absl::StatusOr<v1::LoadJobReply> LoadJob(const v1::LoadJobRequest& r, double d) override {
     return Call(stub_, &S::LoadJob, r, d, kPeer);
   }
-  absl::StatusOr<v1::UnloadJobReply> UnloadJob(const v1::UnloadJobRequest& r,
-                                               double d) override {
+  absl::StatusOr<v1::UnloadJobReply> UnloadJob(const v1::UnloadJobRequest& r, double d) override {
     return Call(stub_, &S::UnloadJob, r, d, kPeer);
   }
   absl::StatusOr<v1::FitProjectorsReply> FitProjectors(const v1::FitProjectorsRequest& r,
                                                        double d) override {
     return Call(stub_, &S::FitProjectors, r, d, kPeer);
   }
-  absl::StatusOr<v1::TrainStepReply> TrainStep(const v1::TrainStepRequest& r,
-                                               double d) override {
+  absl::StatusOr<v1::TrainStepReply> TrainStep(const v1::TrainStepRequest& r, double d) override {
     return Call(stub_, &S::TrainStep, r, d, kPeer);
   }
   absl::StatusOr<v1::ApplyReply> ApplyUpdates(const v1::ApplyRequest& r, double d) override {
@@ -87,8 +85,7 @@ class GrpcWorkerClient final : public WorkerClient {
                                                            double d) override {
     return Call(stub_, &S::ImportLayerWeights, r, d, kPeer);
   }
-  absl::StatusOr<v1::AbortStepReply> AbortStep(const v1::AbortStepRequest& r,
-                                               double d) override {
+  absl::StatusOr<v1::AbortStepReply> AbortStep(const v1::AbortStepRequest& r, double d) override {
     return Call(stub_, &S::AbortStep, r, d, kPeer);
   }
   absl::StatusOr<v1::StateReply> SaveState(const v1::StateRequest& r, double d) override {
@@ -110,8 +107,7 @@ class GrpcOptimizerClient final : public OptimizerClient {
   absl::StatusOr<v1::LoadJobReply> LoadJob(const v1::LoadJobRequest& r, double d) override {
     return Call(stub_, &S::LoadJob, r, d, kPeer);
   }
-  absl::StatusOr<v1::UnloadJobReply> UnloadJob(const v1::UnloadJobRequest& r,
-                                               double d) override {
+  absl::StatusOr<v1::UnloadJobReply> UnloadJob(const v1::UnloadJobRequest& r, double d) override {
     return Call(stub_, &S::UnloadJob, r, d, kPeer);
   }
   absl::StatusOr<v1::SetProjectorsReply> SetProjectors(const v1::SetProjectorsRequest& r,
@@ -124,8 +120,7 @@ class GrpcOptimizerClient final : public OptimizerClient {
   absl::StatusOr<v1::SaveReply> SaveModel(const v1::SaveRequest& r, double d) override {
     return Call(stub_, &S::SaveModel, r, d, kPeer);
   }
-  absl::StatusOr<v1::AbortStepReply> AbortStep(const v1::AbortStepRequest& r,
-                                               double d) override {
+  absl::StatusOr<v1::AbortStepReply> AbortStep(const v1::AbortStepRequest& r, double d) override {
     return Call(stub_, &S::AbortStep, r, d, kPeer);
   }
   absl::StatusOr<v1::LayerWeightsReply> ExportLayerWeights(const v1::LayerWeightsRequest& r,

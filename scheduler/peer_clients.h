@@ -16,11 +16,11 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "proto/optimizer.grpc.pb.h"
 #include "proto/optimizer.pb.h"
 #include "proto/peer.pb.h"
-#include "proto/worker.pb.h"
-#include "proto/optimizer.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "proto/worker.pb.h"
 
 namespace lspo::scheduler {
 
@@ -31,12 +31,12 @@ class WorkerClient {
   virtual ~WorkerClient() = default;
   virtual absl::StatusOr<lspo::v1::LoadJobReply> LoadJob(const lspo::v1::LoadJobRequest& req,
                                                          double deadline_s) = 0;
-  virtual absl::StatusOr<lspo::v1::UnloadJobReply> UnloadJob(
-      const lspo::v1::UnloadJobRequest& req, double deadline_s) = 0;
+  virtual absl::StatusOr<lspo::v1::UnloadJobReply> UnloadJob(const lspo::v1::UnloadJobRequest& req,
+                                                             double deadline_s) = 0;
   virtual absl::StatusOr<lspo::v1::FitProjectorsReply> FitProjectors(
       const lspo::v1::FitProjectorsRequest& req, double deadline_s) = 0;
-  virtual absl::StatusOr<lspo::v1::TrainStepReply> TrainStep(
-      const lspo::v1::TrainStepRequest& req, double deadline_s) = 0;
+  virtual absl::StatusOr<lspo::v1::TrainStepReply> TrainStep(const lspo::v1::TrainStepRequest& req,
+                                                             double deadline_s) = 0;
   virtual absl::StatusOr<lspo::v1::ApplyReply> ApplyUpdates(const lspo::v1::ApplyRequest& req,
                                                             double deadline_s) = 0;
   // `cancelled` (may be empty) is polled while the evaluation runs (every 200 ms); once it
@@ -49,8 +49,8 @@ class WorkerClient {
                                                             double deadline_s) = 0;
   virtual absl::StatusOr<lspo::v1::LayerWeightsReply> ImportLayerWeights(
       const lspo::v1::LayerWeightsRequest& req, double deadline_s) = 0;
-  virtual absl::StatusOr<lspo::v1::AbortStepReply> AbortStep(
-      const lspo::v1::AbortStepRequest& req, double deadline_s) = 0;
+  virtual absl::StatusOr<lspo::v1::AbortStepReply> AbortStep(const lspo::v1::AbortStepRequest& req,
+                                                             double deadline_s) = 0;
   virtual absl::StatusOr<lspo::v1::StateReply> SaveState(const lspo::v1::StateRequest& req,
                                                          double deadline_s) = 0;
   virtual absl::StatusOr<lspo::v1::StateReply> LoadState(const lspo::v1::StateRequest& req,
@@ -63,16 +63,16 @@ class OptimizerClient {
   virtual ~OptimizerClient() = default;
   virtual absl::StatusOr<lspo::v1::LoadJobReply> LoadJob(const lspo::v1::LoadJobRequest& req,
                                                          double deadline_s) = 0;
-  virtual absl::StatusOr<lspo::v1::UnloadJobReply> UnloadJob(
-      const lspo::v1::UnloadJobRequest& req, double deadline_s) = 0;
+  virtual absl::StatusOr<lspo::v1::UnloadJobReply> UnloadJob(const lspo::v1::UnloadJobRequest& req,
+                                                             double deadline_s) = 0;
   virtual absl::StatusOr<lspo::v1::SetProjectorsReply> SetProjectors(
       const lspo::v1::SetProjectorsRequest& req, double deadline_s) = 0;
   virtual absl::StatusOr<lspo::v1::UpdateReply> Update(const lspo::v1::UpdateRequest& req,
                                                        double deadline_s) = 0;
   virtual absl::StatusOr<lspo::v1::SaveReply> SaveModel(const lspo::v1::SaveRequest& req,
                                                         double deadline_s) = 0;
-  virtual absl::StatusOr<lspo::v1::AbortStepReply> AbortStep(
-      const lspo::v1::AbortStepRequest& req, double deadline_s) = 0;
+  virtual absl::StatusOr<lspo::v1::AbortStepReply> AbortStep(const lspo::v1::AbortStepRequest& req,
+                                                             double deadline_s) = 0;
   virtual absl::StatusOr<lspo::v1::LayerWeightsReply> ExportLayerWeights(
       const lspo::v1::LayerWeightsRequest& req, double deadline_s) = 0;
   virtual absl::StatusOr<lspo::v1::StateReply> SaveState(const lspo::v1::StateRequest& req,
@@ -83,8 +83,7 @@ class OptimizerClient {
 
 // gRPC clients over `stub` (not owned; must outlive the client).
 std::unique_ptr<WorkerClient> MakeGrpcWorkerClient(lspo::v1::Worker::StubInterface* stub);
-std::unique_ptr<OptimizerClient> MakeGrpcOptimizerClient(
-    lspo::v1::Optimizer::StubInterface* stub);
+std::unique_ptr<OptimizerClient> MakeGrpcOptimizerClient(lspo::v1::Optimizer::StubInterface* stub);
 
 }  // namespace lspo::scheduler
 

@@ -11,7 +11,7 @@
 #include "runtime/status_macros.h"
 #include "scheduler/checkpoint.h"
 #include "scheduler/job_runner.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 
 namespace lspo::scheduler {
 
@@ -42,13 +42,13 @@ absl::StatusOr<std::unique_ptr<SchedulerCore>> SchedulerCore::Create(
     }
     store = std::move(*opened);
   }
-  return std::unique_ptr<SchedulerCore>(new SchedulerCore(
-      std::move(worker), std::move(optimizer), std::move(options), std::move(store)));
+  return std::unique_ptr<SchedulerCore>(new SchedulerCore(std::move(worker), std::move(optimizer),
+                                                          std::move(options), std::move(store)));
 }
 
 SchedulerCore::SchedulerCore(std::unique_ptr<WorkerClient> worker,
-                             std::unique_ptr<OptimizerClient> optimizer,
-                             SchedulerOptions options, std::optional<JobStore> store)
+                             std::unique_ptr<OptimizerClient> optimizer, SchedulerOptions options,
+                             std::optional<JobStore> store)
     : worker_client_(std::move(worker)),
       optimizer_client_(std::move(optimizer)),
       options_(std::move(options)),
@@ -134,11 +134,11 @@ SchedulerCore::~SchedulerCore() {
 }
 
 absl::StatusOr<std::string> SchedulerCore::Submit(JobSpec spec) {
-  ResolveDefaults(&spec);
+  spec::ResolveDefaults(&spec);
   // The roots first: the validation's existence checks would otherwise tell a client which
   // files exist outside them.
-  RETURN_IF_ERROR(CheckPathsUnderRoots(spec, options_.allowed_roots));
-  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  RETURN_IF_ERROR(spec::CheckPathsUnderRoots(spec, options_.allowed_roots));
+  RETURN_IF_ERROR(spec::ValidateJobSpec(spec));
   absl::MutexLock lock(&mu_);
   const std::string id = absl::StrCat("job-", absl::ToUnixSeconds(absl::Now()), "-", next_id_++);
   Job job;
@@ -151,7 +151,8 @@ absl::StatusOr<std::string> SchedulerCore::Submit(JobSpec spec) {
   }
   job.status.set_output_dir(spec.output_dir());
   *job.status.mutable_spec() = spec;
-  RETURN_IF_ERROR(CheckPathsUnderRoots(spec, options_.allowed_roots));  // the default output_dir
+  RETURN_IF_ERROR(
+      spec::CheckPathsUnderRoots(spec, options_.allowed_roots));  // the default output_dir
   jobs_[id] = std::move(job);
   PersistLocked(&jobs_[id]);
   queue_.push_back(id);
@@ -196,8 +197,8 @@ absl::StatusOr<JobState> SchedulerCore::Cancel(const std::string& job_id) {
   return job.status.state();
 }
 
-absl::Status SchedulerCore::Watch(
-    const std::string& job_id, const std::function<bool(const JobStatus&)>& on_status) const {
+absl::Status SchedulerCore::Watch(const std::string& job_id,
+                                  const std::function<bool(const JobStatus&)>& on_status) const {
   int64_t seen = -1;
   size_t steps_sent = 0;
   while (true) {
@@ -240,8 +241,7 @@ absl::StatusOr<JobStatus> SchedulerCore::Wait(const std::string& job_id) const {
   return last;
 }
 
-void SchedulerCore::Update(const std::string& job_id,
-                           const std::function<void(JobStatus*)>& fn) {
+void SchedulerCore::Update(const std::string& job_id, const std::function<void(JobStatus*)>& fn) {
   absl::MutexLock lock(&mu_);
   Job& job = jobs_[job_id];
   fn(&job.status);
@@ -261,9 +261,8 @@ void SchedulerCore::RunLoop() {
     JobSpec spec;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return shutdown_ || !queue_.empty();
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (shutdown_) return;
       id = queue_.front();
@@ -299,9 +298,7 @@ void SchedulerCore::RunLoop() {
 class SchedulerCore::Host final : public JobHost {
  public:
   Host(SchedulerCore* core, std::string id) : core_(core), id_(std::move(id)) {}
-  void UpdateStatus(const std::function<void(JobStatus*)>& fn) override {
-    core_->Update(id_, fn);
-  }
+  void UpdateStatus(const std::function<void(JobStatus*)>& fn) override { core_->Update(id_, fn); }
   void RecordStep(const lspo::v1::StepMetrics& m, double eta_seconds) override {
     absl::MutexLock lock(&core_->mu_);
     Job& job = core_->jobs_[id_];

@@ -24,11 +24,11 @@
 #include "absl/time/time.h"
 #include "proto/job_spec.pb.h"
 #include "proto/metrics.pb.h"
+#include "proto/optimizer.grpc.pb.h"
 #include "proto/optimizer.pb.h"
 #include "proto/scheduler.pb.h"
-#include "proto/worker.pb.h"
-#include "proto/optimizer.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "proto/worker.pb.h"
 #include "scheduler/job_store.h"
 #include "scheduler/peer_clients.h"
 
@@ -112,9 +112,8 @@ class SchedulerCore {
   void RecoverJobs();
 
   // Recovers `store`'s jobs (when set) and starts the runner thread.
-  SchedulerCore(std::unique_ptr<WorkerClient> worker,
-                std::unique_ptr<OptimizerClient> optimizer, SchedulerOptions options,
-                std::optional<JobStore> store);
+  SchedulerCore(std::unique_ptr<WorkerClient> worker, std::unique_ptr<OptimizerClient> optimizer,
+                SchedulerOptions options, std::optional<JobStore> store);
 
   std::unique_ptr<WorkerClient> worker_client_;
   std::unique_ptr<OptimizerClient> optimizer_client_;

@@ -2,8 +2,8 @@
 #ifndef LSPO_SCHEDULER_SCHEDULER_SERVICE_H_
 #define LSPO_SCHEDULER_SCHEDULER_SERVICE_H_
 
-#include "proto/scheduler.pb.h"
 #include "proto/scheduler.grpc.pb.h"
+#include "proto/scheduler.pb.h"
 #include "scheduler/scheduler_core.h"
 
 namespace lspo::scheduler {

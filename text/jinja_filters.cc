@@ -479,9 +479,8 @@ absl::StatusOr<Value> Renderer::ApplyFilter(const std::string& name, const Value
   }
   if (name == "sum") return FilterSum(v, r, line);
   if (name == "wordcount") return FilterWordcount(v);
-  return RenderError(line,
-                     absl::StrCat("no filter named '", name,
-                                  "' in this Jinja subset (text/jinja.h lists the filters)"));
+  return RenderError(line, absl::StrCat("no filter named '", name,
+                                        "' in this Jinja subset (text/jinja.h lists the filters)"));
 }
 
 absl::StatusOr<Value> Renderer::FilterJoin(const Value& v, const ArgReader& r, int line) {

@@ -101,7 +101,8 @@ __global__ void ApplyFusedKernel(typename S::T* w, typename S::T* cres, int64_t 
   for (int64_t i = blockIdx.y; i < m; i += gridDim.y) {
     float acc = __fmul_rn(pv[i * r], e[static_cast<int64_t>(pi[i * r]) * n + j]);
     for (int64_t k = 1; k < r; ++k) {
-      acc = __fadd_rn(acc, __fmul_rn(pv[i * r + k], e[static_cast<int64_t>(pi[i * r + k]) * n + j]));
+      acc =
+          __fadd_rn(acc, __fmul_rn(pv[i * r + k], e[static_cast<int64_t>(pi[i * r + k]) * n + j]));
     }
     const int64_t at = i * n + j;
     if constexpr (kRound == static_cast<int>(Rounding::kCompensated)) {
@@ -122,15 +123,13 @@ __global__ void ApplyFusedKernel(typename S::T* w, typename S::T* cres, int64_t 
 }
 
 template <typename S, int kRound>
-int LaunchApplyFused(void* w, void* c, int64_t m, int64_t n, const float* e,
-                     const int32_t* pi, const float* pv, int64_t r, float decay, uint64_t seed,
-                     cudaStream_t stream) {
+int LaunchApplyFused(void* w, void* c, int64_t m, int64_t n, const float* e, const int32_t* pi,
+                     const float* pv, int64_t r, float decay, uint64_t seed, cudaStream_t stream) {
   dim3 block(256);
-  dim3 grid(static_cast<unsigned>((n + 255) / 256),
-            static_cast<unsigned>(m < 65535 ? m : 65535));
-  ApplyFusedKernel<S, kRound><<<grid, block, 0, stream>>>(
-      static_cast<typename S::T*>(w), static_cast<typename S::T*>(c), m, n, e, pi, pv, r, decay,
-      seed);
+  dim3 grid(static_cast<unsigned>((n + 255) / 256), static_cast<unsigned>(m < 65535 ? m : 65535));
+  ApplyFusedKernel<S, kRound><<<grid, block, 0, stream>>>(static_cast<typename S::T*>(w),
+                                                          static_cast<typename S::T*>(c), m, n, e,
+                                                          pi, pv, r, decay, seed);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -181,8 +180,8 @@ int ProjectRows(const float* x, int64_t n_tokens, int64_t rows, const int32_t* i
   if (cu(cudaMallocAsync(reinterpret_cast<void**>(&row_ptr), (rows + 1) * 4, stream)) &&
       cu(cudaMallocAsync(reinterpret_cast<void**>(&col), nnz * 4, stream)) &&
       cu(cudaMallocAsync(reinterpret_cast<void**>(&val), nnz * 4, stream))) {
-    BuildCsr<<<static_cast<unsigned>((rows + 256) / 256), 256, 0, stream>>>(index, value, rows,
-                                                                           r, row_ptr, col, val);
+    BuildCsr<<<static_cast<unsigned>((rows + 256) / 256), 256, 0, stream>>>(index, value, rows, r,
+                                                                            row_ptr, col, val);
     cu(cudaGetLastError());
   }
   // Y^T (d, N) = P^T (d, rows) X^T (rows, N): opA = transpose of the CSR P (rows, d).
@@ -200,8 +199,7 @@ int ProjectRows(const float* x, int64_t n_tokens, int64_t rows, const int32_t* i
                                    CUDA_R_32F, CUSPARSE_SPMM_ALG_DEFAULT, &bytes)) &&
         cu(cudaMallocAsync(&buffer, bytes + 1, stream))) {
       sp(cusparseSpMM(handle, CUSPARSE_OPERATION_TRANSPOSE, CUSPARSE_OPERATION_NON_TRANSPOSE,
-                      &alpha, mat, xt, &beta, yt, CUDA_R_32F, CUSPARSE_SPMM_ALG_DEFAULT,
-                      buffer));
+                      &alpha, mat, xt, &beta, yt, CUDA_R_32F, CUSPARSE_SPMM_ALG_DEFAULT, buffer));
     }
   }
   if (mat) cusparseDestroySpMat(mat);
@@ -219,16 +217,15 @@ int ApplyStep(float* w, int64_t m, int64_t n, const int32_t* p_index, const floa
               int64_t r, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   dim3 block(256);
-  dim3 grid(static_cast<unsigned>((n + 255) / 256),
-            static_cast<unsigned>(m < 65535 ? m : 65535));
-  ApplyKernel<<<grid, block, 0, stream>>>(w, m, n, p_index, p_value, q_index, q_value, d_step,
-                                          d, r);
+  dim3 grid(static_cast<unsigned>((n + 255) / 256), static_cast<unsigned>(m < 65535 ? m : 65535));
+  ApplyKernel<<<grid, block, 0, stream>>>(w, m, n, p_index, p_value, q_index, q_value, d_step, d,
+                                          r);
   return static_cast<int>(cudaGetLastError());
 }
 
 int ApplyFused(void* w, void* c, int dtype, int64_t m, int64_t n, const float* e,
-               const int32_t* p_index, const float* p_value, int64_t r, float decay,
-               int rounding, uint64_t seed, void* stream_ptr) {
+               const int32_t* p_index, const float* p_value, int64_t r, float decay, int rounding,
+               uint64_t seed, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (m <= 0 || n <= 0) return 0;
   if (w == nullptr || e == nullptr || p_index == nullptr || p_value == nullptr || r < 1) {
@@ -247,12 +244,10 @@ int ApplyFused(void* w, void* c, int dtype, int64_t m, int64_t n, const float* e
       return LaunchApplyFused<S, kNear>(w, c, m, n, e, p_index, p_value, r, decay, seed, stream);
     } else {
       if (rounding == kComp) {
-        return LaunchApplyFused<S, kComp>(w, c, m, n, e, p_index, p_value, r, decay, seed,
-                                          stream);
+        return LaunchApplyFused<S, kComp>(w, c, m, n, e, p_index, p_value, r, decay, seed, stream);
       }
       if (rounding == kStoch) {
-        return LaunchApplyFused<S, kStoch>(w, c, m, n, e, p_index, p_value, r, decay, seed,
-                                           stream);
+        return LaunchApplyFused<S, kStoch>(w, c, m, n, e, p_index, p_value, r, decay, seed, stream);
       }
       return LaunchApplyFused<S, kNear>(w, c, m, n, e, p_index, p_value, r, decay, seed, stream);
     }

@@ -41,8 +41,8 @@ int ApplyStep(float* w, int64_t m, int64_t n, const int32_t* p_index, const floa
 // Returns cudaErrorInvalidValue for null operands, r < 1, an unknown dtype, or compensated
 // rounding without C or with fp32 W; else the launch status.
 int ApplyFused(void* w, void* c, int dtype, int64_t m, int64_t n, const float* e,
-               const int32_t* p_index, const float* p_value, int64_t r, float decay,
-               int rounding, uint64_t seed, void* stream);
+               const int32_t* p_index, const float* p_value, int64_t r, float decay, int rounding,
+               uint64_t seed, void* stream);
 }  // namespace lspo::lsp::cuda
 
 #endif  // LSPO_LSP_CUDA_SPARSE_KERNELS_H_

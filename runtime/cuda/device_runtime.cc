@@ -17,10 +17,10 @@ absl::Status Check(cudaError_t e, const char* call) {
   return absl::InternalError(absl::StrCat(call, " failed: ", cudaGetErrorString(e)));
 }
 #define LSPO_CUDA_RETURN(expr) return Check((expr), #expr)
-#define LSPO_CUDA_TRY(expr)                                \
-  do {                                                     \
-    absl::Status lspo_cuda_st_ = Check((expr), #expr);     \
-    if (!lspo_cuda_st_.ok()) return lspo_cuda_st_;         \
+#define LSPO_CUDA_TRY(expr)                            \
+  do {                                                 \
+    absl::Status lspo_cuda_st_ = Check((expr), #expr); \
+    if (!lspo_cuda_st_.ok()) return lspo_cuda_st_;     \
   } while (false)
 #else
 absl::Status NoCuda() {
@@ -87,8 +87,8 @@ absl::StatusOr<Event> Event::Create(bool blocking_sync) {
 #if LSPO_HAS_CUDA
   Event e;
   cudaEvent_t raw = nullptr;
-  LSPO_CUDA_TRY(cudaEventCreateWithFlags(
-      &raw, blocking_sync ? cudaEventBlockingSync : cudaEventDefault));
+  LSPO_CUDA_TRY(
+      cudaEventCreateWithFlags(&raw, blocking_sync ? cudaEventBlockingSync : cudaEventDefault));
   e.e_ = raw;
   return e;
 #else
@@ -148,8 +148,8 @@ absl::StatusOr<bool> Event::Done() const {
 absl::StatusOr<double> Event::SecondsSince(const Event& start) const {
 #if LSPO_HAS_CUDA
   float ms = 0.f;
-  LSPO_CUDA_TRY(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.e_),
-                                     static_cast<cudaEvent_t>(e_)));
+  LSPO_CUDA_TRY(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.e_), static_cast<cudaEvent_t>(e_)));
   return static_cast<double>(ms) * 1e-3;
 #else
   (void)start;
@@ -203,8 +203,8 @@ HostRegistration::~HostRegistration() {
 
 absl::Status CopyAsync(void* dst, const void* src, size_t bytes, void* stream) {
 #if LSPO_HAS_CUDA
-  LSPO_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
-                                   static_cast<cudaStream_t>(stream)));
+  LSPO_CUDA_RETURN(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
 #else
   (void)dst;
   (void)src;

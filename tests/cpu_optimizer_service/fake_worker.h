@@ -25,32 +25,20 @@
 #include "runtime/completion_flags.h"
 #include "runtime/shm_arena.h"
 #include "runtime/status_macros.h"
+#include "tests/tiny_llama.h"
 
 namespace lspo::optimizer_testing {
 
-// The BPE tokenizer (2000 tokens) whose vocabulary sizes the tiny model's embedding.
-inline constexpr char kTokenizer[] = "tests/oracle/data/hf_tokenizers/misc";
-
-// A job of `mode` (MODE_LSP, MODE_ZERO or MODE_GALORE, which means GaLore-Offload here) over a
-// tiny random Llama: one decoder layer, hidden 16, intermediate 24, 2 heads of 8, 1 KV head, so
-// its 7 trained matrices are (16, 16), (8, 16), (8, 16), (16, 16), (24, 16), (24, 16) and
-// (16, 24) fp32. lsp: d = 4, r = 2; GaLore-Offload: rank 2, scale 0.5. Adam: beta1 0.9,
-// beta2 0.999, eps 1e-8, weight decay 0.1, no clipping; 1 thread.
+// A job of `mode` (MODE_LSP, MODE_ZERO or MODE_GALORE, which means GaLore-Offload here) over the
+// tiny random Llama of tests/tiny_llama.h (7 trained matrices (16, 16), (8, 16), (8, 16),
+// (16, 16), (24, 16), (24, 16) and (16, 24) fp32). lsp: d = 4, r = 2; GaLore-Offload: rank 2,
+// scale 0.5. Adam: beta1 0.9, beta2 0.999, eps 1e-8, weight decay 0.1, no clipping; 1 thread.
 inline lspo::v1::JobSpec TinySpec(lspo::v1::TrainingMode mode) {
   lspo::v1::JobSpec spec;
   spec.set_mode(mode);
   spec.set_num_threads(1);
   spec.set_seed(11);
-  auto* m = spec.mutable_model();
-  m->set_format(lspo::v1::MODEL_FORMAT_TINY_RANDOM);
-  m->set_tokenizer_path(kTokenizer);
-  m->set_init_seed(1234);
-  auto* shape = m->mutable_random_shape();
-  shape->set_hidden_size(16);
-  shape->set_intermediate_size(24);
-  shape->set_num_hidden_layers(1);
-  shape->set_num_attention_heads(2);
-  shape->set_num_key_value_heads(1);
+  testing_models::SetTinyLlama(&spec);
   spec.mutable_lsp()->set_d(4);
   spec.mutable_lsp()->set_r(2);
   if (mode == lspo::v1::MODE_GALORE) {

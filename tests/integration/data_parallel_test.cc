@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "offload/collective.h"
 #include "scheduler/checkpoint.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 #include "tests/integration/data_parallel_jobs.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
@@ -288,7 +288,7 @@ TEST(DataParallelTest, ARendezvousTokenAdmitsTheRanksThatHoldItOnly) {
   v1::JobSpec only_token;
   only_token.mutable_distributed()->set_rendezvous_token_file("/etc/hostname");
   const absl::Status outside =
-      scheduler::CheckPathsUnderRoots(only_token, {testing_jobs::TempDir("dp-roots")});
+      spec::CheckPathsUnderRoots(only_token, {testing_jobs::TempDir("dp-roots")});
   EXPECT_EQ(outside.code(), absl::StatusCode::kPermissionDenied) << outside;
   EXPECT_NE(outside.message().find("distributed.rendezvous_token_file"), std::string::npos)
       << outside;

@@ -20,7 +20,7 @@
 #include "offload/state_file.h"
 #include "runtime/rpc_status.h"
 #include "runtime/shm_arena.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
 
@@ -110,7 +110,7 @@ TEST(OptimizerCoreTest, UnloadAbandonsAnUpdateWaitingForGradients) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
   v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("unload-wait"),
                                                     v1::MODE_ZERO, 2);
-  scheduler::ResolveDefaults(&spec);
+  spec::ResolveDefaults(&spec);
   worker::WorkerCore worker;
   auto wload = worker.LoadJob("job-w", spec);
   ASSERT_TRUE(wload.ok()) << wload.status();
@@ -148,16 +148,16 @@ TEST(WorkerCoreTest, AnUnsetMicroBatchIsEightOnTheCpu) {
       testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("micro-unset"), v1::MODE_LSP, 1);
   spec.clear_micro_batch_size();
   spec.clear_device();
-  scheduler::ResolveDefaults(&spec);
+  spec::ResolveDefaults(&spec);
   EXPECT_FALSE(spec.has_micro_batch_size());
   v1::JobSpec on_cpu = spec;
   on_cpu.set_device(v1::DEVICE_CPU);
   on_cpu.clear_micro_batch_size();
-  scheduler::ResolveDefaults(&on_cpu);
+  spec::ResolveDefaults(&on_cpu);
   EXPECT_EQ(on_cpu.micro_batch_size(), 8);
   v1::JobSpec ranks = spec;
   ranks.mutable_distributed()->set_world_size(2);
-  scheduler::ResolveDefaults(&ranks);
+  spec::ResolveDefaults(&ranks);
   EXPECT_EQ(ranks.micro_batch_size(), 8);
   worker::WorkerCore worker;
   auto load = worker.LoadJob("job-m", spec);
@@ -177,7 +177,7 @@ TEST(OptimizerCoreTest, AZeroUpdateIsKeptOnlyOnTheWorkersVerdict) {
   v1::JobSpec spec =
       testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("zero-verdict"), v1::MODE_ZERO, 2);
   spec.mutable_optim()->set_weight_decay(0.1);
-  scheduler::ResolveDefaults(&spec);
+  spec::ResolveDefaults(&spec);
   worker::WorkerCore worker;
   auto wload = worker.LoadJob("job-z", spec);
   ASSERT_TRUE(wload.ok()) << wload.status();
@@ -260,7 +260,7 @@ TEST(OptimizerCoreTest, AnUpdateThatFailsPartWayRollsBackTheMatricesItUpdated) {
   v1::JobSpec spec =
       testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("update-fail"), v1::MODE_LSP, 2);
   spec.mutable_optim()->set_weight_decay(0.1);
-  scheduler::ResolveDefaults(&spec);
+  spec::ResolveDefaults(&spec);
   worker::WorkerCore worker;
   auto wload = worker.LoadJob("job-f", spec);
   ASSERT_TRUE(wload.ok()) << wload.status();
@@ -317,7 +317,7 @@ TEST(WorkerCoreTest, UnloadAbandonsATrainStepWaitingForUpdates) {
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
   v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(testing_jobs::TempDir("unload-train"),
                                                     v1::MODE_ZERO, 2);
-  scheduler::ResolveDefaults(&spec);
+  spec::ResolveDefaults(&spec);
   worker::WorkerCore worker;
   ASSERT_TRUE(worker.LoadJob("job-t", spec).ok());
   v1::StepPlan plan;
@@ -517,75 +517,75 @@ TEST(JobSpecTest, EveryExampleSpecLoadsAndValidates) {
   for (const auto& entry : std::filesystem::directory_iterator("examples")) {
     if (entry.path().extension() != ".yaml") continue;
     const std::string path = entry.path().string();
-    absl::StatusOr<v1::JobSpec> spec = scheduler::LoadJobSpecFile(path);
+    absl::StatusOr<v1::JobSpec> spec = spec::LoadJobSpecFile(path);
     ASSERT_TRUE(spec.ok()) << path << ": " << spec.status();
-    scheduler::ResolveDefaults(&*spec);
-    EXPECT_TRUE(scheduler::ValidateJobSpec(*spec).ok())
-        << path << ": " << scheduler::ValidateJobSpec(*spec);
+    spec::ResolveDefaults(&*spec);
+    EXPECT_TRUE(spec::ValidateJobSpec(*spec).ok())
+        << path << ": " << spec::ValidateJobSpec(*spec);
     ++checked;
   }
   EXPECT_GE(checked, 5) << "examples/*.yaml not found: run from the repository root";
 }
 
 TEST(JobSpecTest, YamlAndJsonGiveTheSameSpecAndBadFieldsAreNamed) {
-  auto y = scheduler::ParseJobSpecYaml(
+  auto y = spec::ParseJobSpecYaml(
       "name: t\nmode: MODE_LSP\nsteps: 7\nlsp:\n  d: 64\n  r: 8\noptim:\n  lr: 2.5e-4\n"
       "data:\n  train_path: a.tsv\n");
   ASSERT_TRUE(y.ok()) << y.status();
-  auto j = scheduler::ParseJobSpecJson(
+  auto j = spec::ParseJobSpecJson(
       R"({"name":"t","mode":"MODE_LSP","steps":7,"lsp":{"d":64,"r":8},"optim":{"lr":0.00025},)"
       R"("data":{"trainPath":"a.tsv"}})");
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_EQ(y->SerializeAsString(), j->SerializeAsString());
   EXPECT_EQ(y->lsp().d(), 64);
   EXPECT_DOUBLE_EQ(y->optim().lr(), 2.5e-4);
-  auto short_mode = scheduler::ParseJobSpecYaml("mode: native\nsteps: 1\n");
+  auto short_mode = spec::ParseJobSpecYaml("mode: native\nsteps: 1\n");
   ASSERT_TRUE(short_mode.ok()) << short_mode.status();
   EXPECT_EQ(short_mode->mode(), v1::MODE_NATIVE);
-  auto bad_mode = scheduler::ParseJobSpecYaml("mode: adam\n");
+  auto bad_mode = spec::ParseJobSpecYaml("mode: adam\n");
   EXPECT_EQ(bad_mode.status().code(), absl::StatusCode::kInvalidArgument);
-  auto bad = scheduler::ParseJobSpecYaml("stepz: 3\n");
+  auto bad = spec::ParseJobSpecYaml("stepz: 3\n");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("stepz"), std::string::npos) << bad.status();
   // A number past the double range is an error naming it and its line, not the default.
-  auto huge = scheduler::ParseJobSpecYaml("steps: 3\noptim:\n  lr: 1e400\n", "h.yaml");
+  auto huge = spec::ParseJobSpecYaml("steps: 3\noptim:\n  lr: 1e400\n", "h.yaml");
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(huge.status().message().find("the number 1e400 is outside the range of a double"),
             std::string::npos)
       << huge.status();
   EXPECT_NE(huge.status().message().find("line 3"), std::string::npos) << huge.status();
-  auto negative = scheduler::ParseJobSpecYaml("lsp:\n  d_ratio: -2e999\n");
+  auto negative = spec::ParseJobSpecYaml("lsp:\n  d_ratio: -2e999\n");
   EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument) << negative.status();
   v1::JobSpec spec = *y;
-  scheduler::ResolveDefaults(&spec);
+  spec::ResolveDefaults(&spec);
   spec.mutable_lsp()->set_r(100);
-  auto st = scheduler::ValidateJobSpec(spec);
+  auto st = spec::ValidateJobSpec(spec);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   // The GPU fields: a kernel set or device that does not exist is named with the fix.
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
   v1::JobSpec gpu = testing_jobs::TinyMobyDickSpec("/tmp/lspo-spec-check", v1::MODE_LSP, 2);
-  scheduler::ResolveDefaults(&gpu);
+  spec::ResolveDefaults(&gpu);
   gpu.mutable_lsp()->set_kernels(v1::CUDA_KERNELS_CUSTOM);
   gpu.set_device(v1::DEVICE_CUDA);
-  ASSERT_TRUE(scheduler::ValidateJobSpec(gpu).ok()) << scheduler::ValidateJobSpec(gpu);
-  auto kernels = scheduler::ParseJobSpecYaml("lsp:\n  kernels: cusparse\n", "k.yaml");
+  ASSERT_TRUE(spec::ValidateJobSpec(gpu).ok()) << spec::ValidateJobSpec(gpu);
+  auto kernels = spec::ParseJobSpecYaml("lsp:\n  kernels: cusparse\n", "k.yaml");
   EXPECT_EQ(kernels.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(kernels.status().message().find("lsp.kernels"), std::string::npos)
       << kernels.status();
   EXPECT_NE(kernels.status().message().find("custom"), std::string::npos) << kernels.status();
-  auto compression = scheduler::ParseJobSpecYaml("lsp:\n  compression: blocked\n", "c.yaml");
+  auto compression = spec::ParseJobSpecYaml("lsp:\n  compression: blocked\n", "c.yaml");
   EXPECT_EQ(compression.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(compression.status().message().find("lsp.compression"), std::string::npos)
       << compression.status();
   EXPECT_NE(compression.status().message().find("dense"), std::string::npos)
       << compression.status();
-  auto device = scheduler::ParseJobSpecYaml("device: tpu\n", "d.yaml");
+  auto device = spec::ParseJobSpecYaml("device: tpu\n", "d.yaml");
   EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(device.status().message().find("device = 'tpu'"), std::string::npos)
       << device.status();
   // A value outside the set that arrives as a number (a peer's binary message) is named too.
   gpu.set_device(static_cast<v1::Device>(7));
-  st = scheduler::ValidateJobSpec(gpu);
+  st = spec::ValidateJobSpec(gpu);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("device"), std::string::npos) << st;
 }
@@ -598,34 +598,34 @@ TEST(JobSpecTest, ModelFormatIsDetectedFromThePath) {
   spec.mutable_data()->set_train_path("datasets/sms-spam/train.tsv");
   spec.set_steps(1);
   v1::JobSpec folder = spec;
-  scheduler::ResolveDefaults(&folder);
+  spec::ResolveDefaults(&folder);
   EXPECT_EQ(folder.model().format(), v1::MODEL_FORMAT_HF);
   EXPECT_EQ(folder.model().tokenizer_path(), folder.model().path());
-  EXPECT_TRUE(scheduler::ValidateJobSpec(folder).ok()) << scheduler::ValidateJobSpec(folder);
+  EXPECT_TRUE(spec::ValidateJobSpec(folder).ok()) << spec::ValidateJobSpec(folder);
   v1::JobSpec file = spec;
   file.mutable_model()->set_path("tests/oracle/data/hf_models/qwen2-bf16/config.json");
-  scheduler::ResolveDefaults(&file);
+  spec::ResolveDefaults(&file);
   EXPECT_EQ(file.model().format(), v1::MODEL_FORMAT_GGUF);
   file.mutable_model()->set_format(v1::MODEL_FORMAT_HF);
-  absl::Status st = scheduler::ValidateJobSpec(file);
+  absl::Status st = spec::ValidateJobSpec(file);
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
   EXPECT_NE(st.message().find("model.path"), std::string::npos) << st;
   EXPECT_NE(st.message().find("not a directory"), std::string::npos) << st;
   v1::JobSpec no_config = folder;
   no_config.mutable_model()->set_path("tests/oracle/data/hf_models");
-  st = scheduler::ValidateJobSpec(no_config);
+  st = spec::ValidateJobSpec(no_config);
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
   EXPECT_NE(st.message().find("config.json"), std::string::npos) << st;
 }
 
 TEST(JobSpecTest, ClosedSetsReadTheirShortNamesAndTheFullNames) {
   // Today's strings (every example spec uses them) and the enum names give the same spec.
-  auto short_names = scheduler::ParseJobSpecYaml(
+  auto short_names = spec::ParseJobSpecYaml(
       "device: cpu\nschedule: serial\nweight_dtype: bf16\nmodel:\n  format: tiny-random\n"
       "data:\n  format: text\nlsp:\n  master_refresh: never\n  kernels: aten\n"
       "  compression: dense\noptim:\n  schedule: cosine\n", "short.yaml");
   ASSERT_TRUE(short_names.ok()) << short_names.status();
-  auto full_names = scheduler::ParseJobSpecJson(
+  auto full_names = spec::ParseJobSpecJson(
       R"({"device":"DEVICE_CPU","schedule":"STEP_SCHEDULE_SERIAL",)"
       R"("weight_dtype":"WEIGHT_DTYPE_BF16","model":{"format":"MODEL_FORMAT_TINY_RANDOM"},)"
       R"("data":{"format":"DATA_FORMAT_TEXT"},)"
@@ -644,19 +644,19 @@ TEST(JobSpecTest, ClosedSetsReadTheirShortNamesAndTheFullNames) {
   EXPECT_EQ(short_names->lsp().compression(), v1::COMPRESSION_DENSE);
   EXPECT_EQ(short_names->optim().schedule(), v1::LR_SCHEDULE_COSINE);
   // An empty string is the unset value, as an empty string field was.
-  auto empty = scheduler::ParseJobSpecYaml("device: \"\"\nlsp:\n  kernels: \"\"\n", "e.yaml");
+  auto empty = spec::ParseJobSpecYaml("device: \"\"\nlsp:\n  kernels: \"\"\n", "e.yaml");
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_EQ(empty->device(), v1::DEVICE_UNSPECIFIED);
   // Written back with the short names, which read back to the same spec.
-  const std::string json = scheduler::JobSpecToJson(*short_names);
+  const std::string json = spec::JobSpecToJson(*short_names);
   EXPECT_NE(json.find("\"tiny-random\""), std::string::npos) << json;
   EXPECT_NE(json.find("\"serial\""), std::string::npos) << json;
   EXPECT_EQ(json.find("STEP_SCHEDULE"), std::string::npos) << json;
-  auto back = scheduler::ParseJobSpecJson(json, "back.json");
+  auto back = spec::ParseJobSpecJson(json, "back.json");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->SerializeAsString(), short_names->SerializeAsString());
   // The error for a value outside a set lists the set.
-  auto bad = scheduler::ParseJobSpecYaml("schedule: parallel\n", "s.yaml");
+  auto bad = spec::ParseJobSpecYaml("schedule: parallel\n", "s.yaml");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("schedule = 'parallel' is not one of overlap, serial"),
             std::string::npos)
@@ -703,37 +703,37 @@ TEST(JobSpecTest, AFingerprintWrittenWithStringFieldsStillMatches) {
   spec.set_weight_dtype(v1::WEIGHT_DTYPE_FP32);
   spec.set_steps(60);                                // Not part of the training.
   spec.set_schedule(v1::STEP_SCHEDULE_OVERLAP);      // Not part of it either.
-  EXPECT_TRUE(scheduler::SameTraining(old_fingerprint, spec));
+  EXPECT_TRUE(spec::SameTraining(old_fingerprint, spec));
   // Nor activation checkpointing, explicit (present since the field is optional) or not.
   spec.set_activation_checkpointing(false);
-  EXPECT_TRUE(scheduler::SameTraining(old_fingerprint, spec));
+  EXPECT_TRUE(spec::SameTraining(old_fingerprint, spec));
   spec.set_activation_checkpointing(true);
-  EXPECT_TRUE(scheduler::SameTraining(old_fingerprint, spec));
+  EXPECT_TRUE(spec::SameTraining(old_fingerprint, spec));
   spec.clear_activation_checkpointing();
-  EXPECT_TRUE(scheduler::SameTraining(scheduler::TrainingFingerprint(spec), spec));
+  EXPECT_TRUE(spec::SameTraining(spec::TrainingFingerprint(spec), spec));
   // lsp.narrow and lsp.apply_rounding written out at their defaults are the same training as
   // the fingerprint from before they existed; another value is not.
   lsp->set_narrow(v1::NARROW_RULE_ONE_SIDED);
   lsp->set_apply_rounding(v1::APPLY_ROUNDING_COMPENSATED);
-  EXPECT_TRUE(scheduler::SameTraining(old_fingerprint, spec));
+  EXPECT_TRUE(spec::SameTraining(old_fingerprint, spec));
   lsp->set_narrow(v1::NARROW_RULE_FULL);
-  EXPECT_FALSE(scheduler::SameTraining(old_fingerprint, spec));
+  EXPECT_FALSE(spec::SameTraining(old_fingerprint, spec));
   lsp->set_narrow(v1::NARROW_RULE_ONE_SIDED);
   lsp->set_apply_rounding(v1::APPLY_ROUNDING_NEAREST);
-  EXPECT_FALSE(scheduler::SameTraining(old_fingerprint, spec));
+  EXPECT_FALSE(spec::SameTraining(old_fingerprint, spec));
   lsp->set_apply_rounding(v1::APPLY_ROUNDING_UNSPECIFIED);
   // lsp.compression: sparse is the default written out; dense rounds S differently.
   lsp->set_compression(v1::COMPRESSION_SPARSE);
-  EXPECT_TRUE(scheduler::SameTraining(old_fingerprint, spec));
+  EXPECT_TRUE(spec::SameTraining(old_fingerprint, spec));
   lsp->set_compression(v1::COMPRESSION_DENSE);
-  EXPECT_FALSE(scheduler::SameTraining(old_fingerprint, spec));
+  EXPECT_FALSE(spec::SameTraining(old_fingerprint, spec));
   lsp->set_compression(v1::COMPRESSION_UNSPECIFIED);
   spec.mutable_optim()->set_schedule(v1::LR_SCHEDULE_COSINE);
-  EXPECT_FALSE(scheduler::SameTraining(old_fingerprint, spec));
-  EXPECT_EQ(scheduler::TrainingDifferences(old_fingerprint, spec),
+  EXPECT_FALSE(spec::SameTraining(old_fingerprint, spec));
+  EXPECT_EQ(spec::TrainingDifferences(old_fingerprint, spec),
             "modified: optim.schedule: LR_SCHEDULE_CONSTANT -> LR_SCHEDULE_COSINE");
-  EXPECT_FALSE(scheduler::SameTraining("not json", spec));
-  EXPECT_EQ(scheduler::TrainingDifferences("not json", spec), "the fingerprint cannot be read");
+  EXPECT_FALSE(spec::SameTraining("not json", spec));
+  EXPECT_EQ(spec::TrainingDifferences("not json", spec), "the fingerprint cannot be read");
   spec.mutable_optim()->set_schedule(v1::LR_SCHEDULE_CONSTANT);
 
   // A data-parallel job resumed on other ports, another bind address, with ranks swapped, a
@@ -741,23 +741,23 @@ TEST(JobSpecTest, AFingerprintWrittenWithStringFieldsStillMatches) {
   // size is not (the batch changes).
   spec.set_device_memory_limit_mb(4096);
   spec.mutable_distributed()->set_world_size(1);
-  EXPECT_TRUE(scheduler::SameTraining(old_fingerprint, spec));
+  EXPECT_TRUE(spec::SameTraining(old_fingerprint, spec));
   auto* dist = spec.mutable_distributed();
   dist->set_world_size(2);
   dist->set_rank(1);
   dist->set_rendezvous("10.0.0.1:29500");
   dist->set_bind_address("10.0.0.2");
   dist->set_timeout_seconds(30);
-  const std::string two_ranks = scheduler::TrainingFingerprint(spec);
+  const std::string two_ranks = spec::TrainingFingerprint(spec);
   dist->set_rank(0);
   dist->set_rendezvous("127.0.0.1:29511");
   dist->clear_bind_address();
   dist->set_timeout_seconds(600);
-  EXPECT_TRUE(scheduler::SameTraining(two_ranks, spec));
-  EXPECT_FALSE(scheduler::SameTraining(old_fingerprint, spec));
+  EXPECT_TRUE(spec::SameTraining(two_ranks, spec));
+  EXPECT_FALSE(spec::SameTraining(old_fingerprint, spec));
   dist->set_world_size(4);
-  EXPECT_FALSE(scheduler::SameTraining(two_ranks, spec));
-  EXPECT_EQ(scheduler::TrainingDifferences(two_ranks, spec),
+  EXPECT_FALSE(spec::SameTraining(two_ranks, spec));
+  EXPECT_EQ(spec::TrainingDifferences(two_ranks, spec),
             "modified: distributed.world_size: 2 -> 4");
 }
 

@@ -19,7 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "offload/job_assets.h"
 #include "scheduler/checkpoint.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
 
@@ -68,7 +68,7 @@ TEST(GaloreJobTest, TrainsEveryLinearAndReportsItsState) {
   EXPECT_EQ(summary["trainable_parameters"], 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 128 * 64));
 
   v1::JobSpec resolved = spec;
-  scheduler::ResolveDefaults(&resolved);
+  spec::ResolveDefaults(&resolved);
   auto base = offload::LoadJobModel(resolved);
   ASSERT_TRUE(base.ok()) << base.status();
   auto out = model::SafetensorsFile::Open(dir + "/model.safetensors");

@@ -18,7 +18,7 @@
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "offload/job_assets.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 #include "tests/integration/exported_linears.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
@@ -87,7 +87,7 @@ TEST(GaloreOffloadTest, MatchesTheWorkerSideModeUnderBothSchedules) {
   for (const auto& [gap, weight_bound] : {std::make_pair(200, 1e-5), std::make_pair(2, 1e-2)}) {
     const std::string worker = run("galore-worker", gap, false, v1::STEP_SCHEDULE_SERIAL);
     v1::JobSpec resolved = GaloreSpec(worker, 6, false);
-    scheduler::ResolveDefaults(&resolved);
+    spec::ResolveDefaults(&resolved);
     auto base = offload::LoadJobModel(resolved);
     ASSERT_TRUE(base.ok()) << base.status();
     const auto ref_metrics = StepMetrics(worker);

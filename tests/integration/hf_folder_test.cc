@@ -22,7 +22,7 @@
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "offload/job_assets.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
 #include "tests/test_files.h"
@@ -58,7 +58,7 @@ TEST(HfFolderTest, AJobsOutputIsEvaluatedGeneratedFromAndFineTunedAgain) {
   auto tok_hf = model::BpeTokenizer::FromHfFolder(out1);
   ASSERT_TRUE(tok_hf.ok()) << tok_hf.status();
   v1::JobSpec resolved1 = spec1;
-  scheduler::ResolveDefaults(&resolved1);
+  spec::ResolveDefaults(&resolved1);
   auto tok_gguf = offload::LoadJobTokenizer(resolved1);
   ASSERT_TRUE(tok_gguf.ok()) << tok_gguf.status();
   const std::string sample = "Call me Ishmael. Some years ago—never mind how long precisely 1851.";

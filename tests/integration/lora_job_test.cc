@@ -16,7 +16,7 @@
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "offload/job_assets.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
 
@@ -68,7 +68,7 @@ TEST(LoraJobTest, TrainsTheAdaptersAndWritesTheMergedModelAndAPeftFolder) {
 
   // The adapter folder loads onto the base model (the spec's, rebuilt) ...
   v1::JobSpec resolved = spec;
-  scheduler::ResolveDefaults(&resolved);
+  spec::ResolveDefaults(&resolved);
   auto base = offload::LoadJobModel(resolved);
   ASSERT_TRUE(base.ok()) << base.status();
   auto adapter = baselines::ReadPeftAdapter(dir + "/adapter", *base);

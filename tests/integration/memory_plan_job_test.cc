@@ -19,7 +19,7 @@
 #include "offload/memory_plan.h"
 #include "offload/training_mode.h"
 #include "runtime/process_env.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
 
@@ -73,7 +73,7 @@ void ExpectPeakWithinPlan(v1::TrainingMode mode) {
   const std::string out_dir = testing_jobs::TempDir("memory-plan");
   v1::JobSpec spec = SmolTextSpec(out_dir, mode);
   v1::JobSpec resolved = spec;
-  scheduler::ResolveDefaults(&resolved);
+  spec::ResolveDefaults(&resolved);
   absl::StatusOr<model::LlamaConfig> config = offload::LoadJobModelConfig(resolved);
   ASSERT_TRUE(config.ok()) << config.status();
   absl::StatusOr<offload::MemoryPlan> plan =

@@ -30,7 +30,7 @@
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/checkpoint.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 #include "scheduler/job_store.h"
 #include "tests/integration/test_jobs.h"
 
@@ -461,7 +461,7 @@ TEST(ResumeTest, RestartedSchedulerResumesTheRunningJobAndRunsQueuedOnes) {
   }
   fs::remove_all(dir + "/checkpoints/step-00000006");
   // What a scheduler killed during step 5 leaves in its store.
-  scheduler::ResolveDefaults(&spec);
+  spec::ResolveDefaults(&spec);
   v1::JobStatus running;
   running.set_job_id("job-100-7");
   running.set_state(v1::RUNNING);
@@ -474,7 +474,7 @@ TEST(ResumeTest, RestartedSchedulerResumesTheRunningJobAndRunsQueuedOnes) {
   queued.set_job_id("job-100-8");
   queued.set_state(v1::QUEUED);
   *queued.mutable_spec() = Spec(testing_jobs::TempDir("restart-q"), v1::MODE_LSP, 2);
-  scheduler::ResolveDefaults(queued.mutable_spec());
+  spec::ResolveDefaults(queued.mutable_spec());
   queued.set_output_dir(queued.spec().output_dir());
   {
     auto store = scheduler::JobStore::Open(state_dir);
@@ -546,7 +546,7 @@ TEST(ResumeTest, ExportedSafetensorsGiveTheSameLogitsInTransformers) {
   if (keep != nullptr) {
     // For the oracle script: the seeded initial weights, to measure how far training moved.
     v1::JobSpec init = spec;
-    scheduler::ResolveDefaults(&init);
+    spec::ResolveDefaults(&init);
     auto m0 = offload::LoadJobModel(init);
     ASSERT_TRUE(m0.ok()) << m0.status();
     std::vector<model::SafetensorsEntry> entries;
@@ -564,7 +564,7 @@ TEST(ResumeTest, ExportedSafetensorsGiveTheSameLogitsInTransformers) {
   const nlohmann::json oracle = nlohmann::json::parse(oracle_file);
   // Our model on the exported weights: the seeded initial model, every tensor replaced by
   // the file's (so a missing or misnamed tensor fails here).
-  scheduler::ResolveDefaults(&spec);
+  spec::ResolveDefaults(&spec);
   auto model = offload::LoadJobModel(spec);
   ASSERT_TRUE(model.ok()) << model.status();
   auto file = model::SafetensorsFile::Open(dir + "/model.safetensors");
@@ -739,32 +739,32 @@ TEST(ResumeTest, SpecsCannotReachOutsideTheAllowedRoots) {
   spec.mutable_model()->set_path(root + "/data/train.txt");
   spec.mutable_data()->set_train_path(root + "/data/train.txt");
   spec.set_output_dir(root + "/runs/new/sub");
-  EXPECT_TRUE(scheduler::CheckPathsUnderRoots(spec, {root}).ok());
-  EXPECT_TRUE(scheduler::CheckPathsUnderRoots(spec, {}).ok());
+  EXPECT_TRUE(spec::CheckPathsUnderRoots(spec, {root}).ok());
+  EXPECT_TRUE(spec::CheckPathsUnderRoots(spec, {}).ok());
   v1::JobSpec dotdot = spec;
   dotdot.set_output_dir(root + "/runs/../../elsewhere");
-  absl::Status st = scheduler::CheckPathsUnderRoots(dotdot, {root});
+  absl::Status st = spec::CheckPathsUnderRoots(dotdot, {root});
   EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_NE(st.message().find("output_dir"), std::string::npos) << st;
   v1::JobSpec link = spec;
   link.mutable_data()->set_eval_path(root + "/data/escape/passwd");
-  st = scheduler::CheckPathsUnderRoots(link, {root});
+  st = spec::CheckPathsUnderRoots(link, {root});
   EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_NE(st.message().find("data.eval_path"), std::string::npos) << st;
   EXPECT_NE(st.message().find("--allowed_roots"), std::string::npos) << st;
   v1::JobSpec adapter = spec;  // mode lora's adapter folder, merged at load
   adapter.mutable_model()->set_adapter_path(root + "/data/escape");
-  st = scheduler::CheckPathsUnderRoots(adapter, {root});
+  st = spec::CheckPathsUnderRoots(adapter, {root});
   EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_NE(st.message().find("model.adapter_path"), std::string::npos) << st;
   // A chat template given as a path is a path like the others; given as Jinja text, it is not.
   v1::JobSpec tmpl = spec;
   tmpl.mutable_data()->set_chat_template(root + "/data/escape/hostname");
-  st = scheduler::CheckPathsUnderRoots(tmpl, {root});
+  st = spec::CheckPathsUnderRoots(tmpl, {root});
   EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_NE(st.message().find("data.chat_template"), std::string::npos) << st;
   tmpl.mutable_data()->set_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}");
-  EXPECT_TRUE(scheduler::CheckPathsUnderRoots(tmpl, {root}).ok());
+  EXPECT_TRUE(spec::CheckPathsUnderRoots(tmpl, {root}).ok());
 }
 
 }  // namespace

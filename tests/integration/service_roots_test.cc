@@ -10,7 +10,7 @@
 #include "cpu_optimizer_service/optimizer_core.h"
 #include "gpu_worker/worker_core.h"
 #include "gtest/gtest.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
 
@@ -157,7 +157,7 @@ TEST_F(ServiceRootsTest, PathsInsideTheRootsWorkAsBefore) {
   if (!testing_jobs::HaveTinyAssets()) GTEST_SKIP() << testing_jobs::kNoModel;
   const std::vector<std::string> roots = {allowed_, fs::current_path().string()};
   v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(allowed_ + "/out", v1::MODE_ZERO, 2);
-  scheduler::ResolveDefaults(&spec);
+  spec::ResolveDefaults(&spec);
   worker::WorkerCore worker(worker::WorkerOptions{roots});
   auto wload = worker.LoadJob("job-in", spec);
   ASSERT_TRUE(wload.ok()) << wload.status();

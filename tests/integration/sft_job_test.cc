@@ -26,7 +26,7 @@
 #include "nlohmann/json.hpp"
 #include "offload/job_assets.h"
 #include "runtime/utf8.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 #include "tests/integration/start_embedded.h"
 #include "tests/integration/test_jobs.h"
 #include "text/chat_template.h"
@@ -87,7 +87,7 @@ TEST(SftJobTest, EachFormatTrainsEndToEndWithItsFormatDetected) {
     const std::string out = testing_jobs::TempDir("sft");
     v1::JobSpec spec = SftSpec(out, c.file, 6);
     v1::JobSpec resolved = spec;
-    scheduler::ResolveDefaults(&resolved);
+    spec::ResolveDefaults(&resolved);
     EXPECT_EQ(resolved.data().format(), c.detected);
     const auto w = SubmitAndWatch(stub.get(), spec);
     ASSERT_EQ(w.last.state(), v1::SUCCEEDED) << w.last.error();
@@ -111,7 +111,7 @@ TEST(SftJobTest, DetectionReadsTheWholeFirstRecord) {
                                    {bad_utf8, v1::DATA_FORMAT_ALPACA}}) {
     v1::JobSpec spec;
     spec.mutable_data()->set_train_path(path);
-    scheduler::ResolveDefaults(&spec);
+    spec::ResolveDefaults(&spec);
     EXPECT_EQ(spec.data().format(), want) << path;
   }
 }
@@ -175,7 +175,7 @@ TEST(SftJobTest, GenerativeEvaluationScoresGreedyAnswers) {
 
   // What the worker loaded, recomputed.
   v1::JobSpec resolved = spec;
-  scheduler::ResolveDefaults(&resolved);
+  spec::ResolveDefaults(&resolved);
   auto tok = offload::LoadJobTokenizer(resolved);
   ASSERT_TRUE(tok.ok()) << tok.status();
   auto tmpl = model::ChatTemplate::ForTokenizer(*tok, "");
@@ -379,7 +379,7 @@ TEST(SftJobTest, PackedRowsTrainEveryExampleAsAlone) {
     if (!packing) continue;
 
     v1::JobSpec resolved = spec;
-    scheduler::ResolveDefaults(&resolved);
+    spec::ResolveDefaults(&resolved);
     auto tok = offload::LoadJobTokenizer(resolved);
     ASSERT_TRUE(tok.ok()) << tok.status();
     auto tmpl = model::ChatTemplate::ForTokenizer(*tok, "");
@@ -456,14 +456,14 @@ TEST(SftJobTest, PackedRowsTrainEveryExampleAsAlone) {
 TEST(SftJobTest, PackingOfTextOrBalancedDataIsRefused) {
   v1::JobSpec spec = testing_jobs::TinyMobyDickSpec("/tmp/unused", v1::MODE_LSP, 2);
   spec.mutable_data()->set_packing(true);
-  scheduler::ResolveDefaults(&spec);
-  absl::Status st = scheduler::ValidateJobSpec(spec);
+  spec::ResolveDefaults(&spec);
+  absl::Status st = spec::ValidateJobSpec(spec);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(st.message()).find("data.packing"), std::string::npos) << st;
   spec.mutable_data()->set_format(v1::DATA_FORMAT_CLASSIFICATION);
-  EXPECT_TRUE(scheduler::ValidateJobSpec(spec).ok());
+  EXPECT_TRUE(spec::ValidateJobSpec(spec).ok());
   spec.mutable_data()->set_balance_classes(true);
-  st = scheduler::ValidateJobSpec(spec);
+  st = spec::ValidateJobSpec(spec);
   EXPECT_NE(std::string(st.message()).find("balance_classes"), std::string::npos) << st;
 }
 
@@ -512,17 +512,17 @@ TEST(SftJobTest, CancelStopsARunningEvaluation) {
 TEST(SftJobTest, GenerativeEvaluationOfTextDataIsRefused) {
   v1::JobSpec spec = testing_jobs::TinyMobyDickSpec("/tmp/unused", v1::MODE_LSP, 2);
   spec.mutable_eval()->set_metric(v1::EVAL_METRIC_GENERATIVE);
-  scheduler::ResolveDefaults(&spec);
-  absl::Status st = scheduler::ValidateJobSpec(spec);
+  spec::ResolveDefaults(&spec);
+  absl::Status st = spec::ValidateJobSpec(spec);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(st.message()).find("eval.metric"), std::string::npos) << st;
   spec.mutable_data()->set_format(v1::DATA_FORMAT_ALPACA);
   spec.mutable_data()->clear_eval_path();
-  st = scheduler::ValidateJobSpec(spec);
+  st = spec::ValidateJobSpec(spec);
   EXPECT_NE(std::string(st.message()).find("data.eval_path"), std::string::npos) << st;
   spec.mutable_data()->set_eval_path(std::string(kCooking) + "test.alpaca.jsonl");
   spec.mutable_eval()->set_max_new_tokens(-1);
-  st = scheduler::ValidateJobSpec(spec);
+  st = spec::ValidateJobSpec(spec);
   EXPECT_NE(std::string(st.message()).find("eval.max_new_tokens"), std::string::npos) << st;
 }
 

@@ -25,7 +25,7 @@
 #include "report/tensorboard.h"
 #include "report/tensorboard_scalars.h"
 #include "scheduler/checkpoint.h"
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 #include "scheduler/scheduler_core.h"
 #include "absl/strings/str_format.h"
 #include "tests/scheduler/fake_peers.h"
@@ -67,7 +67,7 @@ v1::JobSpec Spec(const std::string& out, v1::TrainingMode mode, int steps) {
   s.mutable_lsp()->set_r(2);
   s.mutable_optim()->set_lr(0.01);
   s.set_keep_checkpoints(10);
-  ResolveDefaults(&s);
+  spec::ResolveDefaults(&s);
   s.set_output_dir(out);
   return s;
 }

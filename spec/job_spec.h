@@ -1,8 +1,8 @@
 // JobSpec I/O and validation: read a job from JSON or YAML (protobuf JSON mapping), fill the
 // documented defaults (proto/job_spec.proto), and reject bad specs with a message that names
 // the field and the fix.
-#ifndef LSPO_SCHEDULER_JOB_SPEC_H_
-#define LSPO_SCHEDULER_JOB_SPEC_H_
+#ifndef LSPO_SPEC_JOB_SPEC_H_
+#define LSPO_SPEC_JOB_SPEC_H_
 
 #include <string>
 #include <vector>
@@ -12,7 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "proto/job_spec.pb.h"
 
-namespace lspo::scheduler {
+namespace lspo::spec {
 
 // Parses a JobSpec from JSON text (protobuf JSON mapping: lowerCamelCase or snake_case field
 // names, enums by name, e.g. "mode": "MODE_LSP"). Unknown fields are an error.
@@ -77,6 +77,6 @@ bool SameTraining(const std::string& fingerprint, const lspo::v1::JobSpec& spec)
 // SameTraining; "the fingerprint cannot be read" when it does not parse.
 std::string TrainingDifferences(const std::string& fingerprint, const lspo::v1::JobSpec& spec);
 
-}  // namespace lspo::scheduler
+}  // namespace lspo::spec
 
-#endif  // LSPO_SCHEDULER_JOB_SPEC_H_
+#endif  // LSPO_SPEC_JOB_SPEC_H_

@@ -1,13 +1,13 @@
-#include "scheduler/job_spec.h"
+#include "spec/job_spec.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
-#include <unistd.h>
 
+#include <fstream>
 #include <iterator>
 #include <limits>
 #include <set>
-#include <fstream>
 #include <sstream>
 
 #include "absl/algorithm/container.h"
@@ -23,11 +23,11 @@
 #include "runtime/file_io.h"
 #include "runtime/proto_json.h"
 #include "runtime/record_keys.h"
-#include "runtime/util.h"
 #include "runtime/status_macros.h"
+#include "runtime/util.h"
 #include "yaml-cpp/yaml.h"
 
-namespace lspo::scheduler {
+namespace lspo::spec {
 namespace {
 
 namespace v1 = lspo::v1;
@@ -56,9 +56,10 @@ nlohmann::json YamlToJson(const YAML::Node& node) {
         // A number past the double range parses as +-inf, which JSON cannot hold: it would
         // become null, i.e. the field's default, silently.
         if (!std::isfinite(d)) {
-          throw YAML::ParserException(
-              node.Mark(), absl::StrCat("the number ", s, " is outside the range of a double "
-                                        "(about 1.8e308); write a finite number"));
+          throw YAML::ParserException(node.Mark(),
+                                      absl::StrCat("the number ", s,
+                                                   " is outside the range of a double "
+                                                   "(about 1.8e308); write a finite number"));
         }
         return d;
       }
@@ -100,10 +101,9 @@ v1::DataFormat DetectDataFormat(const std::string& path) {
   // Not parseable (invalid UTF-8, a broken line): go by the key names in the raw text, so that
   // the format's own reader reports the problem with its line and byte offset.
   const absl::string_view name =
-      first.is_discarded()
-          ? runtime::SftFormatOfKeys([&](const char* key) {
-              return line.find(absl::StrCat("\"", key, "\"")) != std::string::npos;
-            })
+      first.is_discarded() ? runtime::SftFormatOfKeys([&](const char* key) {
+        return line.find(absl::StrCat("\"", key, "\"")) != std::string::npos;
+      })
       : first.is_object()
           ? runtime::SftFormatOfKeys([&](const char* key) { return first.contains(key); })
           : absl::string_view();
@@ -121,9 +121,11 @@ absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json, absl::string_vi
   JobSpec spec;
   absl::Status st = runtime::ProtoFromJson(json, &spec, absl::StrCat("job spec ", source));
   if (!st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        st.message(), ". See examples/*.yaml and proto/job_spec.proto (message JobSpec) for the "
-        "fields; mode is ", offload::ModeNames(), " (or the enum names, MODE_LSP ...)."));
+    return absl::InvalidArgumentError(
+        absl::StrCat(st.message(),
+                     ". See examples/*.yaml and proto/job_spec.proto (message JobSpec) for the "
+                     "fields; mode is ",
+                     offload::ModeNames(), " (or the enum names, MODE_LSP ...)."));
   }
   return spec;
 }
@@ -254,8 +256,8 @@ static absl::Status ValidateDistributed(const JobSpec& spec) {
                absl::StrCat("use 0 .. ", d.world_size() - 1, " (lspctl run --rank=R)"));
   }
   if (!d.rendezvous().empty()) {
-    RETURN_IF_ERROR(runtime::ParseHostPort(d.rendezvous(), "job spec field distributed.rendezvous")
-                        .status());
+    RETURN_IF_ERROR(
+        runtime::ParseHostPort(d.rendezvous(), "job spec field distributed.rendezvous").status());
   }
   if (d.allow_remote() && d.rendezvous_token_file().empty()) {
     return bad("allow_remote", "true",
@@ -273,7 +275,8 @@ static absl::Status ValidateDistributed(const JobSpec& spec) {
     }
     return bad("world_size", d.world_size(),
                absl::StrCat("data parallelism runs modes ", absl::StrJoin(parallel, ", "),
-                            "; mode ", m.name, " does not (GaLore-Offload projects each rank's "
+                            "; mode ", m.name,
+                            " does not (GaLore-Offload projects each rank's "
                             "gradient before anything is summed). Use another mode or "
                             "world_size 1"));
   }
@@ -334,10 +337,10 @@ static absl::Status ValidateRun(const JobSpec& spec) {
   }
   if (!spec.resume_from().empty() && spec.resume_from() != "latest" &&
       access((spec.resume_from() + "/trainer_state.json").c_str(), R_OK) != 0) {
-    return absl::NotFoundError(absl::StrCat(
-        "job spec field resume_from: '", spec.resume_from(),
-        "' is not a checkpoint directory (no trainer_state.json); give "
-        "<output_dir>/checkpoints/step-NNNNNNNN or \"latest\""));
+    return absl::NotFoundError(
+        absl::StrCat("job spec field resume_from: '", spec.resume_from(),
+                     "' is not a checkpoint directory (no trainer_state.json); give "
+                     "<output_dir>/checkpoints/step-NNNNNNNN or \"latest\""));
   }
   return absl::OkStatus();
 }
@@ -363,9 +366,9 @@ static absl::Status ValidateModel(const JobSpec& spec) {
           "config.json), or set model.format to gguf for a .gguf file"));
     }
     if (!Readable(model.path() + "/config.json")) {
-      return absl::NotFoundError(absl::StrCat(
-          "job spec field model.path: folder '", model.path(),
-          "' has no readable config.json; it is not a Hugging Face model folder"));
+      return absl::NotFoundError(
+          absl::StrCat("job spec field model.path: folder '", model.path(),
+                       "' has no readable config.json; it is not a Hugging Face model folder"));
     }
   }
   const bool has_model_path = model.format() != v1::MODEL_FORMAT_TINY_RANDOM;  // gguf, hf
@@ -377,8 +380,7 @@ static absl::Status ValidateModel(const JobSpec& spec) {
     return Bad("model.path", "\"\"",
                "give a GGUF file (scripts/setup fetches one) or a Hugging Face model folder");
   }
-  const std::string& model_file =
-      has_model_path ? model.path() : model.tokenizer_path();
+  const std::string& model_file = has_model_path ? model.path() : model.tokenizer_path();
   if (model_file.empty()) {
     return Bad("model.tokenizer_path", "\"\"",
                "tiny-random models take their tokenizer from a GGUF file or an HF folder: set "
@@ -420,20 +422,23 @@ static absl::Status ValidateData(const JobSpec& spec) {
   }
   if (const std::string& a = spec.model().adapter_path();
       !a.empty() && !Readable(a + "/adapter_config.json")) {
-    return absl::NotFoundError(absl::StrCat(
-        "job spec field model.adapter_path: '", a, "' has no readable adapter_config.json; give "
-        "a PEFT LoRA adapter folder (a lora job writes one as <output_dir>/adapter)"));
+    return absl::NotFoundError(
+        absl::StrCat("job spec field model.adapter_path: '", a,
+                     "' has no readable adapter_config.json; give "
+                     "a PEFT LoRA adapter folder (a lora job writes one as <output_dir>/adapter)"));
   }
   if (!data.perplexity_path().empty() && !Readable(data.perplexity_path())) {
     return absl::NotFoundError(absl::StrCat("job spec field data.perplexity_path: file '",
                                             data.perplexity_path(),
                                             "' does not exist or is not readable"));
   }
-  if (const std::string& t = data.chat_template(); !t.empty() &&
-      t.find("{{") == std::string::npos && t.find("{%") == std::string::npos && !Readable(t)) {
-    return absl::NotFoundError(absl::StrCat(
-        "job spec field data.chat_template: '", t, "' is neither Jinja text (no {{ or {%) nor "
-        "a readable file; give the template itself or the path of a .jinja file"));
+  if (const std::string& t = data.chat_template();
+      !t.empty() && t.find("{{") == std::string::npos && t.find("{%") == std::string::npos &&
+      !Readable(t)) {
+    return absl::NotFoundError(
+        absl::StrCat("job spec field data.chat_template: '", t,
+                     "' is neither Jinja text (no {{ or {%) nor "
+                     "a readable file; give the template itself or the path of a .jinja file"));
   }
   if (data.perplexity_blocks() < 0) {
     return Bad("data.perplexity_blocks", data.perplexity_blocks(), "must be >= 0");
@@ -446,7 +451,8 @@ static absl::Status ValidateLsp(const JobSpec& spec) {
   if (spec.schedule() != v1::STEP_SCHEDULE_SERIAL && spec.schedule() != v1::STEP_SCHEDULE_OVERLAP) {
     return Bad("schedule", runtime::EnumShortName(spec.schedule()), "use overlap or serial");
   }
-  if (spec.weight_dtype() != v1::WEIGHT_DTYPE_FP32 && spec.weight_dtype() != v1::WEIGHT_DTYPE_BF16 &&
+  if (spec.weight_dtype() != v1::WEIGHT_DTYPE_FP32 &&
+      spec.weight_dtype() != v1::WEIGHT_DTYPE_BF16 &&
       !(spec.weight_dtype() == v1::WEIGHT_DTYPE_UNSPECIFIED &&
         spec.device() == v1::DEVICE_UNSPECIFIED)) {
     return Bad("weight_dtype", runtime::EnumShortName(spec.weight_dtype()), "use fp32 or bf16");
@@ -551,9 +557,9 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   return ValidateTraining(spec);
 }
 
-}  // namespace lspo::scheduler
+}  // namespace lspo::spec
 
-namespace lspo::scheduler {
+namespace lspo::spec {
 
 absl::Status CheckPathsUnderRoots(const lspo::v1::JobSpec& spec,
                                   const std::vector<std::string>& roots) {
@@ -634,4 +640,4 @@ std::string TrainingDifferences(const std::string& fingerprint, const lspo::v1::
   return runtime::ProtoDifferences(a, b, 1000);
 }
 
-}  // namespace lspo::scheduler
+}  // namespace lspo::spec

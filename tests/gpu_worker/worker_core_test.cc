@@ -1,0 +1,197 @@
+// Unit tests of the worker core (gpu_worker/worker_core.h) without the other services: a tiny
+// random Llama on the CPU, and the optimizer's part of the data plane played by the test (it
+// attaches to the worker's arena, writes each matrix's step D and publishes it, as
+// tests/cpu_optimizer_service/fake_worker.h plays the worker's part for the optimizer core).
+// Checked: the single-job slot (runtime/job_slot.h) as the worker uses it, and the apply
+// W <- (1 - lr wd) W + P D Q^T against a float64 reference over the projectors the worker
+// fitted, with its refusals (step not written, non-finite D: weights untouched, bit for bit).
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "third_party/torch/torch_api.h"
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gpu_worker/worker_core.h"
+#include "gtest/gtest.h"
+#include "model/safetensors.h"
+#include "offload/arena_tensors.h"
+#include "offload/state_file.h"
+#include "proto/job_spec.pb.h"
+#include "runtime/shm_arena.h"
+#include "spec/job_spec.h"
+#include "tests/tiny_llama.h"
+
+namespace lspo::worker {
+namespace {
+
+namespace v1 = lspo::v1;
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+// A job of `mode` over the tiny random Llama of tests/tiny_llama.h (fp32 weights) trained on
+// Moby-Dick in blocks of 16 tokens; lsp d = 4, r = 2, a 2-iteration projector fit on 4 calibration
+// examples; weight decay 0.1; the CPU, 1 thread.
+v1::JobSpec TinySpec(v1::TrainingMode mode, const std::string& tag) {
+  v1::JobSpec spec;
+  spec.set_name(tag);
+  spec.set_mode(mode);
+  spec.set_device(v1::DEVICE_CPU);
+  spec.set_weight_dtype(v1::WEIGHT_DTYPE_FP32);
+  spec.set_num_threads(1);
+  spec.set_seed(5);
+  spec.set_steps(2);
+  spec.set_micro_batch_size(2);
+  spec.set_seq_len(16);
+  spec.set_schedule(v1::STEP_SCHEDULE_SERIAL);
+  testing_models::SetTinyLlama(&spec);
+  spec.mutable_data()->set_format(v1::DATA_FORMAT_TEXT);
+  spec.mutable_data()->set_train_path("datasets/moby-dick/moby-dick.txt");
+  spec.mutable_data()->set_max_blocks(16);
+  spec.mutable_lsp()->set_d(4);
+  spec.mutable_lsp()->set_r(2);
+  spec.mutable_lsp()->set_fit_iters(2);
+  spec.mutable_lsp()->set_calibration_examples(4);
+  spec.mutable_optim()->set_lr(1e-2);
+  spec.mutable_optim()->set_weight_decay(0.1);
+  const fs::path out = fs::path(::testing::TempDir()) / absl::StrCat("worker_core_", tag);
+  fs::remove_all(out);
+  spec.set_output_dir(out.string());
+  spec::ResolveDefaults(&spec);
+  return spec;
+}
+
+// The dense (rows, d) float64 matrix of a sparse projector: M[i, index[i, k]] += value[i, k].
+at::Tensor Dense(const lsp::SparseProjector& p) {
+  at::Tensor m = at::zeros({p.rows, p.d}, at::kDouble);
+  return m.scatter_add_(1, p.index.to(at::kLong).contiguous(),
+                        p.value.to(at::kDouble).contiguous());
+}
+
+// Every trained matrix of the worker's checkpoint state in `dir` (SaveState), fp32 (m, n), in
+// linear order.
+std::vector<at::Tensor> SavedWeights(WorkerCore* worker, const std::string& job_id,
+                                     const v1::ArenaLayout& layout, const std::string& dir,
+                                     int step) {
+  std::vector<at::Tensor> out;
+  fs::create_directories(dir);  // The scheduler makes the checkpoint's folder.
+  auto saved = worker->SaveState(job_id, dir, step);
+  EXPECT_TRUE(saved.ok()) << saved.status();
+  auto file = model::SafetensorsFile::Open(dir + "/worker_state.safetensors");
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return out;
+  for (const v1::LinearSlot& s : layout.linears()) {
+    auto w = offload::ReadStateTensor(*file, "test", s.name(), at::kFloat, {s.m(), s.n()});
+    EXPECT_TRUE(w.ok()) << w.status();
+    out.push_back(w.ok() ? *w : at::Tensor());
+  }
+  return out;
+}
+
+TEST(WorkerCoreTest, TheSlotHoldsOneJobAndNamesTheOneThatIsNotLoaded) {
+  WorkerCore worker;
+  const v1::JobSpec spec = TinySpec(v1::MODE_NATIVE, "slot");
+  ASSERT_TRUE(worker.LoadJob("a", spec).ok());
+  // The same id again: refused, the loaded job kept.
+  auto again = worker.LoadJob("a", spec);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(), HasSubstr("job 'a' already loaded"));
+  // A projector fit needs a mode with projectors.
+  auto fit = worker.FitProjectors("a", 0);
+  EXPECT_EQ(fit.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(fit.status().message(), HasSubstr("FitProjectors needs mode lsp"));
+  // Another id: the error names it and the fix.
+  auto other = worker.Evaluate("b", 0);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(other.status().message(),
+              HasSubstr("job 'b' is not loaded on this worker (LoadJob first)"));
+  EXPECT_EQ(worker.AbortStep("b", 1).code(), absl::StatusCode::kFailedPrecondition);
+  // A new job replaces a stale one (a restarted scheduler's LoadJob).
+  ASSERT_TRUE(worker.LoadJob("b", spec).ok());
+  EXPECT_EQ(worker.Evaluate("a", 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  // A mode that trains on the worker has no updates to apply.
+  v1::ApplyRequest apply;
+  apply.add_tasks()->set_index(0);
+  auto applied = worker.ApplyUpdates("b", 1, apply);
+  EXPECT_EQ(applied.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(applied.status().message(), HasSubstr("trains on the worker"));
+  // Unloading another id leaves the job; its own id frees it.
+  EXPECT_TRUE(worker.UnloadJob("a").ok());
+  EXPECT_TRUE(worker.SaveArtifacts("b", spec.output_dir() + "/artifacts").ok());
+  EXPECT_TRUE(worker.UnloadJob("b").ok());
+  EXPECT_EQ(worker.SaveArtifacts("b", spec.output_dir() + "/artifacts").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// ApplyUpdates in lsp mode: W1 = (1 - lr wd) W0 + P D Q^T for every matrix, with the P and Q
+// the worker fitted and wrote into the arena (docs/method.md, "Math"), against float64.
+TEST(WorkerCoreTest, ApplyUpdatesAddsPDQtAsFloat64DoesAndRefusesBadSteps) {
+  WorkerCore worker;
+  const v1::JobSpec spec = TinySpec(v1::MODE_LSP, "apply");
+  auto load = worker.LoadJob("j", spec);
+  ASSERT_TRUE(load.ok()) << load.status();
+  const v1::ArenaLayout& layout = load->arena();
+  ASSERT_EQ(layout.linears_size(), 7);
+  // Attached before the fit, which unlinks the arena's name (as the optimizer attaches first).
+  auto arena = runtime::ShmArena::Attach(layout.name(), layout.bytes());
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  ASSERT_TRUE(worker.FitProjectors("j", 0).ok());
+  auto flags = offload::ArenaFlags(*arena, layout);
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  const std::string dir = spec.output_dir();
+  const std::vector<at::Tensor> w0 = SavedWeights(&worker, "j", layout, dir + "/s0", 0);
+  ASSERT_EQ(w0.size(), 7u);
+
+  // The optimizer's part: a step D of each matrix in its slot, from a fixed seed.
+  at::manual_seed(17);
+  std::vector<at::Tensor> d(7);
+  for (int i = 0; i < 7; ++i) {
+    const v1::LinearSlot& s = layout.linears(i);
+    d[i] = at::randn({s.d_p(), s.d_q()}, at::kFloat) * 0.1;
+    offload::ArenaF32(*arena, s.step()).value().copy_(d[i]);
+  }
+  v1::ApplyRequest req;
+  req.set_lr(0.5);
+  for (int i = 0; i < 7; ++i) req.add_tasks()->set_index(i);
+
+  // Not yet published: refused, naming the matrix.
+  auto early = worker.ApplyUpdates("j", 1, req);
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(early.status().message(), HasSubstr("has not written step 1"));
+  for (int i = 0; i < 7; ++i) flags->PublishStep(i, 1);
+
+  // A non-finite D in the last matrix: kDataLoss and every weight as before, bit for bit.
+  offload::ArenaF32(*arena, layout.linears(6).step()).value()[0][0] = std::nanf("");
+  auto bad = worker.ApplyUpdates("j", 1, req);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(bad.status().message(), HasSubstr("not finite"));
+  const std::vector<at::Tensor> kept = SavedWeights(&worker, "j", layout, dir + "/kept", 0);
+  for (int i = 0; i < 7; ++i) EXPECT_TRUE(at::equal(kept[i], w0[i])) << layout.linears(i).name();
+  offload::ArenaF32(*arena, layout.linears(6).step()).value().copy_(d[6]);
+
+  auto applied = worker.ApplyUpdates("j", 1, req);
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_EQ(applied->events_size(), 7);
+  const std::vector<at::Tensor> w1 = SavedWeights(&worker, "j", layout, dir + "/s1", 1);
+  const double decay = 1.0 - 0.5 * 0.1;
+  for (int i = 0; i < 7; ++i) {
+    const v1::LinearSlot& s = layout.linears(i);
+    auto p = offload::ReadProjector(*arena, s.p_index(), s.p_value(), s.d_p());
+    auto q = offload::ReadProjector(*arena, s.q_index(), s.q_value(), s.d_q());
+    ASSERT_TRUE(p.ok() && q.ok()) << s.name();
+    const at::Tensor want = decay * w0[i].to(at::kDouble) +
+                            Dense(*p).matmul(d[i].to(at::kDouble)).matmul(Dense(*q).t());
+    const at::Tensor step = want - w0[i].to(at::kDouble);
+    ASSERT_GT(step.abs().max().item<double>(), 1e-4) << s.name() << ": the step is not trivial";
+    const double err = (w1[i].to(at::kDouble) - want).abs().max().item<double>();
+    const double scale = want.abs().max().item<double>();
+    // fp32 storage: a few roundings (2^-24 each) of the largest entry.
+    EXPECT_LT(err, 1e-6 * scale) << s.name() << ": max |W1 - reference| " << err << " of " << scale;
+  }
+  EXPECT_TRUE(worker.UnloadJob("j").ok());
+}
+
+}  // namespace
+}  // namespace lspo::worker
