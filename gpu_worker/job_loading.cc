@@ -241,6 +241,13 @@ absl::StatusOr<std::vector<at::Tensor>> PlaceModel(WorkerJob* job, bool use_cuda
     }
     RETURN_IF_ERROR(model.SetLinearStorageDtype(at::kBFloat16));
   }
+  // The lsp kernels of CUDA tensors (docs/gpu.md) are a process-wide choice: every job sets
+  // it, the job's own or the default, so that none runs a previous job's.
+  if (spec.lsp().kernels() == lspo::v1::CUDA_KERNELS_UNSPECIFIED) {
+    lsp::internal::ResetCudaKernels();
+  } else {
+    lsp::internal::SetCudaKernels(spec.lsp().kernels() == lspo::v1::CUDA_KERNELS_CUSTOM);
+  }
   if (!use_cuda) {
     // Undo a previous CUDA job's TF32 setting (process-wide): CPU jobs keep exact fp32.
     at::globalContext().setFloat32MatmulPrecision("highest");
@@ -249,10 +256,6 @@ absl::StatusOr<std::vector<at::Tensor>> PlaceModel(WorkerJob* job, bool use_cuda
     job->cuda = true;
     // fp32 compute (the model upcasts bf16 weights) on TF32 tensor cores, for every mode alike.
     at::globalContext().setFloat32MatmulPrecision("high");
-    // Process-wide, set by any CUDA job that names it (lsp kernels; docs/gpu.md).
-    if (spec.lsp().kernels() != lspo::v1::CUDA_KERNELS_UNSPECIFIED) {
-      lsp::internal::SetCudaKernels(spec.lsp().kernels() == lspo::v1::CUDA_KERNELS_CUSTOM);
-    }
     // Before the first device allocation of this job; 0 lifts a previous job's cap.
     RETURN_IF_ERROR(DeviceOffload::SetGpuMemoryLimit(
         static_cast<int64_t>(spec.device_memory_limit_mb()) << 20));

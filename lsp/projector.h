@@ -215,6 +215,13 @@ void SetForceAtenKernels(bool force);
 // GPU, docs/gpu.md). Process-wide. Without a CUDA toolkit at build time the kernels are absent
 // (CudaKernelsAvailable() false) and the setting has no effect.
 void SetCudaKernels(bool custom);
+// Back to the choice of the environment (LSPO_CUDA_KERNELS), or the default where it is unset:
+// what a job that leaves lsp.kernels unset runs. The worker sets or resets the choice at every
+// LoadJob, so no job inherits a previous job's (gpu_worker/job_loading.cc).
+void ResetCudaKernels();
+// The kernels CUDA tensors use now: 1 = the project's, 0 = ATen index ops, 2 = the default
+// (the fused apply, ATen's compression); see SetCudaKernels.
+int CudaKernelsInUse();
 bool CudaKernelsAvailable();
 }  // namespace internal
 

@@ -409,6 +409,8 @@ at::Tensor CrossGram(const at::Tensor& index_a, const at::Tensor& value_a, int64
 
 void SetForceAtenKernels(bool force) { kernels::g_force_aten.store(force); }
 void SetCudaKernels(bool custom) { kernels::g_cuda_kernels.store(custom ? 1 : 0); }
+void ResetCudaKernels() { kernels::g_cuda_kernels.store(-1); }
+int CudaKernelsInUse() { return kernels::CudaKernelChoice(); }
 bool CudaKernelsAvailable() {
 #if LSPO_HAS_CUDA_KERNELS
   return true;

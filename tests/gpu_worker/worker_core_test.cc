@@ -7,6 +7,7 @@
 // fitted, with its refusals (step not written, non-finite D: weights untouched, bit for bit),
 // and TrainStep's S = P^T G Q against the dense gradient zero mode publishes for the same step.
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gpu_worker/worker_core.h"
 #include "gtest/gtest.h"
+#include "lsp/projector.h"
 #include "model/safetensors.h"
 #include "offload/arena_tensors.h"
 #include "offload/state_file.h"
@@ -246,6 +248,26 @@ TEST(WorkerCoreTest, TrainStepPublishesPtGQOfTheDenseGradient) {
     EXPECT_LT((got - want).abs().max().item<double>(), 0.01 * scale) << s.name();
   }
   EXPECT_TRUE(worker.UnloadJob("l").ok());
+}
+
+// The lsp kernel choice is process-wide (lsp/projector.h): each LoadJob sets it, so a job that
+// leaves lsp.kernels unset runs the default, not the previous job's choice.
+TEST(WorkerCoreTest, EveryJobSetsTheKernelChoiceNoneInheritsIt) {
+  if (std::getenv("LSPO_CUDA_KERNELS") != nullptr) GTEST_SKIP() << "LSPO_CUDA_KERNELS is set";
+  WorkerCore worker;
+  v1::JobSpec custom = TinySpec(v1::MODE_NATIVE, "kernels");
+  custom.mutable_lsp()->set_kernels(v1::CUDA_KERNELS_CUSTOM);
+  ASSERT_TRUE(worker.LoadJob("k1", custom).ok());
+  EXPECT_EQ(lsp::internal::CudaKernelsInUse(), 1);
+  v1::JobSpec aten = custom;
+  aten.mutable_lsp()->set_kernels(v1::CUDA_KERNELS_ATEN);
+  ASSERT_TRUE(worker.LoadJob("k2", aten).ok());
+  EXPECT_EQ(lsp::internal::CudaKernelsInUse(), 0);
+  v1::JobSpec unset = custom;
+  unset.mutable_lsp()->clear_kernels();
+  ASSERT_TRUE(worker.LoadJob("k3", unset).ok());
+  EXPECT_EQ(lsp::internal::CudaKernelsInUse(), 2);
+  EXPECT_TRUE(worker.UnloadJob("k3").ok());
 }
 
 }  // namespace

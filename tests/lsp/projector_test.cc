@@ -658,7 +658,7 @@ TEST(ProjectorCudaTest, BothDevicePathsMatchTheFloat64Reference) {
     EXPECT_TRUE(at::isfinite(w16).all().item<bool>());
     EXPECT_LT(RelErr(w16.cpu().to(at::kDouble), w_ref), 8e-3);  // bf16 W: one rounding
   }
-  internal::SetCudaKernels(false);
+  internal::ResetCudaKernels();
 }
 
 }  // namespace
