@@ -1,4 +1,4 @@
-// GaLore's projector and AdamW. Formulas and sources: galore.h.
+// GaLore's projector and AdamW. Formulas and sources: galore.h. Shapes as in galore.h (r = rank).
 #include "baselines/galore.h"
 
 #include <cmath>
@@ -12,11 +12,13 @@ namespace lspo::baselines {
 namespace {
 
 // Flips each singular vector (dim `vec_dim` indexes the vectors: 0 for the rows of B, 1 for
-// the columns of A) so that its entry of largest magnitude is positive.
+// the columns of A) so that its entry of largest magnitude is positive. vectors: B (rank, n)
+// or A (m, rank) fp32 -> the same shape, contiguous.
 at::Tensor CanonicalSigns(const at::Tensor& vectors, int64_t vec_dim) {
   const int64_t along = 1 - vec_dim;
+  // (rank, 1) for B, (1, rank) for A; int64
   at::Tensor idx = vectors.abs().argmax(along, /*keepdim=*/true);
-  at::Tensor sgn = vectors.gather(along, idx).sign();
+  at::Tensor sgn = vectors.gather(along, idx).sign();  // idx's shape, fp32
   sgn = at::where(sgn == 0, at::ones_like(sgn), sgn);
   return (vectors * sgn).contiguous();
 }
@@ -38,10 +40,11 @@ absl::StatusOr<at::Tensor> GaloreProjector(const at::Tensor& G, int64_t rank) {
                                                    " is not in [1, min(m, n) = ", std::min(m, n),
                                                    "] for a (", m, ", ", n, ") gradient"));
   }
-  at::Tensor g = G.to(at::kFloat);
+  at::Tensor g = G.to(at::kFloat);  // (m, n) fp32
   if (!at::isfinite(g).all().item<bool>()) {
     return absl::InvalidArgumentError("GaloreProjector: the gradient is not finite");
   }
+  // u (m, k), s (k), vh (k, n) fp32 with k = min(m, n).
   auto [u, s, vh] = at::linalg_svd(g, /*full_matrices=*/false);
   if (GaloreSideOf(m, n) == GaloreSide::kRight) {
     return CanonicalSigns(vh.narrow(0, 0, rank), /*vec_dim=*/0);  // B (rank, n)
@@ -50,7 +53,7 @@ absl::StatusOr<at::Tensor> GaloreProjector(const at::Tensor& G, int64_t rank) {
 }
 
 at::Tensor GaloreProject(const at::Tensor& G, const at::Tensor& proj, GaloreSide side) {
-  at::Tensor g = G.to(at::kFloat);
+  at::Tensor g = G.to(at::kFloat);  // (m, n) fp32
   return side == GaloreSide::kRight ? at::mm(g, proj.t()) : at::mm(proj.t(), g);
 }
 
@@ -89,7 +92,7 @@ absl::StatusOr<std::unique_ptr<GaloreAdamW>> GaloreAdamW::Create(std::vector<at:
   auto opt = std::unique_ptr<GaloreAdamW>(new GaloreAdamW());
   size_t narrowest = 0;  // The matrix with the smallest min(m, n): it bounds the rank.
   for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& p = params[i];
+    const at::Tensor& p = params[i];  // (m, n) if 2-D (checked next)
     if (p.dim() != 2) {
       return absl::InvalidArgumentError(
           absl::StrCat("GaloreAdamW: ", names[i], " is ", p.dim(), "-D; GaLore trains matrices"));
@@ -141,10 +144,10 @@ int64_t GaloreAdamW::StateBytes() const {
 bool GaloreAdamW::Step(double lr, double* grad_norm) {
   at::NoGradGuard no_grad;
   // One host synchronisation for the finiteness check and the norm (fp64 sum of squares).
-  at::Tensor sq;
+  at::Tensor sq;  // () fp64, sum of squared gradient entries
   for (const at::Tensor& p : params_) {
     if (!p.grad().defined()) continue;
-    at::Tensor s = p.grad().to(at::kDouble).pow(2).sum();
+    at::Tensor s = p.grad().to(at::kDouble).pow(2).sum();  // () fp64
     sq = sq.defined() ? sq + s : s;
   }
   const double norm = sq.defined() ? std::sqrt(sq.item<double>()) : 0.0;
@@ -159,14 +162,15 @@ bool GaloreAdamW::Step(double lr, double* grad_norm) {
   const double step_size = lr * std::sqrt(1.0 - std::pow(b2, static_cast<double>(t))) /
                            (1.0 - std::pow(b1, static_cast<double>(t)));
   for (size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor& p = params_[i];
+    at::Tensor& p = params_[i];  // (m, n), the weight's dtype
     if (!p.grad().defined()) continue;
-    at::Tensor g = p.grad().to(at::kFloat);
+    at::Tensor g = p.grad().to(at::kFloat);  // (m, n) fp32
     if (clip < 1.0) g = g * clip;
     if (refresh || !proj_[i].defined()) {
       // Finite (checked above) and rank <= min(m, n) (checked in Create): cannot fail.
       proj_[i] = *GaloreProjector(g, settings_.rank);
     }
+    // R: right (m, rank), left (rank, n) fp32
     at::Tensor r = GaloreProject(g, proj_[i], sides_[i]);
     if (!exp_avg_[i].defined()) {
       exp_avg_[i] = at::zeros_like(r);
@@ -174,7 +178,8 @@ bool GaloreAdamW::Step(double lr, double* grad_norm) {
     }
     exp_avg_[i].mul_(b1).add_(r, 1.0 - b1);
     exp_avg_sq_[i].mul_(b2).addcmul_(r, r, 1.0 - b2);
-    at::Tensor norm_grad = exp_avg_[i] / (exp_avg_sq_[i].sqrt() + adam_.eps);
+    at::Tensor norm_grad = exp_avg_[i] / (exp_avg_sq_[i].sqrt() + adam_.eps);  // R's shape, fp32
+    // (m, n) fp32
     at::Tensor update = GaloreProjectBack(norm_grad, proj_[i], sides_[i]) * settings_.scale;
     p.add_(update.to(p.scalar_type()), -step_size);
     if (adam_.weight_decay > 0) p.add_(p, -lr * adam_.weight_decay);
@@ -209,7 +214,7 @@ absl::Status GaloreAdamW::CheckState(const std::map<std::string, at::Tensor>& te
       auto it = tensors.find(base + what);
       if (it == tensors.end()) continue;
       ++present;
-      const at::Tensor& t = it->second;
+      const at::Tensor& t = it->second;  // any device; checked: fp32 of `shape`
       if (t.sizes() != at::IntArrayRef(shape) || t.scalar_type() != at::kFloat) {
         return absl::DataLossError(absl::StrCat("tensor '", base, what, "' is not F32 of shape [",
                                                 absl::StrJoin(shape, ", "), "]"));

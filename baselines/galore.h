@@ -23,6 +23,9 @@
 // a run (and a resume on another machine) reproducible. Within one projector period the
 // update does not depend on the signs at all.
 //
+// Shapes: m out features, n in features of W; r (`rank` in code) is GaLore's rank
+// (galore.rank), not lsp's non-zeros per projector row. All GaLore state is fp32.
+//
 // Thread-safety: none; one thread at a time (the worker's mutex).
 #ifndef LSPO_BASELINES_GALORE_H_
 #define LSPO_BASELINES_GALORE_H_
@@ -74,21 +77,21 @@ at::Tensor GaloreProjectBack(const at::Tensor& N, const at::Tensor& proj, Galore
 // GaLore AdamW over a list of matrices (see the file comment).
 class GaloreAdamW {
  public:
-  // Trains `params` (2-D leaf tensors with requires_grad, one device; names for messages and
-  // checkpoints, e.g. "model.layers.0.self_attn.q_proj"). Errors: kInvalidArgument naming the
-  // matrix when rank > min(m, n) ("galore.rank ... is above the smaller side of <name>") and
-  // for rank < 1, update_proj_gap < 1 or a scale that is not finite and > 0.
+  // Trains `params` (2-D (m, n) leaf tensors with requires_grad, any floating dtype, one device;
+  // names for messages and checkpoints, e.g. "model.layers.0.self_attn.q_proj"). Errors:
+  // kInvalidArgument naming the matrix when rank > min(m, n) ("galore.rank ... is above the smaller
+  // side of <name>") and for rank < 1, update_proj_gap < 1 or a scale that is not finite and > 0.
   static absl::StatusOr<std::unique_ptr<GaloreAdamW>> Create(std::vector<at::Tensor> params,
                                                              std::vector<std::string> names,
                                                              const GaloreSettings& settings,
                                                              const GaloreAdamSettings& adam);
 
-  // One optimizer step at learning rate `lr` from every parameter's .grad() (a parameter
-  // without a gradient is skipped, as torch optimizers do). Returns false and changes
-  // nothing when a gradient is not finite. With max_grad_norm > 0 the gradients are first
-  // scaled by min(1, max / (|g| + 1e-6)) over all of them (torch's clip_grad_norm_, as the
-  // HF Trainer does before optimizer.step()); *grad_norm gets |g| before clipping.
-  // Recomputes the projectors at steps t with (t - 1) % update_proj_gap == 0.
+  // One optimizer step at learning rate `lr` from every parameter's .grad() ((m, n), any
+  // floating dtype; a parameter without a gradient is skipped, as torch optimizers do). Returns
+  // false and changes nothing when a gradient is not finite. With max_grad_norm > 0 the gradients
+  // are first scaled by min(1, max / (|g| + 1e-6)) over all of them (torch's clip_grad_norm_, as
+  // the HF Trainer does before optimizer.step()); *grad_norm gets |g| before clipping. Recomputes
+  // the projectors at steps t with (t - 1) % update_proj_gap == 0.
   bool Step(double lr, double* grad_norm = nullptr);
 
   // Optimizer steps taken (galore-torch's state["step"]).
@@ -101,9 +104,9 @@ class GaloreAdamW {
   // (rank x min(m, n) fp32) of every matrix.
   int64_t StateBytes() const;
 
-  // Checkpoint: appends per matrix `<name>.galore_projector`, `.galore_exp_avg`,
-  // `.galore_exp_avg_sq` (fp32, CPU copies) to `tensors` and {"galore_step"} to `metadata`.
-  // Nothing is appended for a matrix before the first step.
+  // Checkpoint: appends per matrix `<name>.galore_projector` (ProjectorShape), `.galore_exp_avg`,
+  // `.galore_exp_avg_sq` (MomentShape) (fp32, CPU copies) to `tensors` and {"galore_step"} to
+  // `metadata`. Nothing is appended for a matrix before the first step.
   void AppendState(std::vector<std::pair<std::string, at::Tensor>>* tensors,
                    std::map<std::string, std::string>* metadata) const;
   // Checks a state read back (`tensors` in AppendState's names, any device; an empty map =
@@ -115,7 +118,8 @@ class GaloreAdamW {
   // on an error.
   absl::Status LoadState(const std::map<std::string, at::Tensor>& tensors, int64_t step);
 
-  // Shapes of matrix i's projector and of its moments.
+  // Shapes of matrix i's projector (right (rank, n), left (m, rank)) and of its moments (R's:
+  // right (m, rank), left (rank, n)).
   std::vector<int64_t> ProjectorShape(size_t i) const;
   std::vector<int64_t> MomentShape(size_t i) const;
   const std::string& name(size_t i) const { return names_[i]; }
@@ -124,12 +128,14 @@ class GaloreAdamW {
  private:
   GaloreAdamW() = default;
 
-  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> params_;  // (m, n) each, any floating dtype
   std::vector<std::string> names_;
   std::vector<GaloreSide> sides_;
   GaloreSettings settings_;
   GaloreAdamSettings adam_;
-  std::vector<at::Tensor> proj_, exp_avg_, exp_avg_sq_;  // fp32, on the params' device
+  // fp32, on the params' device: proj_ ProjectorShape(i), the moments MomentShape(i); undefined
+  // before the first step.
+  std::vector<at::Tensor> proj_, exp_avg_, exp_avg_sq_;
   int64_t step_ = 0;
 };
 

@@ -1,3 +1,4 @@
+// Shapes as in baselines/lora.h (r: the LoRA rank).
 #include "baselines/lora.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -61,13 +62,13 @@ absl::Status CheckSettings(LoraSettings* s, const model::LlamaModel& model) {
   int64_t limit = -1, first = -1;
   for (int64_t i = 0; i < model.num_linears(); ++i) {
     if (!seen.count(ModuleOf(i))) continue;
-    const at::Tensor& w = model.LinearWeight(i);
+    const at::Tensor& w = model.LinearWeight(i);  // (m, n), as stored
     const int64_t side = std::min(w.size(0), w.size(1));
     limit = limit < 0 ? side : std::min(limit, side);
     if (first < 0 && s->r > side) first = i;
   }
   if (first >= 0) {
-    const at::Tensor& w = model.LinearWeight(first);
+    const at::Tensor& w = model.LinearWeight(first);  // (m, n), as stored
     return absl::InvalidArgumentError(absl::StrCat(
         "LoRA rank r = ", s->r, " exceeds the smaller side of ", model.LinearName(first), " (",
         w.size(0), " x ", w.size(1), "): use r <= ", limit,
@@ -98,9 +99,10 @@ absl::StatusOr<std::shared_ptr<LoraAdapter>> LoraAdapter::Create(const model::Ll
     // kaiming_uniform_(a = sqrt(5)): gain sqrt(2 / (1 + 5)), bound gain * sqrt(3 / fan_in)
     // = 1 / sqrt(n) (torch.nn.init; PEFT LoraLayer.reset_lora_parameters).
     const double bound = 1.0 / std::sqrt(static_cast<double>(n));
-    at::Tensor a = at::empty({settings.r, n}, at::kFloat);
+    at::Tensor a = at::empty({settings.r, n}, at::kFloat);  // (r, n) fp32 CPU
     a.uniform_(-bound, bound, gen);
-    adapter->a_[static_cast<size_t>(i)] = a.to(device).requires_grad_(true);
+    adapter->a_[static_cast<size_t>(i)] = a.to(device).requires_grad_(true);  // A (r, n) fp32
+    // B (m, r) fp32, zeros.
     adapter->b_[static_cast<size_t>(i)] =
         at::zeros({m, settings.r}, at::TensorOptions().dtype(at::kFloat).device(device))
             .requires_grad_(true);
@@ -116,15 +118,15 @@ void LoraAdapter::Attach(model::LlamaModel* model) {
 }
 
 at::Tensor LoraAdapter::Forward(const at::Tensor& x2d, const at::Tensor& w, int64_t linear_index) {
-  at::Tensor y = model::UpcastLinear(x2d, w);  // (N, m); no upcast copy of 16-bit W kept
+  at::Tensor y = model::UpcastLinear(x2d, w);  // (N, m) fp32; no upcast copy of 16-bit W kept
   if (!targets(linear_index)) return y;
-  const at::Tensor& a = A(linear_index);  // (r, n)
-  const at::Tensor& b = B(linear_index);  // (m, r)
+  const at::Tensor& a = A(linear_index);  // (r, n) fp32
+  const at::Tensor& b = B(linear_index);  // (m, r) fp32
   return y + at::mm(at::mm(x2d, a.t()), b.t()) * scaling_;
 }
 
 absl::Status LoraAdapter::To(const at::Device& device) {
-  std::vector<at::Tensor> a(a_.size()), b(b_.size());
+  std::vector<at::Tensor> a(a_.size()), b(b_.size());  // A (r, n), B (m, r) fp32 on `device`
   try {
     for (size_t i = 0; i < a_.size(); ++i) {
       if (!a_[i].defined()) continue;
@@ -141,7 +143,7 @@ absl::Status LoraAdapter::To(const at::Device& device) {
 }
 
 std::vector<at::Tensor> LoraAdapter::Parameters() const {
-  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> params;  // A (r, n), B (m, r) fp32 per target
   for (size_t i = 0; i < a_.size(); ++i) {
     if (!a_[i].defined()) continue;
     params.push_back(a_[i]);
@@ -152,13 +154,13 @@ std::vector<at::Tensor> LoraAdapter::Parameters() const {
 
 int64_t LoraAdapter::NumParameters() const {
   int64_t n = 0;
-  for (const at::Tensor& p : Parameters()) n += p.numel();
+  for (const at::Tensor& p : Parameters()) n += p.numel();  // A (r, n) or B (m, r)
   return n;
 }
 
 at::Tensor LoraAdapter::MergedWeight(int64_t i, const at::Tensor& w) const {
   at::NoGradGuard no_grad;
-  at::Tensor merged = w.detach().to(at::kFloat).clone();  // (m, n)
+  at::Tensor merged = w.detach().to(at::kFloat).clone();  // (m, n) fp32 on w's device
   if (targets(i)) merged.add_(at::mm(B(i).detach(), A(i).detach()), scaling_);
   return merged;
 }
@@ -191,11 +193,12 @@ absl::StatusOr<std::vector<std::string>> WritePeftAdapter(const LoraAdapter& ada
   const nlohmann::json config = PeftAdapterConfigJson(s, base_model);
   const std::string config_path = absl::StrCat(dir, "/", kConfigFile);
   RETURN_IF_ERROR(runtime::WriteFileAtomically(config_path, config.dump(2) + "\n"));
-  std::vector<at::Tensor> host;  // keeps the CPU copies alive during the write
+  std::vector<at::Tensor> host;  // fp32 CPU copies of A (r, n), B (m, r), alive during the write
   std::vector<model::SafetensorsEntry> entries;
   for (int64_t i = 0; i < adapter.num_linears(); ++i) {
     if (!adapter.targets(i)) continue;
     for (char which : {'A', 'B'}) {
+      // A (r, n) or B (m, r) fp32
       const at::Tensor& t = which == 'A' ? adapter.A(i) : adapter.B(i);
       host.push_back(t.detach().to(at::kCPU, at::kFloat).contiguous());
       entries.push_back({LoraAdapter::PeftKey(model.LinearName(i), which), "F32",
@@ -228,7 +231,7 @@ absl::StatusOr<std::shared_ptr<LoraAdapter>> ReadPeftAdapter(const std::string& 
     for (char which : {'A', 'B'}) {
       const std::string key = LoraAdapter::PeftKey(model.LinearName(i), which);
       expected.insert(key);
-      at::Tensor& dst = which == 'A' ? adapter->A(i) : adapter->B(i);
+      at::Tensor& dst = which == 'A' ? adapter->A(i) : adapter->B(i);  // A (r, n) or B (m, r) fp32
       absl::StatusOr<std::vector<int64_t>> shape = file.shape(key);
       if (!shape.ok()) {
         return absl::InvalidArgumentError(
@@ -241,7 +244,7 @@ absl::StatusOr<std::shared_ptr<LoraAdapter>> ReadPeftAdapter(const std::string& 
                          absl::StrJoin(*shape, ", "), "] but the model needs [",
                          absl::StrJoin(dst.sizes().vec(), ", "), "] (r = ", s.r, ")"));
       }
-      at::Tensor host = at::empty(dst.sizes(), at::kFloat);
+      at::Tensor host = at::empty(dst.sizes(), at::kFloat);  // dst's shape, fp32 CPU
       RETURN_IF_ERROR(file.ReadF32Into(
           key, absl::Span<float>(host.data_ptr<float>(), static_cast<size_t>(host.numel()))));
       if (!at::isfinite(host).all().item<bool>()) {

@@ -19,6 +19,9 @@
 //
 // The settings and adapter_config.json itself: baselines/peft_config.h (torch-free).
 //
+// Shapes: N tokens, m out features, n in features of W; r here is the LoRA rank (settings.r),
+// not lsp's non-zeros per projector row.
+//
 // Thread-safety: as LlamaModel's (one thread at a time; Forward also from autograd).
 #ifndef LSPO_BASELINES_LORA_H_
 #define LSPO_BASELINES_LORA_H_
@@ -58,7 +61,8 @@ class LoraAdapter final : public model::LinearImpl,
   void Attach(model::LlamaModel* model);
 
   // y = x2d W^T + scaling (x2d A^T) B^T for a target linear, x2d W^T otherwise.
-  // x2d (N, n) fp32, w (m, n) fp32 -> (N, m) fp32.
+  // x2d (N, n) fp32, w (m, n) as stored (fp32, or bf16 / fp16 for 16-bit weights; upcast per
+  // product, model/linear_impl.h) -> (N, m) fp32.
   at::Tensor Forward(const at::Tensor& x2d, const at::Tensor& w, int64_t linear_index) override;
   bool AppliesWithoutGrad() const override { return true; }
   absl::Status To(const at::Device& device) override;
@@ -74,7 +78,7 @@ class LoraAdapter final : public model::LinearImpl,
   at::Tensor& B(int64_t i) { return b_[static_cast<size_t>(i)]; }
   const at::Tensor& A(int64_t i) const { return a_[static_cast<size_t>(i)]; }
   const at::Tensor& B(int64_t i) const { return b_[static_cast<size_t>(i)]; }
-  // Every A and B, in linear order (A before B): what an optimizer trains.
+  // Every A (r, n) and B (m, r), fp32, in linear order (A before B): what an optimizer trains.
   std::vector<at::Tensor> Parameters() const;
   // Number of trainable numbers: sum over targets of r (m + n).
   int64_t NumParameters() const;
@@ -97,13 +101,16 @@ class LoraAdapter final : public model::LinearImpl,
 
   LoraSettings settings_;
   double scaling_ = 1;
-  std::vector<at::Tensor> a_, b_;  // per linear of the model; undefined = not a target
+  // Per linear of the model: A (r, n) and B (m, r) fp32 on the model's device; undefined = not a
+  // target.
+  std::vector<at::Tensor> a_, b_;
 };
 
 // Writes the PEFT adapter folder of `adapter` (made for `model`) into `dir` (created with its
 // parents): adapter_config.json (base_model_name_or_path = `base_model`) and
-// adapter_model.safetensors (F32). Each file is replaced atomically. Returns their paths.
-// Errors: kPermissionDenied / kNotFound / kInternal from the file system, naming the path.
+// adapter_model.safetensors (F32: lora_A (r, n), lora_B (m, r)). Each file is replaced atomically.
+// Returns their paths. Errors: kPermissionDenied / kNotFound / kInternal from the file system,
+// naming the path.
 absl::StatusOr<std::vector<std::string>> WritePeftAdapter(const LoraAdapter& adapter,
                                                           const model::LlamaModel& model,
                                                           const std::string& base_model,

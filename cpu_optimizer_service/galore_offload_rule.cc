@@ -8,6 +8,8 @@
 //     moments as they are (galore-torch keeps them);
 //   * clipping counts |G|_F^2 of the full gradient (the slot grad_sq), not |S|^2;
 //   * the subspace step is galore-torch's AdamW step (GaloreHyper below).
+// Shapes: as lsp_rule.h, with r here GaLore's rank: for m >= n P is the identity (m, m) and Q
+// dense (n, r), S (m, r); for m < n P dense (m, r), Q the identity (n, n), S (r, n).
 // Internal to cpu_optimizer_service/.
 #include <cmath>
 #include <cstring>
@@ -27,6 +29,7 @@ namespace {
 
 // True when the projector a worker wrote into `value` (its value slot) differs from `held`
 // (or nothing is held yet): GaLore-Offload's refresh signal. Compares the bytes, without a copy.
+// held.value: (rows, r) fp32 on the CPU (a copy read from the arena or a checkpoint).
 absl::StatusOr<bool> ProjectorChanged(const runtime::ShmArena& arena,
                                       const lspo::v1::TensorRef& value,
                                       const lsp::SparseProjector& held) {
@@ -119,7 +122,7 @@ class GaloreOffloadRule final : public LspRule {
             " in the arena is not a finite dense / identity pair (a worker of another version?)"));
       }
       if (st.p.rows > 0 || st.base_scale != 1.0) {
-        at::Tensor w = at::empty_like(st.base, at::MemoryFormat::Contiguous);
+        at::Tensor w = at::empty_like(st.base, at::MemoryFormat::Contiguous);  // (m, n) fp32
         WriteMasterWeight(i, w);
         st.base = w;
       }

@@ -1,3 +1,4 @@
+// Shapes as in cpu_optimizer_service/lsp_rule.h.
 #include "cpu_optimizer_service/lsp_rule.h"
 
 #include <cmath>
@@ -21,8 +22,9 @@ absl::StatusOr<int64_t> LspRule::AddMatrix(const lspo::v1::LinearSlot& slot, at:
                      "); expected both >= 1 (a worker of another version?)"));
   }
   Matrix st;
+  // base (m, n) fp32, the loaded weight itself.
   st.base = std::move(w0);
-  st.sum_d = at::zeros({slot.d_p(), slot.d_q()}, at::kFloat);  // (d_p, d_q)
+  st.sum_d = at::zeros({slot.d_p(), slot.d_q()}, at::kFloat);  // (d_p, d_q) fp32
   st.adam = std::make_unique<lsp::SubspaceAdam>(slot.d_p(), slot.d_q());
   const int64_t dd = static_cast<int64_t>(slot.d_p()) * slot.d_q();
   subspace_elements_ += dd;
@@ -59,9 +61,11 @@ absl::Status LspRule::SetProjectors(OptimizerJob* job, const std::vector<int>& i
         st.base.add_(lsp::ExpandStep(st.p, st.sum_d, st.q));
         st.sum_d.zero_();
         const std::vector<int64_t> shape = {slot.d_p(), slot.d_q()};
+        // (d_p, d_q) fp32 view
         at::Tensor m_buf = at::from_blob(st.adam->m().data(), shape, at::kFloat);
+        // (d_p, d_q) fp32 view
         at::Tensor v_buf = at::from_blob(st.adam->v().data(), shape, at::kFloat);
-        at::Tensor m = m_buf, v = v_buf;
+        at::Tensor m = m_buf, v = v_buf;  // (d_p, d_q) fp32; replaced by new tensors
         lsp::TransferAdamState(st.p, st.q, p, q, m, v);
         m_buf.copy_(m);
         v_buf.copy_(v.clamp_min(0));  // rounding never makes a second moment negative
@@ -167,15 +171,15 @@ absl::StatusOr<UpdateRule::Commit> LspRule::ReadState(const lspo::v1::ArenaLayou
                                                       const std::string& what) {
   // Views into the mapped file: everything is validated before anything is copied.
   struct Loaded {
-    SavedAdamState adam;
-    at::Tensor sum_d;
+    SavedAdamState adam;  // master (m, n), m and v (d_p, d_q) fp32 views
+    at::Tensor sum_d;     // (d_p, d_q) fp32 view
     double master_scale = 1.0;
     lsp::SparseProjector p, q;
   };
   auto loaded = std::make_shared<std::vector<Loaded>>(matrices_.size());
   for (int i = 0; i < layout.linears_size(); ++i) {
     const auto& slot = layout.linears(i);
-    const lsp::MatrixSubspace sub = offload::SlotSubspace(slot);  // S (d_p, d_q)
+    const lsp::MatrixSubspace sub = offload::SlotSubspace(slot);  // S is (sub.p.dim, sub.q.dim)
     const std::string& name = slot.name();
     Loaded& l = (*loaded)[i];
     ASSIGN_OR_RETURN(l.adam, ReadSavedAdamState(file, what, slot, {sub.p.dim, sub.q.dim}));
@@ -183,6 +187,7 @@ absl::StatusOr<UpdateRule::Commit> LspRule::ReadState(const lspo::v1::ArenaLayou
                                                        {sub.p.dim, sub.q.dim}));
     // Written since the decay became a scale; an older checkpoint's master is all of it.
     if (file.Find(name + ".master_scale") != nullptr) {
+      // () fp64
       ASSIGN_OR_RETURN(at::Tensor scale, offload::ReadStateTensor(
                                              file, what, name + ".master_scale", at::kDouble, {}));
       l.master_scale = scale.item<double>();
@@ -206,8 +211,8 @@ absl::StatusOr<UpdateRule::Commit> LspRule::ReadState(const lspo::v1::ArenaLayou
       st.base.copy_(l.adam.master);  // In place: no second copy of the state (known failure #15).
       st.base_scale = l.master_scale;
       st.sum_d.copy_(l.sum_d);
-      const at::Tensor& lm = l.adam.m;
-      const at::Tensor& lv = l.adam.v;
+      const at::Tensor& lm = l.adam.m;  // (d_p, d_q) fp32
+      const at::Tensor& lv = l.adam.v;  // (d_p, d_q) fp32
       std::vector<float> m(lm.data_ptr<float>(), lm.data_ptr<float>() + lm.numel());
       std::vector<float> v(lv.data_ptr<float>(), lv.data_ptr<float>() + lv.numel());
       RETURN_IF_ERROR(st.adam->Restore(l.adam.step, std::move(m), std::move(v)));

@@ -9,6 +9,9 @@
 // subspace into base and moves the moments into the new one (paper Alg. 1; optimizer_core.h).
 // Internal to cpu_optimizer_service/.
 //
+// Shapes: m out features, n in features; d_p, d_q the subspace dims, P (m, d_p), Q (n, d_q);
+// r non-zeros per projector row (r_p, r_q).
+//
 // Thread-safety: as UpdateRule (under OptimizerCore's mutex).
 #ifndef LSPO_CPU_OPTIMIZER_SERVICE_LSP_RULE_H_
 #define LSPO_CPU_OPTIMIZER_SERVICE_LSP_RULE_H_
@@ -45,10 +48,12 @@ class LspRule : public UpdateRule {
                             const StepInputs& in) override;
   void RollBack() override;
   void EndStep() override;
-  // W = base_scale * base + P sum_d Q^T (base alone before the first projectors).
+  // W = base_scale * base + P sum_d Q^T (base alone before the first projectors). out: (m, n)
+  // fp32.
   void WriteMasterWeight(int i, at::Tensor out) const override;
-  // Per matrix NAME: NAME.master (base), .master_scale () fp64, .sum_d (d_p, d_q), .adam_m,
-  // .adam_v (d_p, d_q) fp32, .adam_step () int64 and, once set, the projectors .p_* / .q_*.
+  // Per matrix NAME: NAME.master (base, (m, n) fp32), .master_scale () fp64, .sum_d (d_p, d_q),
+  // .adam_m, .adam_v (d_p, d_q) fp32, .adam_step () int64 and, once set, the projectors .p_* /
+  // .q_*.
   void AppendState(const lspo::v1::ArenaLayout& layout, offload::NamedTensors* tensors) override;
   // Reads what AppendState wrote; .master_scale (absent in older checkpoints: 1) must be
   // finite and >= 0, the projectors are optional (a checkpoint before the first fit).
@@ -61,9 +66,11 @@ class LspRule : public UpdateRule {
   struct Matrix {
     at::Tensor base;  // (m, n) fp32
     double base_scale = 1.0;
-    at::Tensor sum_d;           // (d_p, d_q) fp32
-    lsp::SparseProjector p, q;  // Unset (rows 0) until the first projectors.
-    std::unique_ptr<lsp::SubspaceAdam> adam;
+    at::Tensor sum_d;  // (d_p, d_q) fp32
+    // Unset (rows 0) until the first projectors; then P index / value (m, r_p), Q (n, r_q),
+    // int64 / fp32 on the CPU.
+    lsp::SparseProjector p, q;
+    std::unique_ptr<lsp::SubspaceAdam> adam;  // moments m, v (d_p, d_q) fp32
   };
 
   // The hyper-parameters of matrix i's Adam step of `in`, once anything the mode does first
@@ -83,10 +90,10 @@ class LspRule : public UpdateRule {
   struct Undo {
     int index;
     int64_t step;
-    std::vector<float> m, v;
-    at::Tensor base;
+    std::vector<float> m, v;  // (d_p, d_q) fp32 copies
+    at::Tensor base;          // (m, n) fp32: the matrix's base tensor (not a copy)
     double base_scale;
-    at::Tensor sum_d;
+    at::Tensor sum_d;  // (d_p, d_q) fp32, a copy
     lsp::SparseProjector p, q;
   };
   std::vector<Undo> undo_;

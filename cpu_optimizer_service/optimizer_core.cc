@@ -1,3 +1,4 @@
+// Shapes as in cpu_optimizer_service/optimizer_core.h.
 #include "cpu_optimizer_service/optimizer_core.h"
 
 #include <sys/stat.h>
@@ -333,11 +334,14 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> OptimizerCore::ExportLayerWeights(
   }
   RETURN_IF_ERROR(offload::TorchCall("export layer weights", [&]() -> absl::Status {
     at::NoGradGuard no_grad;
+    // (largest layer's sum of m n) fp32
     ASSIGN_OR_RETURN(at::Tensor staging, offload::ArenaF32(job->arena, job->layout.staging()));
     int64_t offset = 0;
-    for (int k = 0; k < 7; ++k) {
-      const int i = layer * 7 + k;
+    const int per_layer = job->layout.linears_per_layer();
+    for (int k = 0; k < per_layer; ++k) {
+      const int i = layer * per_layer + k;
       const auto& slot = job->layout.linears(i);
+      // (m, n) fp32 view
       at::Tensor dst = staging.narrow(0, offset, slot.m() * slot.n()).view({slot.m(), slot.n()});
       offset += slot.m() * slot.n();
       job->rule->WriteMasterWeight(i, dst);
@@ -353,7 +357,7 @@ absl::StatusOr<lspo::v1::SaveReply> OptimizerCore::SaveModel(const std::string& 
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(OptimizerJob * job, slot_.Find(job_id));
   auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  std::vector<std::pair<std::string, at::Tensor>> tensors;  // HF name -> fp32 CPU tensor
   RETURN_IF_ERROR(offload::TorchCall("materialise master weights", [&]() -> absl::Status {
     at::NoGradGuard no_grad;
     absl::flat_hash_map<std::string, int> linear_of;

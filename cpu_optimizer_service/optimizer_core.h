@@ -1,12 +1,16 @@
 // The CPU optimizer service's core (no RPC): fp32 master weights of every trained matrix and
-// subspace Adam (d x d moments per matrix), fed through the job's shared-memory arena.
+// subspace Adam ((d_p, d_q) moments per matrix), fed through the job's shared-memory arena.
+//
+// Shapes: m out features, n in features of W (m, n); d_p, d_q the subspace dims of P (m, d_p)
+// and Q (n, d_q) (both d unless a side is narrow, lsp/subspace.h); r non-zeros per projector
+// row.
 //
 // Master weights (design doc docs/architecture.md, "Training modes"): for each trained W (m x n)
 //   W_master = W0 + sum over subspaces e of P_e (sum_t D_t) Q_e^T
 // (with decoupled weight decay, every term scaled by the factors 1 - lr wd of the steps after
 // it) kept as  W_master = s base + P (sum D) Q^T:  an fp32 base, a scalar s (the decay factors
 // since the base was last rewritten: a step costs O(d^2), never O(m n)) and the running sum
-// of this subspace's steps (d x d), itself decayed. The base absorbs s and P (sum D) Q^T at
+// of this subspace's steps (d_p, d_q), itself decayed. The base absorbs s and P (sum D) Q^T at
 // every projector change; export, refresh and checkpoints read the three parts.
 // On a projector change the Adam moments move into the new subspace (paper Alg. 1):
 //   M <- (P'^T P) M (Q^T Q'),  V <- (P'^T P)^2 V (Q^T Q')^2, step counter kept.
@@ -78,7 +82,7 @@ class OptimizerCore {
 
   // One optimizer step over request.tasks, in order. Per task (linear i): wait for its
   // gradient flag when request.wait_for_grads (else it must already be published), then
-  //   lsp:  S (d, d) fp32 from the grad slot -> subspace Adam (Kingma & Ba 2015, Alg. 1;
+  //   lsp:  S (d_p, d_q) fp32 from the grad slot -> subspace Adam (Kingma & Ba 2015, Alg. 1;
   //         bias-corrected, eps after sqrt) -> D = -lr m_hat / (sqrt(v_hat) + eps) into the
   //         step slot; master: its base's scale and sum_d multiplied by 1 - lr wd (O(d^2):
   //         the base itself is not rewritten), then sum_d += D;
@@ -88,7 +92,7 @@ class OptimizerCore {
   // A step is all or nothing (issue 43): the serial schedule checks every gradient before the
   // first update; under the overlap schedule (request.wait_for_grads) the step is kept only
   // once the worker publishes its verdict (loss and every gradient finite: flags
-  // WaitVerdict), the matrices updated before it keeping undo records (lsp, galore: d x d
+  // WaitVerdict), the matrices updated before it keeping undo records (lsp, galore: d_p x d_q
   // state; zero: master, m, v in a pool of at most 1 GiB, past which Update waits for the
   // verdict; with clipping zero waits for it after the norm pass).
   // reply.aborted when the worker abandoned the step: no state changed, in every mode.
@@ -120,11 +124,12 @@ class OptimizerCore {
   // Checkpoint (exact resume): writes `dir`/optimizer_state.safetensors with, per trained
   // matrix (HF name prefix), `.master` (m, n) fp32 (zero: the master weight; lsp: the base
   // W0 + folded old subspaces), lsp: `.master_scale` () fp64 (the master is master_scale
-  // * master + P sum_d Q^T; absent in older checkpoints: 1), `.sum_d` (d, d) fp32,
-  // `.adam_m`, `.adam_v` (d, d) fp32, `.adam_step` () int64 and the projectors (`.p_index`
-  // (m, r) int32, ...); zero: `.adam_m`, `.adam_v` (m, n) fp32 and `.adam_step`; metadata
-  // {job_id, mode, step}. `dir` and the links among its entries are checked against the
-  // allowed roots first (offload::CheckRequestFolder).
+  // * master + P sum_d Q^T; absent in older checkpoints: 1), `.sum_d` (d_p, d_q) fp32,
+  // `.adam_m`, `.adam_v` (d_p, d_q) fp32, `.adam_step` () int64 and the projectors
+  // (`.p_index` (m, r_p) int32, `.p_value` (m, r_p) fp32, `.q_*` (n, r_q)); zero: `.adam_m`,
+  // `.adam_v` (m, n) fp32 and `.adam_step`; metadata {job_id, mode, step}. `dir` and the
+  // links among its entries are checked against the allowed roots first
+  // (offload::CheckRequestFolder).
   // Errors: kPermissionDenied (outside the allowed roots, naming the request field and the
   // path), kFailedPrecondition (no job), I/O errors naming the file.
   absl::StatusOr<lspo::v1::StateReply> SaveState(const std::string& job_id, const std::string& dir,

@@ -1,3 +1,4 @@
+// Shapes as in cpu_optimizer_service/update_rule.h.
 #include "cpu_optimizer_service/update_rule.h"
 
 #include "absl/strings/str_cat.h"
@@ -57,7 +58,7 @@ absl::Status UpdateRule::SetProjectors(OptimizerJob* job, const std::vector<int>
 }
 
 at::Tensor UpdateRule::MasterWeight(int i, const lspo::v1::LinearSlot& slot) const {
-  at::Tensor w = at::empty({slot.m(), slot.n()}, at::kFloat);
+  at::Tensor w = at::empty({slot.m(), slot.n()}, at::kFloat);  // (m, n) fp32
   WriteMasterWeight(i, w);
   return w;
 }
@@ -74,6 +75,7 @@ absl::StatusOr<SavedAdamState> ReadSavedAdamState(const model::SafetensorsFile& 
       s.m, offload::ViewStateTensor(file, what, name + ".adam_m", at::kFloat, moment_shape));
   ASSIGN_OR_RETURN(
       s.v, offload::ViewStateTensor(file, what, name + ".adam_v", at::kFloat, moment_shape));
+  // () int64
   ASSIGN_OR_RETURN(at::Tensor step,
                    offload::ReadStateTensor(file, what, name + ".adam_step", at::kLong, {}));
   s.step = step.item<int64_t>();

@@ -15,6 +15,9 @@
 //                   from the lsp rule, as GaloreOffloadPath derives from LspPath.
 // A new offloaded mode is one file and one line in the registry of update_rule.cc.
 //
+// Shapes: m out features, n in features of W (m, n); d_p, d_q the subspace dims of P (m, d_p)
+// and Q (n, d_q) (S, D (d_p, d_q)); r non-zeros per projector row.
+//
 // Thread-safety: called under OptimizerCore's mutex, like the OptimizerJob it works on.
 #ifndef LSPO_CPU_OPTIMIZER_SERVICE_UPDATE_RULE_H_
 #define LSPO_CPU_OPTIMIZER_SERVICE_UPDATE_RULE_H_
@@ -148,7 +151,8 @@ class UpdateRule {
   // Ends Update (whatever its outcome): drops the records RollBack would have used.
   virtual void EndStep() = 0;
 
-  // Writes matrix i's master weight W into `out` ((m, n) fp32, contiguous).
+  // Writes matrix i's master weight W into `out` ((m, n) fp32, contiguous; may be a view, e.g.
+  // of the arena's staging region).
   // LibTorch errors throw (callers run under offload::TorchCall).
   virtual void WriteMasterWeight(int i, at::Tensor out) const = 0;
 
@@ -180,7 +184,7 @@ absl::StatusOr<std::unique_ptr<UpdateRule>> MakeUpdateRule(lspo::v1::TrainingMod
 // A matrix's Adam state in a checkpoint: views into the mapped file.
 struct SavedAdamState {
   at::Tensor master;  // (m, n) fp32
-  at::Tensor m, v;    // moment_shape fp32, v >= 0
+  at::Tensor m, v;    // (moment_shape) fp32, v >= 0
   int64_t step = 0;   // >= 0
 };
 

@@ -7,6 +7,7 @@
 // Before the worker's verdict (overlap schedule; issue 43) each matrix's state before the step
 // goes to an undo pool of at most kZeroUndoBudgetBytes (the same pass writes it); past that
 // the rule waits for the verdict. Internal to cpu_optimizer_service/.
+// Shapes: m out features, n in features of W; the slots as in offload/arena_layout.h.
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -34,7 +35,7 @@ class ZeroRule final : public UpdateRule {
 
   absl::StatusOr<int64_t> AddMatrix(const lspo::v1::LinearSlot& slot, at::Tensor w0) override {
     Matrix st;
-    st.master = std::move(w0);
+    st.master = std::move(w0);  // (m, n) fp32
     const int64_t n = st.master.numel();
     st.m.assign(n, 0.0f);
     st.v.assign(n, 0.0f);

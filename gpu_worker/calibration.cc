@@ -1,3 +1,5 @@
+// Shapes: W and G (m, n), m out features, n in features; P (m, d_p), Q (n, d_q), stored as index /
+// value (rows, r) int64 / fp32 (r non-zeros per row).
 #include "gpu_worker/calibration.h"
 
 #include <algorithm>
@@ -31,7 +33,7 @@ namespace {
 uint32_t ProjectorChecksum(const LspPath& path) {
   uint32_t crc = 0;
   for (size_t i = 0; i < path.p().size(); ++i) {
-    for (const at::Tensor& t :
+    for (const at::Tensor& t :  // index (rows, r) int64 or value (rows, r) fp32
          {path.p()[i].index, path.p()[i].value, path.q()[i].index, path.q()[i].value}) {
       crc = offload::Crc32cExtendTensor(crc, t);
     }
@@ -43,7 +45,7 @@ uint32_t ProjectorChecksum(const LspPath& path) {
 // their checksums are all-gathered and compared with rank 0's: a guard on the transfer and the
 // install. Errors: kFailedPrecondition naming the ranks that differ, the collective's errors.
 absl::Status CheckProjectorsAgree(const WorkerJob& job, const LspPath& path, int step) {
-  offload::Collective* group = job.collective.get();
+  offload::Collective* group = job.ranks.collective.get();
   if (group == nullptr || group->world_size() <= 1) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::vector<int64_t> crcs, group->AllGather(ProjectorChecksum(path)));
   std::vector<std::string> differ;
@@ -68,7 +70,8 @@ absl::Status CheckProjectorsAgree(const WorkerJob& job, const LspPath& path, int
 // of lsp::SparseProjector::ForSide.
 absl::StatusOr<std::pair<lsp::SparseProjector, lsp::SparseProjector>> DrawProjectors(
     const WorkerJob& job, int64_t i, int step) {
-  const lsp::MatrixSubspace sub = offload::SlotSubspace(job.layout.linears(static_cast<int>(i)));
+  const lsp::MatrixSubspace sub =
+      offload::SlotSubspace(job.plane.layout.linears(static_cast<int>(i)));
   const uint64_t seed = lsp::ProjectorSeed(job.spec.seed(), i, step);
   ASSIGN_OR_RETURN(
       lsp::SparseProjector p,
@@ -90,17 +93,18 @@ absl::Status FitOnThisRank(WorkerJob* job, LspPath* lsp_path, int step,
   const auto& spec = job->spec;
   // Calibration gradient: dense G of every trained matrix, mean over the calibration
   // examples' answer tokens (a fixed subset drawn with seed + 1, re-drawn per check).
-  const int64_t n_cal = std::min<int64_t>(spec.lsp().calibration_examples(), job->train.size());
+  const int64_t n_cal =
+      std::min<int64_t>(spec.lsp().calibration_examples(), job->data.train.size());
   std::vector<int64_t> cal =
-      data::ShuffledOrder(job->train.size(), spec.seed() + 1, /*epoch=*/step);
+      data::ShuffledOrder(job->data.train.size(), spec.seed() + 1, /*epoch=*/step);
   cal.resize(n_cal);
   const int64_t mb = spec.micro_batch_size();
   std::vector<data::Batch> batches;
   int64_t total = 0;
   for (int64_t s = 0; s < n_cal; s += mb) {
     std::vector<const data::TokenizedExample*> rows;
-    for (int64_t k = s; k < std::min(n_cal, s + mb); ++k) rows.push_back(&job->train[cal[k]]);
-    batches.push_back(data::MakeBatch(rows, job->tokenizer->pad_id()));
+    for (int64_t k = s; k < std::min(n_cal, s + mb); ++k) rows.push_back(&job->data.train[cal[k]]);
+    batches.push_back(data::MakeBatch(rows, job->data.tokenizer->pad_id()));
     total += batches.back().num_loss_tokens;
   }
   lsp::FitOptions opts;
@@ -138,6 +142,7 @@ absl::Status FitOnThisRank(WorkerJob* job, LspPath* lsp_path, int step,
     for (const auto& b : batches) {
       const int64_t targets = b.num_loss_tokens;
       if (targets == 0) continue;
+      // () fp32, the mean over the micro-batch's targets.
       at::Tensor loss = model.CausalLmLoss(
           ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device),
           ToTensor(b.labels, b.batch_size, b.seq_len, job->device), LayoutOf(b, job->device));
@@ -146,7 +151,8 @@ absl::Status FitOnThisRank(WorkerJob* job, LspPath* lsp_path, int step,
       RETURN_IF_ERROR(model.HookStatus());
     }
     for (int64_t i = i0; i < i1; ++i) {
-      at::Tensor& w = model.LinearWeight(i);
+      at::Tensor& w = model.LinearWeight(i);  // (m, n) as stored
+      // G (m, n) fp32 on the job's device.
       at::Tensor g =
           w.grad().defined()
               ? w.grad().detach().to(at::kFloat)
@@ -202,10 +208,11 @@ absl::Status FitOnThisRank(WorkerJob* job, LspPath* lsp_path, int step,
 // LibTorch errors.
 absl::Status ShareRankZerosProjectors(WorkerJob* job, LspPath* lsp_path, int step,
                                       lspo::v1::FitProjectorsReply* reply) {
-  offload::Collective& group = *job->collective;
+  offload::Collective& group = *job->ranks.collective;
   const bool root = group.rank() == 0;
   const int64_t n = job->model->num_linears();
-  std::vector<at::Tensor> header = {at::full({n, 3}, NAN, at::kDouble)};  // refitted, errors
+  // (n_linears, 3) fp64 CPU: per matrix refitted (0/1), initial and final error.
+  std::vector<at::Tensor> header = {at::full({n, 3}, NAN, at::kDouble)};
   if (root) {
     auto h = header[0].accessor<double, 2>();
     for (int64_t i = 0; i < n; ++i) {
@@ -224,7 +231,7 @@ absl::Status ShareRankZerosProjectors(WorkerJob* job, LspPath* lsp_path, int ste
   // The refitted matrices' projectors: rank 0's as installed, the others' shaped by a draw of
   // the same sides (DrawProjectors), then overwritten.
   std::vector<lsp::SparseProjector> ps, qs;
-  std::vector<at::Tensor> tensors;
+  std::vector<at::Tensor> tensors;  // P, Q index (rows, r) int64, value fp32, CPU
   for (int64_t i : refitted) {
     if (root) {
       ps.push_back(lsp_path->p()[i].To(at::kCPU));
@@ -273,9 +280,9 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> RunProjectorCheck(WorkerJob* job, i
   auto& model = *job->model;
   // The scheduler calls FitProjectors only after the optimizer attached the arena, so its
   // name is no longer needed: unlinking now means a crash later leaves nothing in /dev/shm.
-  job->arena.Unlink();
+  job->plane.arena.Unlink();
   lspo::v1::FitProjectorsReply reply;
-  offload::Collective* group = job->collective.get();
+  offload::Collective* group = job->ranks.collective.get();
   const bool data_parallel = group != nullptr && group->world_size() > 1;
   absl::Status st = offload::TorchCall("calibration gradients", [&]() -> absl::Status {
     model.ClearHookStatus();
@@ -289,7 +296,7 @@ absl::StatusOr<lspo::v1::FitProjectorsReply> RunProjectorCheck(WorkerJob* job, i
     model.SetLinearMode(model::LinearMode::kCustom);
     if (data_parallel) RETURN_IF_ERROR(CheckProjectorsAgree(*job, *lsp_path, step));
     lsp_path->set_fitted();
-    job->events.clear();
+    job->times.events.clear();
     double err_sum = 0;
     int err_n = 0;
     for (double e : reply.final_error()) {

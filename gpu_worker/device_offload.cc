@@ -1,3 +1,4 @@
+// Shapes as in gpu_worker/device_offload.h.
 #include "gpu_worker/device_offload.h"
 
 #include <chrono>

@@ -4,9 +4,9 @@
 //   compute stream  = LibTorch's current stream (the legacy default stream: the worker never
 //                     sets a stream guard) - forward, backward, compress, apply.
 //   d2h stream      = non-blocking; per matrix: waits for an event recorded on the compute
-//                     stream right after the gradient (S (d, d) fp32 or G (m, n) bf16) was
+//                     stream right after the gradient (S (d_p, d_q) fp32 or G (m, n) bf16) was
 //                     formed, copies it into its pinned arena slot, records a "landed" event.
-//   h2d stream      = non-blocking; per matrix: copies the step D (d, d) fp32 / the parameters
+//   h2d stream      = non-blocking; per matrix: copies the step D (d_p, d_q) fp32 / the parameters
 //                     (m, n) bf16 from the pinned arena into a device staging slot and
 //                     records an event; the compute stream waits on that event only (so the
 //                     apply of each layer waits for its own upload, nothing else).
@@ -27,6 +27,8 @@
 // Thread-safety: OffloadAsync/UploadAsync/Mark*/BeginStep/EndStep from the worker's thread (or
 // the autograd thread during backward: the worker's calls are serialised by its job mutex and
 // by the autograd engine); callbacks run on the watcher thread.
+//
+// Shapes: m out features, n in features of W; d_p, d_q the subspace dims of S and D.
 #ifndef LSPO_GPU_WORKER_DEVICE_OFFLOAD_H_
 #define LSPO_GPU_WORKER_DEVICE_OFFLOAD_H_
 
@@ -134,7 +136,7 @@ class DeviceOffload {
     std::shared_ptr<Span> span;
     std::shared_ptr<runtime::cuda::Event>
         landed;                     // After the data and the verdict (blocking sync).
-    at::Tensor keepalive, verdict;  // Device tensors the copies read.
+    at::Tensor keepalive, verdict;  // Device tensors the copies read: src (any shape), () uint8.
     int flag = 0;                   // Index of the verdict byte in flags_host_.
     std::function<void(bool)> on_landed;
   };

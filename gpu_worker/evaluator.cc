@@ -1,3 +1,5 @@
+// Shapes: B batch rows, T tokens per row, H hidden size, V vocabulary size, K target positions of a
+// batch; hidden states and logits are fp32.
 #include "gpu_worker/evaluator.h"
 
 #include <algorithm>
@@ -50,9 +52,9 @@ absl::Status GenerateAndScore(WorkerJob* job, const EvalCancelled& cancelled,
                               lspo::v1::EvalMetrics* out) {
   const auto& ev = job->spec.eval();
   const int64_t max_new = ev.max_new_tokens() > 0 ? ev.max_new_tokens() : 64;
-  const size_t n = job->generate.size();  // already capped at max_generate_examples
+  const size_t n = job->data.generate.size();  // already capped at max_generate_examples
   const int64_t max_positions = job->model->config().max_position_embeddings;
-  const model::BpeTokenizer& tok = *job->tokenizer;
+  const model::BpeTokenizer& tok = *job->data.tokenizer;
   std::vector<int64_t> extra_stops;
   if (tok.eos_id() >= 0) extra_stops.push_back(tok.eos_id());
   const std::vector<int64_t> model_stops = model::StopIds(job->model->config(), extra_stops);
@@ -61,7 +63,7 @@ absl::Status GenerateAndScore(WorkerJob* job, const EvalCancelled& cancelled,
   int32_t scored = 0;
   for (size_t i = 0; i < n; ++i) {
     RETURN_IF_ERROR(CheckCancelled(cancelled));
-    const data::TokenizedExample& ex = job->generate[i];
+    const data::TokenizedExample& ex = job->data.generate[i];
     const size_t start = static_cast<size_t>(ex.answer_start);
     if (start == 0 || start >= ex.input_ids.size()) continue;  // no prompt or no answer
     size_t end = start;
@@ -119,7 +121,7 @@ absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step,
   auto t0 = std::chrono::steady_clock::now();
   lspo::v1::EvalMetrics out;
   out.set_step(step);
-  if (job->eval.empty() && job->ppl_blocks.empty()) return out;
+  if (job->data.eval.empty() && job->data.ppl_blocks.empty()) return out;
   absl::Status st = offload::TorchCall("evaluate", [&]() -> absl::Status {
     job->model->ClearHookStatus();
     RETURN_IF_ERROR(ApplyPending(job, -1));
@@ -128,12 +130,12 @@ absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step,
     ASSIGN_OR_RETURN(
         at::Tensor lm_head,
         model.GetTensor(model.config().tie_word_embeddings ? "model.embed_tokens.weight"
-                                                           : "lm_head.weight"));  // (V, H)
+                                                           : "lm_head.weight"));  // (V, H) fp32
     // Sort by length so batches carry little padding (right padding; causal attention).
-    std::vector<int64_t> idx(job->eval.size());
+    std::vector<int64_t> idx(job->data.eval.size());
     std::iota(idx.begin(), idx.end(), 0);
     std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
-      return job->eval[a].input_ids.size() < job->eval[b].input_ids.size();
+      return job->data.eval[a].input_ids.size() < job->data.eval[b].input_ids.size();
     });
     const int64_t bs = std::max(1, job->spec.micro_batch_size() * 2);
     int64_t correct = 0, counted = 0, targets = 0;
@@ -141,10 +143,11 @@ absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step,
     for (size_t s = 0; s < idx.size(); s += bs) {
       RETURN_IF_ERROR(CheckCancelled(cancelled));
       std::vector<const data::TokenizedExample*> rows;
-      for (size_t k = s; k < std::min(idx.size(), s + bs); ++k) rows.push_back(&job->eval[idx[k]]);
-      data::Batch b = data::MakeBatch(rows, job->tokenizer->pad_id());
-      at::Tensor ids = ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device);
-      at::Tensor hidden = model.Hidden(ids);  // (B, T, H)
+      for (size_t k = s; k < std::min(idx.size(), s + bs); ++k)
+        rows.push_back(&job->data.eval[idx[k]]);
+      data::Batch b = data::MakeBatch(rows, job->data.tokenizer->pad_id());
+      at::Tensor ids = ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device);  // (B, T) int64
+      at::Tensor hidden = model.Hidden(ids);  // (B, T, H) fp32
       RETURN_IF_ERROR(model.HookStatus());
       // Gather every position that predicts a target, plus (classification) the position
       // before the first answer token for the greedy prediction.
@@ -167,37 +170,38 @@ absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step,
       at::Tensor rows_h = hidden.index({ToTensor(pos_b, k, 1, job->device).view(-1),
                                         ToTensor(pos_t, k, 1, job->device).view(-1)});  // (K, H)
       at::Tensor logits = at::matmul(rows_h, lm_head.t());                              // (K, V)
-      at::Tensor target = ToTensor(tgt, k, 1, job->device).view(-1);
-      at::Tensor nll = at::cross_entropy_loss(logits, target, {}, at::Reduction::Sum);
+      at::Tensor target = ToTensor(tgt, k, 1, job->device).view(-1);                    // (K) int64
+      at::Tensor nll = at::cross_entropy_loss(logits, target, {}, at::Reduction::Sum);  // () fp32
       loss_sum += nll.item<double>();
       targets += k;
-      if (job->classification) {
+      if (job->data.classification) {
         // Greedy first answer token, compared after decoding, trimming and lower-casing
         // (so "Spam" and " spam" count as "spam").
-        at::Tensor pred = logits.argmax(-1);
+        at::Tensor pred = logits.argmax(-1);  // (K) int64
         pred = pred.cpu();
         auto pred_a = pred.accessor<int64_t, 1>();
         for (int64_t i = 0; i < b.batch_size; ++i) {
           if (first_row[i] < 0) continue;
           ++counted;
-          correct += NormalizedToken(*job->tokenizer, pred_a[first_row[i]]) ==
-                     NormalizedToken(*job->tokenizer, tgt[first_row[i]]);
+          correct += NormalizedToken(*job->data.tokenizer, pred_a[first_row[i]]) ==
+                     NormalizedToken(*job->data.tokenizer, tgt[first_row[i]]);
         }
       }
     }
     // Perplexity of the text corpus: exp of the mean next-token loss over every token.
-    if (!job->ppl_blocks.empty()) {
+    if (!job->data.ppl_blocks.empty()) {
       double nll = 0;
       int64_t tokens = 0;
-      const int64_t T = job->ppl_blocks[0].size();
-      for (size_t s = 0; s < job->ppl_blocks.size(); s += bs) {
+      const int64_t T = job->data.ppl_blocks[0].size();
+      for (size_t s = 0; s < job->data.ppl_blocks.size(); s += bs) {
         RETURN_IF_ERROR(CheckCancelled(cancelled));
-        const int64_t rows = std::min<int64_t>(bs, job->ppl_blocks.size() - s);
+        const int64_t rows = std::min<int64_t>(bs, job->data.ppl_blocks.size() - s);
         std::vector<int64_t> ids;
         for (int64_t k = 0; k < rows; ++k) {
-          ids.insert(ids.end(), job->ppl_blocks[s + k].begin(), job->ppl_blocks[s + k].end());
+          ids.insert(ids.end(), job->data.ppl_blocks[s + k].begin(),
+                     job->data.ppl_blocks[s + k].end());
         }
-        at::Tensor t = ToTensor(ids, rows, T, job->device);
+        at::Tensor t = ToTensor(ids, rows, T, job->device);  // (rows, T) int64
         const int64_t targets = rows * (T - 1);
         nll += model.CausalLmLoss(t, t).item<double>() * targets;
         RETURN_IF_ERROR(model.HookStatus());
@@ -206,10 +210,11 @@ absl::StatusOr<lspo::v1::EvalMetrics> EvaluateJob(WorkerJob* job, int step,
       out.set_perplexity(std::exp(nll / std::max<int64_t>(tokens, 1)));
       out.set_perplexity_tokens(tokens);
     }
-    out.set_examples(job->eval.size());
+    out.set_examples(job->data.eval.size());
     out.set_loss(targets > 0 ? loss_sum / targets : 0.0);
     out.set_accuracy(counted > 0 ? static_cast<double>(correct) / counted : 0.0);
-    if (job->spec.eval().metric() == lspo::v1::EVAL_METRIC_GENERATIVE && !job->generate.empty()) {
+    if (job->spec.eval().metric() == lspo::v1::EVAL_METRIC_GENERATIVE &&
+        !job->data.generate.empty()) {
       RETURN_IF_ERROR(GenerateAndScore(job, cancelled, &out));
     }
     return absl::OkStatus();

@@ -17,6 +17,9 @@
 // One difference from the worker-side mode: the refresh schedule counts job steps, where
 // GaloreAdamW counts the steps that updated (galore-torch's per-parameter step); they differ
 // only after a step skipped for a non-finite gradient. Internal to gpu_worker/.
+//
+// Shapes: W and G (m, n), m out features, n in features; r GaLore's rank (galore.rank), not
+// lsp's non-zeros per projector row; S and D (m, r) when m >= n, (r, n) when m < n, fp32.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -92,7 +95,8 @@ class GaloreOffloadPath final : public LspPath {
     s_accum_.resize(n);
     RETURN_IF_ERROR(offload::TorchCall("allocating the S buffers", [&]() -> absl::Status {
       for (size_t i = 0; i < n; ++i) {
-        const auto& slot = job->layout.linears(static_cast<int>(i));
+        const auto& slot = job->plane.layout.linears(static_cast<int>(i));
+        // S (d_p, d_q) = (m, r) or (r, n), fp32 on the job's device.
         s_accum_[i] = at::zeros({slot.d_p(), slot.d_q()},
                                 at::TensorOptions().dtype(at::kFloat).device(job->device));
       }
@@ -103,11 +107,12 @@ class GaloreOffloadPath final : public LspPath {
     for (int64_t i = 0; i < model.num_linears(); ++i) {
       // Overlap schedule: fires with the last micro-batch's gradient before it is accumulated
       // into W.grad(), so acc + g is the step's G.
+      // (m, n), W's dtype
       model.LinearWeight(i).register_hook([this, job, i](const at::Tensor& g) {
-        if (job->publish_step > 0 && !job->publish_failed) {
-          const at::Tensor& acc = job->model->LinearWeight(i).grad();
-          Project(job, i, acc.defined() ? acc + g : g, job->publish_step);
-          PublishGradient(job, i, s_accum_[i], job->publish_step);
+        if (job->progress.publish_step > 0 && !job->progress.publish_failed) {
+          const at::Tensor& acc = job->model->LinearWeight(i).grad();  // (m, n) or undefined
+          Project(job, i, acc.defined() ? acc + g : g, job->progress.publish_step);
+          PublishGradient(job, i, s_accum_[i], job->progress.publish_step);
         }
         return g;
       });
@@ -117,9 +122,9 @@ class GaloreOffloadPath final : public LspPath {
 
   // Serial schedule: S of the step's accumulated G (projected once per step).
   at::Tensor Gradient(WorkerJob* job, int64_t i) override {
-    const at::Tensor& g = job->model->LinearWeight(i).grad();
+    const at::Tensor& g = job->model->LinearWeight(i).grad();  // G (m, n), W's dtype
     if (!g.defined()) return at::Tensor();
-    if (projected_[i] != job->step) Project(job, i, g, job->step);
+    if (projected_[i] != job->progress.step) Project(job, i, g, job->progress.step);
     return s_accum_[i];
   }
 
@@ -135,8 +140,8 @@ class GaloreOffloadPath final : public LspPath {
       s_accum_[i].fill_(std::numeric_limits<float>::quiet_NaN());
       return;
     }
-    const auto& slot = job->layout.linears(static_cast<int>(i));
-    absl::StatusOr<float*> sq_slot = job->arena.At<float>(slot.grad_sq().offset(), 1);
+    const auto& slot = job->plane.layout.linears(static_cast<int>(i));
+    absl::StatusOr<float*> sq_slot = job->plane.arena.At<float>(slot.grad_sq().offset(), 1);
     CHECK(sq_slot.ok()) << sq_slot.status();  // The layout was validated at LoadJob.
     **sq_slot = static_cast<float>(sq);
     const bool right =
@@ -159,9 +164,10 @@ class GaloreOffloadPath final : public LspPath {
   }
 
   // The rank-r projector of G (baselines::GaloreProjector), installed on this side, in the
-  // model and in the arena (where the optimizer reads it with this step's S).
+  // model and in the arena (where the optimizer reads it with this step's S). g: G (m, n) fp32.
   absl::Status Refresh(WorkerJob* job, int64_t i, const at::Tensor& g, bool right) {
     return offload::TorchCall("galore projector", [&]() -> absl::Status {
+      // B (r, n) or A (m, r) fp32
       ASSIGN_OR_RETURN(at::Tensor proj, baselines::GaloreProjector(g, rank_));
       ASSIGN_OR_RETURN(lsp::SparseProjector dense,
                        lsp::SparseProjector::FromDense(right ? proj.t() : proj));

@@ -5,6 +5,7 @@
 // galore-torch package does on a GPU). No offload. Checkpoint state: per matrix
 // `<linear>.galore_projector`, `.galore_exp_avg`, `.galore_exp_avg_sq` (fp32) and the
 // metadata key galore_step in worker_state.safetensors. Internal to gpu_worker/.
+// Shapes: m out features, n in features, r GaLore's rank (galore.rank).
 #include <chrono>
 #include <map>
 #include <vector>
@@ -34,7 +35,7 @@ class GalorePath final : public UpdatePath {
   absl::Status Setup(WorkerJob* job, lspo::v1::LoadJobReply* reply) override {
     auto& model = *job->model;
     model.SetLinearMode(model::LinearMode::kDense);
-    std::vector<at::Tensor> params;
+    std::vector<at::Tensor> params;  // W (m, n) per linear, as stored
     std::vector<std::string> names;
     for (int64_t i = 0; i < model.num_linears(); ++i) {
       params.push_back(model.LinearWeight(i));
@@ -71,7 +72,7 @@ class GalorePath final : public UpdatePath {
     if (ctx.collective != nullptr && ctx.collective->world_size() > 1) {
       // Data parallel: GaLore's projector is the SVD of the gradient, so the ranks sum the
       // full gradients first (as galore-torch under DDP) and every rank projects the same G.
-      std::vector<at::Tensor> params;
+      std::vector<at::Tensor> params;  // W (m, n) per linear, as stored
       for (int64_t i = 0; i < job->model->num_linears(); ++i) {
         params.push_back(job->model->LinearWeight(i));
       }
@@ -115,7 +116,7 @@ class GalorePath final : public UpdatePath {
                                               ", past the checkpoint's step ", job_step,
                                               ": the state is damaged"));
     }
-    std::map<std::string, at::Tensor> tensors;
+    std::map<std::string, at::Tensor> tensors;  // fp32 CPU, shapes as below
     if (step > 0) {
       for (size_t i = 0; i < opt_->size(); ++i) {
         const std::string base = opt_->name(i) + ".galore_";

@@ -144,31 +144,33 @@ absl::StatusOr<bool> UseCuda(const JobSpec& spec) {
 absl::Status LoadAssets(WorkerJob* job) {
   const JobSpec& spec = job->spec;
   ASSIGN_OR_RETURN(auto tok, offload::LoadJobTokenizer(spec));
-  job->tokenizer = std::make_unique<model::BpeTokenizer>(std::move(tok));
+  job->data.tokenizer = std::make_unique<model::BpeTokenizer>(std::move(tok));
   ASSIGN_OR_RETURN(auto m, offload::LoadJobModel(spec));
   job->model = std::make_unique<model::LlamaModel>(std::move(m));
-  RETURN_IF_ERROR(offload::CheckTokenizerFitsModel(*job->tokenizer, job->model->config(), spec));
+  RETURN_IF_ERROR(
+      offload::CheckTokenizerFitsModel(*job->data.tokenizer, job->model->config(), spec));
   if (spec.seq_len() > job->model->config().max_position_embeddings) {
     LOG(WARNING) << "seq_len " << spec.seq_len() << " exceeds the model's "
                  << "max_position_embeddings " << job->model->config().max_position_embeddings
                  << " (" << spec.model().path() << "): RoPE extrapolates past the trained context";
   }
-  ASSIGN_OR_RETURN(
-      job->train,
-      LoadExamples(spec, *job->tokenizer, "train", spec.data().train_path(),
-                   spec.data().max_train_examples(), &job->train_data, &job->train_class));
+  ASSIGN_OR_RETURN(job->data.train,
+                   LoadExamples(spec, *job->data.tokenizer, "train", spec.data().train_path(),
+                                spec.data().max_train_examples(), &job->data.train_summary,
+                                &job->data.train_class));
   if (spec.data().packing()) {
     // Several examples per row (data/datasets.h PackExamples); the rows are what the epoch
     // order shuffles and the calibration draws from.
-    job->train = data::PackExamples(job->train, spec.seq_len());
-    job->train_data.set_packed_rows(static_cast<int64_t>(job->train.size()));
-    job->train_class.clear();
+    job->data.train = data::PackExamples(job->data.train, spec.seq_len());
+    job->data.train_summary.set_packed_rows(static_cast<int64_t>(job->data.train.size()));
+    job->data.train_class.clear();
   }
   if (!spec.data().eval_path().empty()) {
-    ASSIGN_OR_RETURN(job->eval, LoadExamples(spec, *job->tokenizer, "eval", spec.data().eval_path(),
-                                             spec.data().max_eval_examples(), &job->eval_data));
+    ASSIGN_OR_RETURN(job->data.eval,
+                     LoadExamples(spec, *job->data.tokenizer, "eval", spec.data().eval_path(),
+                                  spec.data().max_eval_examples(), &job->data.eval_summary));
   }
-  if (spec.eval().metric() == lspo::v1::EVAL_METRIC_GENERATIVE && !job->eval.empty()) {
+  if (spec.eval().metric() == lspo::v1::EVAL_METRIC_GENERATIVE && !job->data.eval.empty()) {
     // Generation is scored against the whole answer, not the one cut to seq_len: the
     // evaluation examples again, untruncated.
     JobSpec whole = spec;
@@ -178,14 +180,14 @@ absl::Status LoadAssets(WorkerJob* job) {
         (max <= 0 || spec.eval().max_generate_examples() < max)) {
       max = spec.eval().max_generate_examples();
     }
-    ASSIGN_OR_RETURN(job->generate, LoadExamples(whole, *job->tokenizer, "generate",
-                                                 spec.data().eval_path(), max, nullptr));
+    ASSIGN_OR_RETURN(job->data.generate, LoadExamples(whole, *job->data.tokenizer, "generate",
+                                                      spec.data().eval_path(), max, nullptr));
   }
   if (!spec.data().perplexity_path().empty()) {
     ASSIGN_OR_RETURN(
-        job->ppl_blocks,
+        job->data.ppl_blocks,
         data::PackTextBlocks(
-            *job->tokenizer, spec.data().perplexity_path(), spec.seq_len(),
+            *job->data.tokenizer, spec.data().perplexity_path(), spec.seq_len(),
             spec.data().perplexity_blocks() > 0 ? spec.data().perplexity_blocks() : 32));
   }
   return absl::OkStatus();
@@ -206,9 +208,9 @@ void SetFaults(const WorkerFaults& faults, WorkerJob* job) {
           (which.second.empty() || absl::SimpleAtoi(which.second, &linear)) &&
           (at.second.empty() || absl::SimpleAtoi(at.second, &r)) && r == rank) {
         if (linear >= 0) {
-          job->fault_nonfinite_linear.insert({k, linear});
+          job->faults.nonfinite_linear.insert({k, linear});
         } else {
-          job->fault_nonfinite_grad_steps.insert(k);
+          job->faults.nonfinite_grad_steps.insert(k);
         }
       }
     }
@@ -217,7 +219,7 @@ void SetFaults(const WorkerFaults& faults, WorkerJob* job) {
   if (const std::string& f = faults.nonfinite_loss_steps; !f.empty()) {
     for (absl::string_view part : absl::StrSplit(f, ',', absl::SkipEmpty())) {
       int k = 0;
-      if (absl::SimpleAtoi(part, &k)) job->fault_nonfinite_loss_steps.insert(k);
+      if (absl::SimpleAtoi(part, &k)) job->faults.nonfinite_loss_steps.insert(k);
     }
     LOG(WARNING) << "worker: fault injection: a non-finite loss after the backward at steps " << f;
   }
@@ -226,14 +228,14 @@ void SetFaults(const WorkerFaults& faults, WorkerJob* job) {
 absl::StatusOr<std::vector<at::Tensor>> PlaceModel(WorkerJob* job, bool use_cuda) {
   const JobSpec& spec = job->spec;
   auto& model = *job->model;
-  std::vector<at::Tensor> residuals;
+  std::vector<at::Tensor> residuals;  // per linear (m, n) bf16, CPU
   if (spec.weight_dtype() == lspo::v1::WEIGHT_DTYPE_BF16 ||
       (use_cuda && spec.weight_dtype() == lspo::v1::WEIGHT_DTYPE_UNSPECIFIED)) {
     if (offload::ModeOf(spec).keeps_residual(spec)) {
       RETURN_IF_ERROR(offload::TorchCall("compensation residuals", [&]() -> absl::Status {
         at::NoGradGuard no_grad;
         for (int64_t i = 0; i < model.num_linears(); ++i) {
-          const at::Tensor w = model.LinearWeight(i).detach().to(at::kFloat);  // (m, n)
+          const at::Tensor w = model.LinearWeight(i).detach().to(at::kFloat);  // (m, n) fp32
           residuals.push_back((w - w.to(at::kBFloat16).to(at::kFloat)).to(at::kBFloat16));
         }
         return absl::OkStatus();
@@ -263,7 +265,7 @@ absl::StatusOr<std::vector<at::Tensor>> PlaceModel(WorkerJob* job, bool use_cuda
   }
   model.SetActivationCheckpointing(spec.activation_checkpointing());
   for (int64_t i = 0; i < model.num_linears(); ++i) {
-    const at::Tensor& w = model.LinearWeight(i);
+    const at::Tensor& w = model.LinearWeight(i);  // (m, n) as stored
     job->linears.push_back({static_cast<int32_t>(i), model.LinearName(i), w.size(0), w.size(1)});
   }
   return residuals;

@@ -26,7 +26,7 @@ absl::StatusOr<bool> UseCuda(const JobSpec& spec);
 absl::Status LoadAssets(WorkerJob* job);
 
 // The fault injection of `faults` (worker_options.h WorkerFaults) for `job` (its spec's rank),
-// into job->fault_nonfinite_grad_steps / _linear / _loss_steps, logged as a warning. Parts
+// into job->faults.nonfinite_grad_steps / _linear / _loss_steps, logged as a warning. Parts
 // that do not parse are ignored (test-only input).
 void SetFaults(const WorkerFaults& faults, WorkerJob* job);
 
@@ -36,7 +36,7 @@ void SetFaults(const WorkerFaults& faults, WorkerJob* job);
 // device_memory_limit_mb; activation checkpointing; job->linears, job->device, job->cuda.
 // Returns the bf16 compensation residuals (m, n) of every trained matrix, taken from the fp32
 // weights before they are rounded, when the mode keeps them (training_mode.h keeps_residual;
-// LspPath::InitCompensation), else none.
+// LspPath::InitCompensation), else none; m out, n in features; on the CPU.
 // Errors: LibTorch's (kInternal), an allocation above the cap (kResourceExhausted).
 absl::StatusOr<std::vector<at::Tensor>> PlaceModel(WorkerJob* job, bool use_cuda);
 

@@ -5,6 +5,7 @@
 // worker_state.safetensors and the AdamW state in worker_adamw.pt. The job's output is the
 // merged model (W + scaling B A, fp32) as model.safetensors and the PEFT adapter folder in
 // `<dir>/adapter`. Internal to gpu_worker/.
+// Shapes: m out features, n in features, r the LoRA rank (lora.r).
 #include <filesystem>
 #include <system_error>
 #include <vector>
@@ -92,10 +93,11 @@ class LoraPath final : public UpdatePath {
 
   absl::StatusOr<Commit> ReadState(WorkerJob* job, const model::SafetensorsFile& file,
                                    const std::string& what, const std::string& dir) override {
-    std::vector<std::pair<int64_t, std::pair<at::Tensor, at::Tensor>>> read;
+    std::vector<std::pair<int64_t, std::pair<at::Tensor, at::Tensor>>> read;  // (i, (A, B)) views
     for (int64_t i = 0; i < adapter_->num_linears(); ++i) {
       if (!adapter_->targets(i)) continue;
       const std::string& name = job->linears[static_cast<size_t>(i)].name;
+      // A (r, n) and B (m, r) fp32, read-only views of the file.
       ASSIGN_OR_RETURN(at::Tensor a, offload::ViewStateTensor(file, what, name + ".lora_A",
                                                               at::kFloat, adapter_->A(i).sizes()));
       ASSIGN_OR_RETURN(at::Tensor b, offload::ViewStateTensor(file, what, name + ".lora_B",

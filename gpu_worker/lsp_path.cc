@@ -1,3 +1,4 @@
+// Shapes as in gpu_worker/lsp_path.h.
 #include "gpu_worker/lsp_path.h"
 
 #include <algorithm>
@@ -57,7 +58,8 @@ absl::Status LspPath::AttachGradients(WorkerJob* job) {
   if (persistent_s_) {
     RETURN_IF_ERROR(offload::TorchCall("allocating the S accumulators", [&]() -> absl::Status {
       for (size_t i = 0; i < s_accum_.size(); ++i) {
-        const auto& slot = job->layout.linears(static_cast<int>(i));
+        const auto& slot = job->plane.layout.linears(static_cast<int>(i));
+        // (d_p, d_q) fp32 on the job's device.
         s_accum_[i] = at::zeros({slot.d_p(), slot.d_q()},
                                 at::TensorOptions().dtype(at::kFloat).device(job->device));
       }
@@ -72,17 +74,19 @@ absl::Status LspPath::AttachGradients(WorkerJob* job) {
   // CUDA: each S's formation bracketed by compute-stream events (StepMetrics
   // device_phase_seconds["compress"], "gpu" spans of the timeline).
   linears_->SetCompressBeginHook([job](int64_t i) {
-    if (job->offload) job->offload->MarkComputeBegin(i / model::kLinearsPerLayer, "compress");
+    if (job->plane.engine)
+      job->plane.engine->MarkComputeBegin(i / model::kLinearsPerLayer, "compress");
   });
-  linears_->SetSink([this, job](int64_t i, const at::Tensor& s) {
-    if (job->offload) job->offload->MarkComputeEnd(i / model::kLinearsPerLayer, "compress");
+  linears_->SetSink([this, job](int64_t i, const at::Tensor& s) {  // S (d_p, d_q) fp32
+    if (job->plane.engine)
+      job->plane.engine->MarkComputeEnd(i / model::kLinearsPerLayer, "compress");
     if (persistent_s_) {
       s_accum_[i].add_(s);
     } else {
       s_accum_[i] = s;  // a fresh (d_p, d_q) fp32 tensor of this backward (lsp_linear.h)
     }
-    if (job->publish_step > 0 && !job->publish_failed) {
-      PublishGradient(job, i, s_accum_[i], job->publish_step);
+    if (job->progress.publish_step > 0 && !job->progress.publish_failed) {
+      PublishGradient(job, i, s_accum_[i], job->progress.publish_step);
     }
   });
   return absl::OkStatus();
@@ -91,7 +95,7 @@ absl::Status LspPath::AttachGradients(WorkerJob* job) {
 size_t LspPath::MaxUploadBytes(const WorkerJob& job) const {
   // The upload is D (d_p, d_q) fp32; the largest over the matrices.
   size_t most = 0;
-  for (const auto& slot : job.layout.linears()) {
+  for (const auto& slot : job.plane.layout.linears()) {
     most = std::max(most, static_cast<size_t>(slot.d_p()) * static_cast<size_t>(slot.d_q()) * 4);
   }
   return most;
@@ -103,7 +107,7 @@ absl::Status LspPath::CheckReady(const WorkerJob& job) const {
 }
 
 void LspPath::ZeroGrads(WorkerJob* job) {
-  for (auto& s : s_accum_) {
+  for (auto& s : s_accum_) {  // (d_p, d_q) fp32
     if (persistent_s_) {
       s.zero_();
     } else {
@@ -117,7 +121,7 @@ double LspPath::WorkerDecay(const lspo::v1::JobSpec& spec, double lr) const {
 }
 
 absl::StatusOr<at::Tensor> LspPath::GradientSlot(const WorkerJob& job, int64_t i) const {
-  return offload::ArenaF32(job.arena, job.layout.linears(static_cast<int>(i)).grad());
+  return offload::ArenaF32(job.plane.arena, job.plane.layout.linears(static_cast<int>(i)).grad());
 }
 
 at::Tensor LspPath::DeviceSnapshot(const at::Tensor& grad) const {
@@ -128,8 +132,10 @@ at::Tensor LspPath::DeviceSnapshot(const at::Tensor& grad) const {
 }
 
 absl::Status LspPath::CheckUpdate(WorkerJob* job, int64_t i, uint32_t step) {
-  ASSIGN_OR_RETURN(at::Tensor d,
-                   offload::ArenaF32(job->arena, job->layout.linears(static_cast<int>(i)).step()));
+  ASSIGN_OR_RETURN(
+      // D (d_p, d_q) fp32, a view of the arena.
+      at::Tensor d,
+      offload::ArenaF32(job->plane.arena, job->plane.layout.linears(static_cast<int>(i)).step()));
   if (!at::isfinite(d).all().item<bool>()) {
     return absl::DataLossError(absl::StrCat("step D for ", job->linears[i].name, " at step ", step,
                                             " is not finite; weights left untouched"));
@@ -138,8 +144,9 @@ absl::Status LspPath::CheckUpdate(WorkerJob* job, int64_t i, uint32_t step) {
 }
 
 absl::Status LspPath::Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor& w, double decay) {
-  const auto& slot = job->layout.linears(static_cast<int>(i));
-  ASSIGN_OR_RETURN(at::Tensor d, offload::ArenaF32(job->arena, slot.step()));
+  const auto& slot = job->plane.layout.linears(static_cast<int>(i));
+  // D (d_p, d_q) fp32: a view of the arena, then (CUDA) its device copy.
+  ASSIGN_OR_RETURN(at::Tensor d, offload::ArenaF32(job->plane.arena, slot.step()));
   // D is in host memory (the arena): this check never waits for the device.
   if (!at::isfinite(d).all().item<bool>()) {
     return absl::DataLossError(absl::StrCat("step D for ", job->linears[i].name, " at step ", step,
@@ -147,8 +154,8 @@ absl::Status LspPath::Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor&
   }
   if (job->cuda) {
     // H2D on the upload stream; the compute stream waits for this copy only.
-    ASSIGN_OR_RETURN(d, job->offload->UploadAsync(i / model::kLinearsPerLayer, d.data_ptr(),
-                                                  d.nbytes(), at::kFloat, d.sizes()));
+    ASSIGN_OR_RETURN(d, job->plane.engine->UploadAsync(i / model::kLinearsPerLayer, d.data_ptr(),
+                                                       d.nbytes(), at::kFloat, d.sizes()));
   }
   // One fused pass over W: decay, the step and the rounding (lsp::ApplyStepFused).
   if (!comp_.empty()) {
@@ -161,7 +168,7 @@ absl::Status LspPath::Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor&
                         stochastic ? lsp::Rounding::kStochastic : lsp::Rounding::kNearest,
                         lsp::ProjectorSeed(job->spec.seed() ^ kApplyNoiseSalt, i, step));
   }
-  if (job->cuda) RETURN_IF_ERROR(job->offload->ReleaseStaging());
+  if (job->cuda) RETURN_IF_ERROR(job->plane.engine->ReleaseStaging());
   return absl::OkStatus();
 }
 
@@ -172,7 +179,7 @@ absl::Status LspPath::InitCompensation(WorkerJob* job, std::vector<at::Tensor> r
                                                    " matrices"));
   }
   for (size_t i = 0; i < residuals.size(); ++i) {
-    const at::Tensor& w = job->model->LinearWeight(static_cast<int64_t>(i));
+    const at::Tensor& w = job->model->LinearWeight(static_cast<int64_t>(i));  // (m, n) as stored
     if (residuals[i].sizes() != w.sizes() || residuals[i].scalar_type() != w.scalar_type()) {
       return absl::InvalidArgumentError(absl::StrCat("InitCompensation: the residual of ",
                                                      job->linears[i].name,
@@ -185,7 +192,7 @@ absl::Status LspPath::InitCompensation(WorkerJob* job, std::vector<at::Tensor> r
 }
 
 void LspPath::RefreshFromMaster(WorkerJob* job, int64_t i, const at::Tensor& master) {
-  at::Tensor& w = job->model->LinearWeight(i);
+  at::Tensor& w = job->model->LinearWeight(i);  // (m, n) as stored
   if (comp_.empty()) {
     w.copy_(master);
     return;
@@ -195,9 +202,9 @@ void LspPath::RefreshFromMaster(WorkerJob* job, int64_t i, const at::Tensor& mas
 
 absl::Status LspPath::InstallProjectors(WorkerJob* job, int64_t i, lsp::SparseProjector p,
                                         lsp::SparseProjector q) {
-  const auto& slot = job->layout.linears(static_cast<int>(i));
-  RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.p_index(), slot.p_value(), p));
-  RETURN_IF_ERROR(offload::WriteProjector(job->arena, slot.q_index(), slot.q_value(), q));
+  const auto& slot = job->plane.layout.linears(static_cast<int>(i));
+  RETURN_IF_ERROR(offload::WriteProjector(job->plane.arena, slot.p_index(), slot.p_value(), p));
+  RETURN_IF_ERROR(offload::WriteProjector(job->plane.arena, slot.q_index(), slot.q_value(), q));
   if (linears_ != nullptr) RETURN_IF_ERROR(linears_->SetProjectors(i, p, q));
   p_[i] = std::move(p);
   q_[i] = std::move(q);
@@ -226,7 +233,7 @@ absl::StatusOr<UpdatePath::Commit> LspPath::ReadState(WorkerJob* job,
                                                       const std::string& dir) {
   // The compensation residuals (lsp.apply_rounding compensated, 16-bit weights). A checkpoint
   // written before they existed has none: the job goes on with zero residuals.
-  auto comp = std::make_shared<std::vector<at::Tensor>>();
+  auto comp = std::make_shared<std::vector<at::Tensor>>();  // per linear (m, n), comp_'s dtype
   for (size_t i = 0; i < comp_.size(); ++i) {
     const std::string name = job->linears[i].name + ".comp";
     if (file.Find(name) == nullptr) {
@@ -235,6 +242,7 @@ absl::StatusOr<UpdatePath::Commit> LspPath::ReadState(WorkerJob* job,
       comp->clear();
       break;
     }
+    // (m, n) in comp_[i]'s dtype, CPU.
     ASSIGN_OR_RETURN(at::Tensor c, offload::ReadStateTensor(
                                        file, what, name, comp_[i].scalar_type(), comp_[i].sizes()));
     comp->push_back(std::move(c));
@@ -260,7 +268,8 @@ absl::StatusOr<UpdatePath::Commit> LspPath::ReadState(WorkerJob* job,
   auto q = std::make_shared<std::vector<lsp::SparseProjector>>(n);
   for (size_t i = 0; i < n; ++i) {
     const offload::LinearShape& ls = job->linears[i];
-    const lsp::MatrixSubspace sub = offload::SlotSubspace(job->layout.linears(static_cast<int>(i)));
+    const lsp::MatrixSubspace sub =
+        offload::SlotSubspace(job->plane.layout.linears(static_cast<int>(i)));
     ASSIGN_OR_RETURN(
         (*p)[i], offload::ReadStateProjector(file, what, ls.name + ".p", ls.m, sub.p.dim, sub.p.r));
     ASSIGN_OR_RETURN(

@@ -6,6 +6,9 @@
 // identity sides come from lsp/subspace.h (lsp.d or lsp.d_ratio, and lsp.narrow), resolved once
 // when the arena is laid out. The projectors P (m, d_p) and Q (n, d_q) are fitted by the projector
 // check (calibration.h), which reaches them through LspPathOf. Internal to gpu_worker/.
+//
+// Shapes: W (m, n), m out features, n in features; d_p, d_q the subspace dims; r non-zeros per
+// projector row (r_p for P, r_q for Q).
 #ifndef LSPO_GPU_WORKER_LSP_PATH_H_
 #define LSPO_GPU_WORKER_LSP_PATH_H_
 
@@ -38,7 +41,8 @@ class LspPath : public OffloadPath {
                                    const std::string& what, const std::string& dir) override;
 
   // Installs P (m, d_p) and Q (n, d_q) of linear i (on the job's device): in the arena for the
-  // optimizer, in the model's LSP node and here. Errors: arena slot and shape errors.
+  // optimizer, in the model's LSP node and here. p: index / value (m, r_p) int64 / fp32; q the
+  // same, (n, r_q). Errors: arena slot and shape errors.
   absl::Status InstallProjectors(WorkerJob* job, int64_t i, lsp::SparseProjector p,
                                  lsp::SparseProjector q);
 
@@ -49,11 +53,12 @@ class LspPath : public OffloadPath {
   // kInvalidArgument if the count or a shape/dtype differs from the model's weights.
   absl::Status InitCompensation(WorkerJob* job, std::vector<at::Tensor> residuals);
   // Master refresh of linear i: W_i = round(master), and C_i = the residual when compensating.
-  // master: (m, n) fp32 on any device.
+  // master: (m, n) fp32 on any device; W_i (m, n) as stored.
   void RefreshFromMaster(WorkerJob* job, int64_t i, const at::Tensor& master);
   bool compensating() const { return !comp_.empty(); }
 
-  // Per linear; rows == 0 until the first fit.
+  // Per linear; rows == 0 until the first fit. P index / value (m, r_p), Q (n, r_q), int64 /
+  // fp32 on the job's device.
   const std::vector<lsp::SparseProjector>& p() const { return p_; }
   const std::vector<lsp::SparseProjector>& q() const { return q_; }
   // True once every linear has projectors (after the first projector check or a resume).
@@ -62,6 +67,8 @@ class LspPath : public OffloadPath {
 
  private:
   absl::StatusOr<lspo::v1::ArenaLayout> BuildLayout(const WorkerJob& job) override;
+  // OffloadPath's hooks with Gradient S (d_p, d_q) fp32, GradientSlot the grad slot (d_p, d_q)
+  // fp32, DeviceSnapshot S as (d_p, d_q) fp32, and Land's w (m, n) as stored.
   absl::Status AttachGradients(WorkerJob* job) override;
   size_t MaxUploadBytes(const WorkerJob& job) const override;
   at::Tensor Gradient(WorkerJob* job, int64_t i) override { return s_accum_[i]; }
@@ -70,7 +77,7 @@ class LspPath : public OffloadPath {
   absl::Status Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor& w, double decay) override;
 
  protected:
-  std::vector<lsp::SparseProjector> p_, q_;
+  std::vector<lsp::SparseProjector> p_, q_;  // As p() and q().
   // The model's LinearImpl; null when the linears compute densely (GaLore-Offload).
   std::shared_ptr<lsp::LspLinears> linears_;
   // Per linear, (d_p, d_q) fp32: with grad_accum > 1 (persistent_s_) an accumulator summed

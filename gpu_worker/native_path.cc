@@ -2,7 +2,7 @@
 // Loshchilov & Hutter 2019) steps every trainable matrix on the worker's device, with
 // optional global gradient-norm clipping (worker_adamw.h). The reference for the offloaded
 // modes' accuracy. Its state is worker_adamw.pt beside worker_state.safetensors.
-// Internal to gpu_worker/.
+// Internal to gpu_worker/. Shapes: W (m, n), m out features, n in features.
 #include <vector>
 
 #include "third_party/torch/torch_api.h"
@@ -24,7 +24,7 @@ class NativePath final : public UpdatePath {
   absl::Status Setup(WorkerJob* job, lspo::v1::LoadJobReply* reply) override {
     auto& model = *job->model;
     model.SetLinearMode(model::LinearMode::kDense);
-    std::vector<at::Tensor> params;
+    std::vector<at::Tensor> params;  // W (m, n) per linear, as stored
     for (int64_t i = 0; i < model.num_linears(); ++i) params.push_back(model.LinearWeight(i));
     adamw_ = std::make_unique<WorkerAdamW>(std::move(params), job->spec.optim());
     return absl::OkStatus();

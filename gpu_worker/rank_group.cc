@@ -68,7 +68,7 @@ uint32_t ModelChecksum(const model::LlamaModel& model) {
 // CRC-32C of the tokenized training examples (ids and labels, in file order).
 uint32_t TrainDataChecksum(const WorkerJob& job) {
   uint32_t crc = 0;
-  for (const data::TokenizedExample& e : job.train) {
+  for (const data::TokenizedExample& e : job.data.train) {
     crc = runtime::Crc32cExtend(crc,
                                 absl::string_view(reinterpret_cast<const char*>(e.input_ids.data()),
                                                   e.input_ids.size() * sizeof(int32_t)));
@@ -114,7 +114,7 @@ absl::StatusOr<std::unique_ptr<offload::Collective>> JoinGroup(const JobSpec& sp
 }
 
 absl::Status CheckRanksLoadedTheSame(const WorkerJob& job) {
-  offload::Collective* group = job.collective.get();
+  offload::Collective* group = job.ranks.collective.get();
   const struct {
     uint32_t crc;
     const char* what;
@@ -140,7 +140,7 @@ absl::Status CheckRanksLoadedTheSame(const WorkerJob& job) {
 }
 
 absl::Status AgreeOnStep(const WorkerJob& job, int step, bool overlap, int64_t* total) {
-  offload::Collective* group = job.collective.get();
+  offload::Collective* group = job.ranks.collective.get();
   // The overlapped schedule sums the gradients bucket by bucket inside the backward, the
   // serial one in one all-reduce: every rank must run the same.
   absl::StatusOr<std::vector<int64_t>> gathered =
@@ -166,14 +166,14 @@ absl::Status AgreeOnStep(const WorkerJob& job, int step, bool overlap, int64_t* 
                        "job's ranks plan alike)"));
     }
   }
-  at::Tensor t = at::full({1}, *total, at::kLong);
+  at::Tensor t = at::full({1}, *total, at::kLong);  // (1) int64 CPU: loss tokens
   RETURN_IF_ERROR(group->AllReduceSum(t));
   *total = t.item<int64_t>();
   return absl::OkStatus();
 }
 
 absl::Status AgreeOnOutcome(offload::Collective* group, lspo::v1::TrainStepReply* reply) {
-  at::Tensor agree = at::zeros({2}, at::kDouble);
+  at::Tensor agree = at::zeros({2}, at::kDouble);  // (2) fp64 CPU: nonfinite, loss
   agree[0] = reply->nonfinite() ? 1.0 : 0.0;
   agree[1] = reply->nonfinite() ? 0.0 : reply->metrics().loss();
   RETURN_IF_ERROR(group->AllReduceSum(agree));

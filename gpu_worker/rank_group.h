@@ -33,7 +33,7 @@ absl::Status CheckRanksLoadedTheSame(const WorkerJob& job);
 // scales its loss by its tokens over the global count: the token-mean loss).
 // Errors: kFailedPrecondition naming the ranks' steps and the fix; kInternal for different
 // schedules; the collective's (the first wait, after rank 0's evaluation, says so:
-// step_runner.h AfterRankZerosEvaluation). Needs job.collective.
+// step_runner.h AfterRankZerosEvaluation). Needs job.ranks.collective.
 absl::Status AgreeOnStep(const WorkerJob& job, int step, bool overlap, int64_t* total);
 
 // After the micro-batches: the ranks agree on skipping a non-finite step (a rank that skips

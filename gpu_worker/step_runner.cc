@@ -1,4 +1,4 @@
-// One training step on the worker (step_runner.h).
+// One training step on the worker (step_runner.h). Shapes: B batch rows, T tokens per row.
 #include "gpu_worker/step_runner.h"
 
 #include <algorithm>
@@ -26,9 +26,10 @@ namespace {
 // kCancelled when the scheduler abandoned the running step (WorkerJob::stop_step): the layer
 // hooks stop the pass at layer `l`'s boundary.
 absl::Status CheckStop(const WorkerJob* job, int64_t l, const char* where) {
-  const uint32_t stop = job->stop_step->load(std::memory_order_acquire);
-  if (stop == 0 || stop != job->step) return absl::OkStatus();
-  return absl::CancelledError(absl::StrCat("step ", job->step, " stopped ", where, " layer ", l,
+  const uint32_t stop = job->progress.stop_step->load(std::memory_order_acquire);
+  if (stop == 0 || stop != job->progress.step) return absl::OkStatus();
+  return absl::CancelledError(absl::StrCat("step ", job->progress.step, " stopped ", where,
+                                           " layer ", l,
                                            ": the scheduler abandoned it (AbortStep: a cancel "
                                            "or a failed peer)"));
 }
@@ -40,55 +41,56 @@ void InstallLayerHooks(WorkerJob* job) {
       [job](int64_t l) -> absl::Status {
         RETURN_IF_ERROR(CheckStop(job, l, "before the forward of"));
         RETURN_IF_ERROR(ApplyPending(job, l));
-        job->layer_t0 = MonotonicSeconds();
-        if (job->offload) job->offload->MarkComputeBegin(l, "forward");
+        job->times.layer_t0 = MonotonicSeconds();
+        if (job->plane.engine) job->plane.engine->MarkComputeBegin(l, "forward");
         return absl::OkStatus();
       },
       [job](int64_t l) -> absl::Status {
-        AddEvent(job, l, "forward", job->layer_t0, MonotonicSeconds());
-        if (job->offload) job->offload->MarkComputeEnd(l, "forward");
+        AddEvent(job, l, "forward", job->times.layer_t0, MonotonicSeconds());
+        if (job->plane.engine) job->plane.engine->MarkComputeEnd(l, "forward");
         return absl::OkStatus();
       },
       [job](int64_t l) -> absl::Status {
         RETURN_IF_ERROR(CheckStop(job, l, "after the backward of"));
         const double now = MonotonicSeconds();
-        AddEvent(job, l, "backward", job->layer_t0, now);
-        job->layer_t0 = now;
-        if (job->offload) {
+        AddEvent(job, l, "backward", job->times.layer_t0, now);
+        job->times.layer_t0 = now;
+        if (job->plane.engine) {
           // Layer l's backward ends here and layer l - 1's begins (device stream order).
-          job->offload->MarkComputeEnd(l, "backward");
-          if (l > 0) job->offload->MarkComputeBegin(l - 1, "backward");
+          job->plane.engine->MarkComputeEnd(l, "backward");
+          if (l > 0) job->plane.engine->MarkComputeBegin(l - 1, "backward");
         }
         return absl::OkStatus();
       });
 }
 
 void BeginStepState(WorkerJob* job) {
-  job->events.clear();
-  job->wait_seconds = 0;
-  job->offload_seconds = 0;
-  job->rank_sum_wait_seconds = 0;
-  job->rank_sum_hidden_seconds = 0;
-  job->publish_step = 0;
-  job->publish_failed = false;
-  std::fill(job->offload_done.begin(), job->offload_done.end(), 0.0);
-  std::fill(job->offload_secs.begin(), job->offload_secs.end(), 0.0);
-  if (job->offload) job->offload->BeginStep();
-  if (!job->peak_reset) {
+  job->times.events.clear();
+  job->times.wait_seconds = 0;
+  job->times.offload_seconds = 0;
+  job->times.rank_sum_wait_seconds = 0;
+  job->times.rank_sum_hidden_seconds = 0;
+  job->progress.publish_step = 0;
+  job->progress.publish_failed = false;
+  std::fill(job->times.offload_done.begin(), job->times.offload_done.end(), 0.0);
+  std::fill(job->times.offload_secs.begin(), job->times.offload_secs.end(), 0.0);
+  if (job->plane.engine) job->plane.engine->BeginStep();
+  if (!job->progress.peak_reset) {
     // gpu_peak_allocated_bytes and worker_peak_rss_bytes then measure the training steps, not
     // the loading and the projector fit (the memory plan's subject, offload/memory_plan.h).
     if (job->cuda) DeviceOffload::ResetGpuPeak();
     runtime::ResetPeakRss();
-    job->peak_reset = true;
+    job->progress.peak_reset = true;
   }
 }
 
 absl::Status AfterRankZerosEvaluation(const WorkerJob& job, int step, absl::Status st) {
   const JobSpec& spec = job.spec;
-  const bool evaluates = !job.eval.empty() || !spec.data().perplexity_path().empty();
+  const bool evaluates = !job.data.eval.empty() || !spec.data().perplexity_path().empty();
   const bool after_eval = step == 1 ? !spec.skip_initial_eval()
                                     : spec.eval_every() > 0 && (step - 1) % spec.eval_every() == 0;
-  if (job.collective == nullptr || job.collective->rank() == 0 || !evaluates || !after_eval) {
+  if (job.ranks.collective == nullptr || job.ranks.collective->rank() == 0 || !evaluates ||
+      !after_eval) {
     return st;
   }
   const int timeout = RankTimeoutSeconds(spec.distributed());
@@ -105,14 +107,15 @@ absl::Status AfterRankZerosEvaluation(const WorkerJob& job, int step, absl::Stat
 std::vector<data::Batch> StepBatches(WorkerJob* job, int step, int64_t* total,
                                      int64_t* input_tokens, int64_t* padding_tokens) {
   const JobSpec& spec = job->spec;
-  const bool balanced = spec.data().balance_classes() && !job->train_class.empty();
+  const bool balanced = spec.data().balance_classes() && !job->data.train_class.empty();
   // Epoch length: every example once, or (balanced) classes x largest class size.
   const int64_t n =
-      balanced ? static_cast<int64_t>(data::BalancedOrder(job->train_class, spec.seed(), 0).size())
-               : static_cast<int64_t>(job->train.size());
+      balanced
+          ? static_cast<int64_t>(data::BalancedOrder(job->data.train_class, spec.seed(), 0).size())
+          : static_cast<int64_t>(job->data.train.size());
   const int64_t mb = spec.micro_batch_size(), accum = spec.grad_accum();
-  const int64_t world = job->collective ? job->collective->world_size() : 1;
-  const int64_t rank = job->collective ? job->collective->rank() : 0;
+  const int64_t world = job->ranks.collective ? job->ranks.collective->world_size() : 1;
+  const int64_t rank = job->ranks.collective ? job->ranks.collective->rank() : 0;
   std::vector<data::Batch> batches;
   for (int64_t a = 0; a < accum; ++a) {
     std::vector<const data::TokenizedExample*> rows;
@@ -121,14 +124,15 @@ std::vector<data::Batch> StepBatches(WorkerJob* job, int step, int64_t* total,
       // ranks at micro-batch mb see what one rank sees at W*mb (docs/distributed.md).
       const int64_t g = ((step - 1) * accum + a) * mb * world + rank * mb + b;
       const int64_t epoch = g / n;
-      if (epoch != job->order_epoch) {
-        job->order = balanced ? data::BalancedOrder(job->train_class, spec.seed(), epoch)
-                              : data::ShuffledOrder(n, spec.seed(), epoch);
-        job->order_epoch = epoch;
+      if (epoch != job->progress.order_epoch) {
+        job->progress.order = balanced
+                                  ? data::BalancedOrder(job->data.train_class, spec.seed(), epoch)
+                                  : data::ShuffledOrder(n, spec.seed(), epoch);
+        job->progress.order_epoch = epoch;
       }
-      rows.push_back(&job->train[job->order[g % n]]);
+      rows.push_back(&job->data.train[job->progress.order[g % n]]);
     }
-    batches.push_back(data::MakeBatch(rows, job->tokenizer->pad_id()));
+    batches.push_back(data::MakeBatch(rows, job->data.tokenizer->pad_id()));
     *total += batches.back().num_loss_tokens;
     *input_tokens += batches.back().batch_size * batches.back().seq_len;
     *padding_tokens += batches.back().padding_tokens;
@@ -150,12 +154,12 @@ absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& bat
   // across the ranks as they form (UpdatePath::BeginRankSum). Every rank must take part in
   // those all-reduces, so a rank that will not run that backward (a non-finite loss, no loss
   // token) sends NaN instead, and every rank skips the step.
-  offload::Collective* group = job->collective.get();
+  offload::Collective* group = job->ranks.collective.get();
   const bool rank_sum =
       job->path->offloaded() && plan.overlap() && group != nullptr && group->world_size() > 1;
   struct DropReducer {  // An error return abandons the sum (the other ranks then time out).
     WorkerJob* job;
-    ~DropReducer() { job->reducer.reset(); }
+    ~DropReducer() { job->ranks.reducer.reset(); }
   } drop_reducer{job};
   auto skip_with_the_ranks = [&]() -> absl::Status {
     if (rank_sum) {
@@ -170,12 +174,13 @@ absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& bat
   // CUDA: the losses are summed on the device and read once after the last backward (a
   // per-micro-batch .item() would stall the host until each forward finished). A non-finite
   // loss then shows up as non-finite gradients, caught on their host copies.
-  at::Tensor device_loss_sum;
+  at::Tensor device_loss_sum;  // () fp64 on the device: sum of loss x targets
   for (int64_t k = 0; k < static_cast<int64_t>(batches.size()); ++k) {
     const auto& b = batches[k];
     const int64_t targets = b.num_loss_tokens;
     if (targets == 0) continue;
     auto t0 = std::chrono::steady_clock::now();
+    // () fp32, the mean over the micro-batch's targets; ids and labels (B, T) int64.
     at::Tensor loss = model.CausalLmLoss(
         ToTensor(b.input_ids, b.batch_size, b.seq_len, job->device),
         ToTensor(b.labels, b.batch_size, b.seq_len, job->device), LayoutOf(b, job->device));
@@ -183,6 +188,7 @@ absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& bat
     RETURN_IF_ERROR(model.HookStatus());
     fwd += runtime::SecondsSince(t0);
     if (job->cuda) {
+      // () fp64
       at::Tensor weighted = loss.detach().to(at::kDouble) * static_cast<double>(targets);
       device_loss_sum = device_loss_sum.defined() ? device_loss_sum + weighted : weighted;
     } else {
@@ -191,36 +197,36 @@ absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& bat
       loss_sum += lv * targets;
     }
     if (job->path->offloaded() && plan.overlap() && k == last) {
-      job->publish_step = static_cast<uint32_t>(step);
+      job->progress.publish_step = static_cast<uint32_t>(step);
       if (rank_sum) {
         RETURN_IF_ERROR(job->path->BeginRankSum(job, group, static_cast<uint32_t>(step)));
       }
     }
     t0 = std::chrono::steady_clock::now();
-    job->layer_t0 = MonotonicSeconds();
+    job->times.layer_t0 = MonotonicSeconds();
     double scale = static_cast<double>(targets) / total;
-    if (job->fault_nonfinite_grad_steps.count(step)) {
+    if (job->faults.nonfinite_grad_steps.count(step)) {
       scale = std::numeric_limits<double>::quiet_NaN();  // Fault injection (tests).
     }
-    if (job->offload) job->offload->MarkComputeBegin(num_layers - 1, "backward");
+    if (job->plane.engine) job->plane.engine->MarkComputeBegin(num_layers - 1, "backward");
     (loss * scale).backward();
     RETURN_IF_ERROR(model.HookStatus());
-    if (job->publish_step > 0 && rank_sum) RETURN_IF_ERROR(job->path->EndRankSum(job));
-    if (job->offload) {
-      job->offload->MarkComputeEnd(0, "backward");
+    if (job->progress.publish_step > 0 && rank_sum) RETURN_IF_ERROR(job->path->EndRankSum(job));
+    if (job->plane.engine) {
+      job->plane.engine->MarkComputeEnd(0, "backward");
       // The step's gradients have been enqueued for offload: wait until every one has
       // landed and been checked (the host needs the verdict before applying anything).
-      if (job->publish_step > 0) job->offload->Drain();
+      if (job->progress.publish_step > 0) job->plane.engine->Drain();
     }
     bwd += runtime::SecondsSince(t0);
-    if (job->publish_step > 0 && num_layers > 0) {
+    if (job->progress.publish_step > 0 && num_layers > 0) {
       // Layer 0's input needs no gradient, so no hook marked its end: the backward did.
       bool have0 = false;
-      for (const auto& e : job->events) have0 |= e.what() == "backward" && e.layer() == 0;
-      if (!have0) AddEvent(job, 0, "backward", job->layer_t0, MonotonicSeconds());
+      for (const auto& e : job->times.events) have0 |= e.what() == "backward" && e.layer() == 0;
+      if (!have0) AddEvent(job, 0, "backward", job->times.layer_t0, MonotonicSeconds());
     }
-    job->publish_step = 0;
-    if (job->publish_failed) {
+    job->progress.publish_step = 0;
+    if (job->progress.publish_failed) {
       reply->set_nonfinite(true);
       return absl::OkStatus();
     }
@@ -228,7 +234,7 @@ absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& bat
   if (device_loss_sum.defined()) {
     loss_sum = device_loss_sum.item<double>();  // One host synchronisation per step.
   }
-  if (job->fault_nonfinite_loss_steps.count(step)) {
+  if (job->faults.nonfinite_loss_steps.count(step)) {
     loss_sum = std::numeric_limits<double>::quiet_NaN();  // Fault injection (tests).
   }
   if (!std::isfinite(loss_sum)) {
@@ -247,19 +253,19 @@ absl::Status RunMicroBatches(WorkerJob* job, const std::vector<data::Batch>& bat
 }
 
 absl::Status RecordStepEnd(WorkerJob* job, lspo::v1::StepMetrics* metrics) {
-  for (int64_t l = 0; l < static_cast<int64_t>(job->offload_done.size()); ++l) {
-    if (job->offload_done[l] > 0) {
-      AddEvent(job, l, "offload", job->offload_done[l] - job->offload_secs[l],
-               job->offload_done[l]);
+  for (int64_t l = 0; l < static_cast<int64_t>(job->times.offload_done.size()); ++l) {
+    if (job->times.offload_done[l] > 0) {
+      AddEvent(job, l, "offload", job->times.offload_done[l] - job->times.offload_secs[l],
+               job->times.offload_done[l]);
     }
   }
-  if (job->offload) {
+  if (job->plane.engine) {
     std::vector<lspo::v1::LayerEvent> gpu_events;
-    ASSIGN_OR_RETURN(StepTransfers tr, job->offload->EndStep(&gpu_events));
+    ASSIGN_OR_RETURN(StepTransfers tr, job->plane.engine->EndStep(&gpu_events));
     auto& phases = *metrics->mutable_device_phase_seconds();
     for (auto& e : gpu_events) {
       if (e.actor() == "gpu") phases[e.what()] += e.end() - e.start();
-      job->events.push_back(std::move(e));
+      job->times.events.push_back(std::move(e));
     }
     metrics->set_d2h_bytes(tr.d2h_bytes);
     metrics->set_d2h_seconds(tr.d2h_seconds);

@@ -62,7 +62,8 @@ class UpdatePath {
   virtual const char* name() const = 0;
 
   // True for modes whose update is computed by the optimizer service through the arena
-  // (then `job->arena`, `job->layout` and `job->flags` exist and ApplyUpdate works).
+  // (then `job->plane.arena`, `job->plane.layout` and `job->plane.flags` exist and ApplyUpdate
+  // works).
   virtual bool offloaded() const = 0;
 
   // Sets the mode up at LoadJob, after the model, its device and `job->linears` are in place:
@@ -112,8 +113,8 @@ class UpdatePath {
   // bucket is reduced, and checked); EndRankSum, after that backward (or instead of it, on a rank
   // with no valid gradient), sends NaN for every matrix the backward did not publish, so that every
   // rank skips the step together, and waits for the last sum. A non-finite sum sets
-  // job->publish_failed on every rank alike. Errors: kFailedPrecondition (a mode that is not
-  // offloaded, a CUDA worker), the collectives' (kUnavailable naming the ranks).
+  // job->progress.publish_failed on every rank alike. Errors: kFailedPrecondition (a mode that is
+  // not offloaded, a CUDA worker), the collectives' (kUnavailable naming the ranks).
   virtual absl::Status BeginRankSum(WorkerJob* job, offload::Collective* group, uint32_t step) {
     return absl::FailedPreconditionError(
         absl::StrCat("mode ", name(), " sums its gradients after the backward"));

@@ -1,3 +1,4 @@
+// Shapes as in gpu_worker/worker_adamw.h.
 #include "gpu_worker/worker_adamw.h"
 
 #include <torch/nn/utils/clip_grad.h>
@@ -31,7 +32,7 @@ int64_t WorkerAdamW::StateBytes() const {
 
 absl::Status SumGradientsAcrossRanks(const std::vector<at::Tensor>& params,
                                      offload::Collective* group) {
-  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> grads;  // per param: its shape and dtype, or undefined
   std::vector<int64_t> numels;
   for (const at::Tensor& p : params) {
     grads.push_back(p.grad());  // undefined where a parameter got none: summed as zeros
@@ -56,10 +57,10 @@ absl::Status WorkerAdamW::Step(double lr, offload::Collective* collective,
     RETURN_IF_ERROR(SumGradientsAcrossRanks(params_, collective));
   }
   // One host synchronisation: the squared norms summed on the device, read once.
-  at::Tensor sq;
+  at::Tensor sq;  // () fp64, sum of squared gradient entries
   for (const at::Tensor& p : params_) {
     if (!p.grad().defined()) continue;
-    at::Tensor s = p.grad().to(at::kDouble).pow(2).sum();
+    at::Tensor s = p.grad().to(at::kDouble).pow(2).sum();  // () fp64
     sq = sq.defined() ? sq + s : s;
   }
   const double norm = sq.defined() ? std::sqrt(sq.item<double>()) : 0.0;

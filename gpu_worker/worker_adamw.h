@@ -4,6 +4,8 @@
 // step's gradients, and its state file for checkpoints. Internal to gpu_worker/.
 //
 // AdamW: decoupled weight decay (Loshchilov & Hutter 2019, algorithm 2), as torch.optim.AdamW.
+// Shapes: the parameters are of any shape (native: each linear's W (m, n), m out and n in
+// features, as stored; lora: A (r, n) and B (m, r) fp32, r the LoRA rank).
 // Thread-safety: none; used under WorkerCore's mutex.
 #ifndef LSPO_GPU_WORKER_WORKER_ADAMW_H_
 #define LSPO_GPU_WORKER_WORKER_ADAMW_H_
@@ -69,7 +71,7 @@ class WorkerAdamW {
                                                      const std::string& mode);
 
  private:
-  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> params_;  // Any shapes, one device.
   double max_grad_norm_ = 0;
   std::unique_ptr<torch::optim::AdamW> adamw_;
 };

@@ -1,3 +1,4 @@
+// Shapes: W (m, n), m out features, n in features, as stored (fp32 or bf16).
 #include "gpu_worker/worker_core.h"
 
 #include <algorithm>
@@ -103,7 +104,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(
   if (spec.distributed().world_size() > 1) {
     // A CUDA worker's collectives run over Gloo too, on host copies (offload/collective.h):
     // in lsp and zero what is summed goes to the host for the CPU optimizer anyway.
-    ASSIGN_OR_RETURN(job->collective, JoinGroup(spec));
+    ASSIGN_OR_RETURN(job->ranks.collective, JoinGroup(spec));
   }
   job->tbb_threads = std::make_unique<tbb::global_control>(
       tbb::global_control::max_allowed_parallelism, std::max(1, spec.num_threads()));
@@ -111,20 +112,21 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(
   job->spec = spec;
   SetFaults(faults_, job.get());
   ASSIGN_OR_RETURN(job->path, MakeUpdatePath(spec));
-  job->classification = spec.data().format() == lspo::v1::DATA_FORMAT_CLASSIFICATION;
+  job->data.classification = spec.data().format() == lspo::v1::DATA_FORMAT_CLASSIFICATION;
   RETURN_IF_ERROR(LoadAssets(job.get()));
   int agreed_resume_step = 0;
-  if (job->collective != nullptr && job->collective->world_size() > 1) {
+  if (job->ranks.collective != nullptr && job->ranks.collective->world_size() > 1) {
     RETURN_IF_ERROR(CheckRanksLoadedTheSame(*job));
     if (resume_candidates != nullptr) {
       // resume_from: latest (issue 43): one checkpoint for every rank, the newest all hold.
-      ASSIGN_OR_RETURN(agreed_resume_step,
-                       offload::AgreeOnNewestCommonStep(*job->collective, *resume_candidates));
+      ASSIGN_OR_RETURN(agreed_resume_step, offload::AgreeOnNewestCommonStep(*job->ranks.collective,
+                                                                            *resume_candidates));
     }
   } else if (resume_candidates != nullptr && !resume_candidates->empty()) {
     agreed_resume_step = *std::max_element(resume_candidates->begin(), resume_candidates->end());
   }
-  // Storage dtype and device (and the compensation residuals of the fp32 weights).
+  // Storage dtype and device (and the compensation residuals of the fp32 weights: (m, n) bf16
+  // per matrix, or none).
   ASSIGN_OR_RETURN(std::vector<at::Tensor> residuals, PlaceModel(job.get(), use_cuda));
   const auto& model = *job->model;
   lspo::v1::LoadJobReply reply;
@@ -138,17 +140,17 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(
       return lsp_path->InitCompensation(job.get(), std::move(residuals));
     }));
   }
-  job->pending_step.assign(job->linears.size(), 0);
-  job->pending_decay.assign(job->linears.size(), 1.0);
-  job->offload_done.assign(model.config().num_layers, 0.0);
-  job->offload_secs.assign(model.config().num_layers, 0.0);
+  job->plane.pending_step.assign(job->linears.size(), 0);
+  job->plane.pending_decay.assign(job->linears.size(), 1.0);
+  job->times.offload_done.assign(model.config().num_layers, 0.0);
+  job->times.offload_secs.assign(model.config().num_layers, 0.0);
   InstallLayerHooks(job.get());
   // Examples, also when packed (train_data.packed_rows counts the rows).
-  reply.set_train_examples(spec.data().packing() ? job->train_data.examples()
-                                                 : static_cast<int64_t>(job->train.size()));
-  reply.set_eval_examples(job->eval.size());
-  *reply.mutable_train_data() = job->train_data;
-  if (!job->eval.empty()) *reply.mutable_eval_data() = job->eval_data;
+  reply.set_train_examples(spec.data().packing() ? job->data.train_summary.examples()
+                                                 : static_cast<int64_t>(job->data.train.size()));
+  reply.set_eval_examples(job->data.eval.size());
+  *reply.mutable_train_data() = job->data.train_summary;
+  if (!job->data.eval.empty()) *reply.mutable_eval_data() = job->data.eval_summary;
   reply.set_trainable_parameters(trainable);
   reply.set_device(job->device.str());
   reply.set_activation_checkpointing(spec.activation_checkpointing());
@@ -157,12 +159,12 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(
   reply.set_agreed_resume_step(agreed_resume_step);
   reply.set_seconds(runtime::SecondsSince(t0));
   LOG(INFO) << "worker: loaded job " << job_id << " (mode " << job->path->name()
-            << "): " << job->train.size()
-            << (spec.data().packing() ? " packed train rows / " : " train / ") << job->eval.size()
-            << " eval examples, " << trainable << " trainable parameters in " << job->linears.size()
-            << " matrices";
-  runtime::CompletionFlags flags = job->flags;
-  std::shared_ptr<std::atomic<uint32_t>> stop_step = job->stop_step;
+            << "): " << job->data.train.size()
+            << (spec.data().packing() ? " packed train rows / " : " train / ")
+            << job->data.eval.size() << " eval examples, " << trainable
+            << " trainable parameters in " << job->linears.size() << " matrices";
+  runtime::CompletionFlags flags = job->plane.flags;
+  std::shared_ptr<std::atomic<uint32_t>> stop_step = job->progress.stop_step;
   slot_.Install(std::move(job), std::move(flags), std::move(stop_step));
   return reply;
 }
@@ -196,17 +198,17 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
   BeginStepState(job);
   // The optimizer attached the arena before any step: drop its name so that a crash from
   // here on leaves nothing in /dev/shm (lsp mode already did so at the first fit).
-  if (offloaded) job->arena.Unlink();
+  if (offloaded) job->plane.arena.Unlink();
   absl::Status st = offload::TorchCall("train step", [&]() -> absl::Status {
     model.ClearHookStatus();
     int64_t total = 0, input_tokens = 0, padding_tokens = 0;
     const std::vector<data::Batch> batches =
         StepBatches(job, step, &total, &input_tokens, &padding_tokens);
-    offload::Collective* group = job->collective.get();
+    offload::Collective* group = job->ranks.collective.get();
     const int64_t group_bytes0 = group != nullptr ? group->all_reduce_bytes() : 0;
     const double group_secs0 = group != nullptr ? group->all_reduce_seconds() : 0;
     if (group != nullptr) RETURN_IF_ERROR(AgreeOnStep(*job, step, plan.overlap(), &total));
-    job->step = static_cast<uint32_t>(step);
+    job->progress.step = static_cast<uint32_t>(step);
     job->path->ZeroGrads(job);
     RETURN_IF_ERROR(RunMicroBatches(job, batches, total, step, plan, &reply));
     if (group != nullptr) RETURN_IF_ERROR(AgreeOnOutcome(group, &reply));
@@ -215,7 +217,7 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
       // The verdict (issue 43): the loss and every gradient are finite, on every rank. The
       // overlapped optimizer took the step while the backward ran, keeping what it needs to
       // undo it until now; a skipped step instead aborts the flags (below), and it undoes.
-      job->flags.PublishVerdict(static_cast<uint32_t>(step));
+      job->plane.flags.PublishVerdict(static_cast<uint32_t>(step));
     }
     StepContext ctx;
     ctx.collective = group;
@@ -228,8 +230,8 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
       metrics->set_all_reduce_bytes(group->all_reduce_bytes() - group_bytes0);
       const double secs = group->all_reduce_seconds() - group_secs0;
       metrics->set_all_reduce_seconds(secs);
-      metrics->set_all_reduce_exposed_seconds(
-          std::max(0.0, secs - job->rank_sum_hidden_seconds + job->rank_sum_wait_seconds));
+      metrics->set_all_reduce_exposed_seconds(std::max(
+          0.0, secs - job->times.rank_sum_hidden_seconds + job->times.rank_sum_wait_seconds));
     }
     if (reply.nonfinite()) return absl::OkStatus();
     RETURN_IF_ERROR(RecordStepEnd(job, metrics));
@@ -238,25 +240,25 @@ absl::StatusOr<lspo::v1::TrainStepReply> WorkerCore::TrainStep(
     metrics->set_tokens_per_second(secs > 0 ? input_tokens / secs : 0);
     metrics->set_input_tokens(input_tokens);
     metrics->set_padding_tokens(padding_tokens);
-    metrics->set_wait_seconds(job->wait_seconds);
-    metrics->set_offload_seconds(job->offload_seconds);
+    metrics->set_wait_seconds(job->times.wait_seconds);
+    metrics->set_offload_seconds(job->times.offload_seconds);
     return absl::OkStatus();
   });
   if (!st.ok()) {
     // A pass stopped at a layer boundary (LayerPassStopped) reports the hook's kCancelled.
     if (absl::Status hs = model.HookStatus(); absl::IsCancelled(hs)) st = hs;
   }
-  job->publish_step = 0;
+  job->progress.publish_step = 0;
   if (offloaded && plan.overlap() && (!st.ok() || reply.nonfinite())) {
     // The optimizer may be waiting for this step's gradients: release it.
-    job->flags.Abort(static_cast<uint32_t>(step));
-    std::fill(job->pending_step.begin(), job->pending_step.end(), 0);
+    job->plane.flags.Abort(static_cast<uint32_t>(step));
+    std::fill(job->plane.pending_step.begin(), job->plane.pending_step.end(), 0);
   }
   if (!st.ok()) return st;
   // Through the end of this step (VmHWM was reset when the first step began).
   metrics->set_worker_peak_rss_bytes(runtime::PeakRssBytes());
-  for (auto& e : job->events) *reply.add_events() = std::move(e);
-  job->events.clear();
+  for (auto& e : job->times.events) *reply.add_events() = std::move(e);
+  job->times.events.clear();
   return reply;
 }
 
@@ -273,7 +275,7 @@ absl::StatusOr<lspo::v1::ApplyReply> WorkerCore::ApplyUpdates(
   }
   auto t0 = std::chrono::steady_clock::now();
   for (const auto& task : request.tasks()) {
-    if (task.index() < 0 || task.index() >= job->layout.linears_size()) {
+    if (task.index() < 0 || task.index() >= job->plane.layout.linears_size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("ApplyUpdates: linear index ", task.index(), " out of range"));
     }
@@ -281,7 +283,7 @@ absl::StatusOr<lspo::v1::ApplyReply> WorkerCore::ApplyUpdates(
   // Check every step first so that a bad one leaves all weights untouched.
   for (const auto& task : request.tasks()) {
     const int i = task.index();
-    if (job->flags.step_seq(i) < static_cast<uint32_t>(step)) {
+    if (job->plane.flags.step_seq(i) < static_cast<uint32_t>(step)) {
       return absl::FailedPreconditionError(
           absl::StrCat("ApplyUpdates: the optimizer has not written step ", step, " of ",
                        job->linears[i].name, " (Update first)"));
@@ -322,14 +324,17 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> WorkerCore::ImportLayerWeights(
   lspo::v1::LayerWeightsReply reply;
   RETURN_IF_ERROR(offload::TorchCall("import layer weights", [&]() -> absl::Status {
     RETURN_IF_ERROR(ApplyPending(job, -1));
-    ASSIGN_OR_RETURN(at::Tensor staging, offload::ArenaF32(job->arena, job->layout.staging()));
+    // (largest layer's sum of m n) fp32, a view of the arena.
+    ASSIGN_OR_RETURN(at::Tensor staging,
+                     offload::ArenaF32(job->plane.arena, job->plane.layout.staging()));
     at::NoGradGuard no_grad;
     int64_t offset = 0;
     ASSIGN_OR_RETURN(LspPath * lsp_path, LspPathOf(job, "ImportLayerWeights"));
     double max_change = 0, max_drift = 0, max_ulps = 0;
     for (int64_t k = 0; k < model::kLinearsPerLayer; ++k) {
       const int64_t i = layer * model::kLinearsPerLayer + k;
-      at::Tensor& w = job->model->LinearWeight(i);
+      at::Tensor& w = job->model->LinearWeight(i);  // (m, n) as stored
+      // (m, n) fp32
       at::Tensor src = staging.narrow(0, offset, w.numel()).view(w.sizes()).to(w.device());
       offset += w.numel();
       max_change = std::max(max_change, (w.to(at::kFloat) - src).abs().max().item<double>());
@@ -371,9 +376,9 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
   RETURN_IF_ERROR(offload::TorchCall("save artifacts", [&]() -> absl::Status {
     offload::NamedTensors weights;
     if (!job->path->offloaded()) weights = job->path->ExportedTensors(job);
-    ASSIGN_OR_RETURN(files,
-                     offload::WriteHfModelFolder(job->model->config(), *job->tokenizer, gen_source,
-                                                 job->path->offloaded() ? nullptr : &weights, dir));
+    ASSIGN_OR_RETURN(
+        files, offload::WriteHfModelFolder(job->model->config(), *job->data.tokenizer, gen_source,
+                                           job->path->offloaded() ? nullptr : &weights, dir));
     ASSIGN_OR_RETURN(std::vector<std::string> own, job->path->WriteArtifacts(job, dir));
     files.insert(files.end(), own.begin(), own.end());
     return absl::OkStatus();

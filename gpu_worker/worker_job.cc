@@ -20,23 +20,24 @@ void AddEvent(WorkerJob* job, int64_t layer, const char* what, double start, dou
   e.set_start(start);
   e.set_end(end);
   e.set_actor("worker");
-  job->events.push_back(std::move(e));
+  job->times.events.push_back(std::move(e));
 }
 
 absl::Status ApplyPending(WorkerJob* job, int64_t layer) {
   const int64_t lo = layer < 0 ? 0 : layer * model::kLinearsPerLayer;
-  const int64_t hi =
-      layer < 0 ? static_cast<int64_t>(job->pending_step.size()) : lo + model::kLinearsPerLayer;
-  const double t0 = MonotonicSeconds(), waited0 = job->wait_seconds;
+  const int64_t hi = layer < 0 ? static_cast<int64_t>(job->plane.pending_step.size())
+                               : lo + model::kLinearsPerLayer;
+  const double t0 = MonotonicSeconds(), waited0 = job->times.wait_seconds;
   bool any = false;
   for (int64_t i = lo; i < hi; ++i) {
-    if (job->pending_step[i] == 0) continue;
+    if (job->plane.pending_step[i] == 0) continue;
     any = true;
-    RETURN_IF_ERROR(job->path->ApplyUpdate(job, i, job->pending_step[i], job->pending_decay[i]));
-    job->pending_step[i] = 0;
+    RETURN_IF_ERROR(
+        job->path->ApplyUpdate(job, i, job->plane.pending_step[i], job->plane.pending_decay[i]));
+    job->plane.pending_step[i] = 0;
   }
   if (any && layer >= 0) {
-    const double waited = job->wait_seconds - waited0;
+    const double waited = job->times.wait_seconds - waited0;
     if (waited > 0) AddEvent(job, layer, "wait", t0, t0 + waited);
     AddEvent(job, layer, "apply", t0 + waited, MonotonicSeconds());
   }
@@ -51,6 +52,7 @@ std::string NormalizedToken(const model::BpeTokenizer& tok, int64_t id) {
 
 at::Tensor ToTensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols,
                     const at::Device& device) {
+  // (rows, cols) int64, views v
   at::Tensor t = at::from_blob(const_cast<int64_t*>(v.data()), {rows, cols},
                                at::TensorOptions().dtype(at::kLong));
   // Device: through pinned memory, asynchronously (a pageable copy would wait for the queue).

@@ -1,3 +1,4 @@
+// Shapes: W (m, n), m out features, n in features, as stored (fp32 or bf16).
 #include "gpu_worker/worker_state.h"
 
 #include <chrono>
@@ -76,10 +77,11 @@ absl::StatusOr<lspo::v1::StateReply> LoadWorkerState(WorkerJob* job, const std::
   RETURN_IF_ERROR(offload::TorchCall("load worker state", [&]() -> absl::Status {
     at::NoGradGuard no_grad;
     // Read and validate everything first, then commit.
-    std::vector<at::Tensor> weights;
+    std::vector<at::Tensor> weights;  // per linear (m, n) in W's dtype: file views
     for (size_t i = 0; i < job->linears.size(); ++i) {
       const offload::LinearShape& ls = job->linears[i];
-      at::Tensor& w = job->model->LinearWeight(static_cast<int64_t>(i));
+      at::Tensor& w = job->model->LinearWeight(static_cast<int64_t>(i));  // (m, n) as stored
+      // (m, n) in W's dtype, a read-only view of the file.
       ASSIGN_OR_RETURN(at::Tensor t,
                        offload::ViewStateTensor(file, what, ls.name, w.scalar_type(), w.sizes()));
       weights.push_back(std::move(t));
@@ -87,7 +89,7 @@ absl::StatusOr<lspo::v1::StateReply> LoadWorkerState(WorkerJob* job, const std::
     ASSIGN_OR_RETURN(UpdatePath::Commit commit, job->path->ReadState(job, file, what, dir));
     for (size_t i = 0; i < job->linears.size(); ++i) {
       job->model->LinearWeight(static_cast<int64_t>(i)).copy_(weights[i]);
-      job->pending_step[i] = 0;
+      job->plane.pending_step[i] = 0;
     }
     return commit();
   }));

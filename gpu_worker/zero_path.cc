@@ -2,6 +2,7 @@
 // compute densely; each matrix's full gradient (m, n) goes to the optimizer service as bf16
 // through the arena, which runs AdamW (weight decay included) on fp32 master weights and
 // returns the bf16 parameters (m, n), copied into W. Internal to gpu_worker/.
+// Shapes: W and G (m, n), m out features, n in features; W as stored (fp32 or bf16).
 #include <algorithm>
 
 #include "offload/training_mode.h"
@@ -37,10 +38,11 @@ class ZeroPath final : public OffloadPath {
     model.SetLinearMode(model::LinearMode::kDense);
     for (int64_t i = 0; i < model.num_linears(); ++i) {
       // Fires with this micro-batch's gradient before it is accumulated into W.grad().
+      // (m, n), W's dtype
       model.LinearWeight(i).register_hook([this, job, i](const at::Tensor& g) {
-        if (job->publish_step > 0 && !job->publish_failed) {
-          const at::Tensor& acc = job->model->LinearWeight(i).grad();
-          PublishGradient(job, i, acc.defined() ? acc + g : g, job->publish_step);
+        if (job->progress.publish_step > 0 && !job->progress.publish_failed) {
+          const at::Tensor& acc = job->model->LinearWeight(i).grad();  // (m, n) or undefined
+          PublishGradient(job, i, acc.defined() ? acc + g : g, job->progress.publish_step);
         }
         return g;
       });
@@ -62,7 +64,8 @@ class ZeroPath final : public OffloadPath {
   }
 
   absl::StatusOr<at::Tensor> GradientSlot(const WorkerJob& job, int64_t i) const override {
-    return offload::ArenaBf16(job.arena, job.layout.linears(static_cast<int>(i)).full_grad());
+    return offload::ArenaBf16(job.plane.arena,
+                              job.plane.layout.linears(static_cast<int>(i)).full_grad());
   }
 
   at::Tensor DeviceSnapshot(const at::Tensor& grad) const override {
@@ -74,17 +77,19 @@ class ZeroPath final : public OffloadPath {
   absl::Status Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor& w,
                     double decay) override {
     // The optimizer applied the decay: W <- param.
-    const auto& slot = job->layout.linears(static_cast<int>(i));
-    ASSIGN_OR_RETURN(at::Tensor param, offload::ArenaBf16(job->arena, slot.param()));
+    const auto& slot = job->plane.layout.linears(static_cast<int>(i));
+    // (m, n) bf16, a view of the arena.
+    ASSIGN_OR_RETURN(at::Tensor param, offload::ArenaBf16(job->plane.arena, slot.param()));
     if (!job->cuda) {
       w.copy_(param);
       return absl::OkStatus();
     }
+    // (m, n) bf16 in a device staging slot.
     ASSIGN_OR_RETURN(at::Tensor dev,
-                     job->offload->UploadAsync(i / model::kLinearsPerLayer, param.data_ptr(),
-                                               param.nbytes(), at::kBFloat16, param.sizes()));
+                     job->plane.engine->UploadAsync(i / model::kLinearsPerLayer, param.data_ptr(),
+                                                    param.nbytes(), at::kBFloat16, param.sizes()));
     w.copy_(dev);
-    return job->offload->ReleaseStaging();
+    return job->plane.engine->ReleaseStaging();
   }
 };
 

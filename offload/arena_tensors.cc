@@ -1,3 +1,4 @@
+// Shapes as in offload/arena_tensors.h.
 #include "offload/arena_tensors.h"
 
 #include <cstring>
@@ -53,8 +54,8 @@ absl::Status WriteProjector(const runtime::ShmArena& arena, const TensorRef& ind
   }
   ASSIGN_OR_RETURN(int32_t * idx, arena.At<int32_t>(index.offset(), n));
   ASSIGN_OR_RETURN(float* val, arena.At<float>(value.offset(), n));
-  at::Tensor src_idx = p.index.to(at::kInt).cpu().contiguous();
-  at::Tensor src_val = p.value.to(at::kFloat).cpu().contiguous();
+  at::Tensor src_idx = p.index.to(at::kInt).cpu().contiguous();    // (rows, r) int32 CPU
+  at::Tensor src_val = p.value.to(at::kFloat).cpu().contiguous();  // (rows, r) fp32 CPU
   std::memcpy(idx, src_idx.data_ptr<int32_t>(), n * sizeof(int32_t));
   std::memcpy(val, src_val.data_ptr<float>(), n * sizeof(float));
   return absl::OkStatus();
@@ -73,6 +74,7 @@ absl::StatusOr<lsp::SparseProjector> ReadProjector(const runtime::ShmArena& aren
   p.rows = rows;
   p.d = d;
   p.r = r;
+  // index (rows, r) int64 and value (rows, r) fp32: CPU copies of the slots.
   p.index = at::from_blob(idx, {rows, r}, at::TensorOptions().dtype(at::kInt)).to(at::kLong);
   p.value = at::from_blob(val, {rows, r}, at::TensorOptions().dtype(at::kFloat)).clone();
   const int64_t lo = p.index.min().item<int64_t>(), hi = p.index.max().item<int64_t>();

@@ -1,3 +1,4 @@
+// Shapes as in offload/collective.h: any shape, the dtypes per function.
 #include "offload/collective.h"
 
 #include <netdb.h>
@@ -103,14 +104,14 @@ struct Collective::Impl {
 struct PendingCollective::Impl {
   Collective* owner = nullptr;
   c10::intrusive_ptr<c10d::Work> work;  // null: nothing to wait for (world size 1)
-  at::Tensor tensor;
+  at::Tensor tensor;                    // the all-reduced tensor, any shape, fp32/fp64/int64 CPU
   std::string what;
 };
 #else
 struct Collective::Impl {};
 struct PendingCollective::Impl {
   Collective* owner = nullptr;
-  at::Tensor tensor;
+  at::Tensor tensor;  // the all-reduced tensor, any shape, fp32/fp64/int64 CPU
   std::string what;
 };
 #endif
@@ -132,6 +133,7 @@ absl::StatusOr<int64_t> SumTensorsAcrossRanks(Collective& group, std::vector<at:
     }
     total += numels[i];
   }
+  // (1 + sum(numels)) fp32 CPU; element 0 counts the undefined entries.
   at::Tensor flat = at::zeros({total}, at::kFloat);
   int64_t offset = 1;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -145,7 +147,7 @@ absl::StatusOr<int64_t> SumTensorsAcrossRanks(Collective& group, std::vector<at:
   if (absl::Status status = group.AllReduceSum(flat); !status.ok()) return status;
   offset = 1;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    at::Tensor sum = flat.narrow(0, offset, numels[i]);
+    at::Tensor sum = flat.narrow(0, offset, numels[i]);  // (numels[i]) fp32, a view of flat
     if (tensors[i].defined()) {
       tensors[i].copy_(sum.view(tensors[i].sizes()));  // to its dtype and device
     } else {
@@ -158,9 +160,9 @@ absl::StatusOr<int64_t> SumTensorsAcrossRanks(Collective& group, std::vector<at:
 
 absl::Status BroadcastTensors(Collective& group, std::vector<at::Tensor>& tensors, int root) {
   const at::ScalarType kinds[] = {at::kFloat, at::kDouble, at::kLong};
-  at::Tensor counts = at::zeros({3}, at::kLong);
+  at::Tensor counts = at::zeros({3}, at::kLong);  // (3) int64: elements per fp32/fp64/int64
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const at::Tensor& t = tensors[i];
+    const at::Tensor& t = tensors[i];  // any shape; fp32, fp64 or int64 (checked)
     int k = 0;
     while (k < 3 && (!t.defined() || t.scalar_type() != kinds[k])) ++k;
     if (k == 3) {
@@ -172,7 +174,7 @@ absl::Status BroadcastTensors(Collective& group, std::vector<at::Tensor>& tensor
     counts[k] += t.numel();
   }
   if (group.world_size() <= 1) return absl::OkStatus();
-  at::Tensor root_counts = counts.clone();
+  at::Tensor root_counts = counts.clone();  // (3) int64, root's counts after the broadcast
   if (absl::Status st = group.Broadcast(root_counts, root); !st.ok()) return st;
   const bool same = at::equal(root_counts, counts);
   auto agree = group.AllGather(same ? 1 : 0);
@@ -191,9 +193,9 @@ absl::Status BroadcastTensors(Collective& group, std::vector<at::Tensor>& tensor
   for (int k = 0; k < 3; ++k) {
     const int64_t n = counts[k].item<int64_t>();
     if (n == 0) continue;
-    at::Tensor flat = at::empty({n}, kinds[k]);
+    at::Tensor flat = at::empty({n}, kinds[k]);  // (n) kinds[k] CPU: that dtype's tensors packed
     int64_t offset = 0;
-    for (at::Tensor& t : tensors) {
+    for (at::Tensor& t : tensors) {  // any shape; only kinds[k]'s are packed
       if (t.scalar_type() != kinds[k]) continue;
       if (group.rank() == root) flat.narrow(0, offset, t.numel()).copy_(t.reshape({-1}));
       offset += t.numel();
@@ -201,7 +203,7 @@ absl::Status BroadcastTensors(Collective& group, std::vector<at::Tensor>& tensor
     if (absl::Status st = group.Broadcast(flat, root); !st.ok()) return st;
     if (group.rank() == root) continue;
     offset = 0;
-    for (at::Tensor& t : tensors) {
+    for (at::Tensor& t : tensors) {  // any shape; only kinds[k]'s are unpacked
       if (t.scalar_type() != kinds[k]) continue;
       t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
       offset += t.numel();
@@ -212,7 +214,7 @@ absl::Status BroadcastTensors(Collective& group, std::vector<at::Tensor>& tensor
 
 uint32_t Crc32cExtendTensor(uint32_t crc, const at::Tensor& tensor, size_t sample_bytes) {
   if (!tensor.defined()) return crc;
-  const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+  const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();  // tensor's shape and dtype, CPU
   const char* bytes = static_cast<const char*>(t.data_ptr());
   const size_t n = t.nbytes();
   if (sample_bytes == 0 || n <= 3 * sample_bytes) {
@@ -535,7 +537,7 @@ absl::StatusOr<std::unique_ptr<PendingCollective>> Collective::StartAllReduceSum
   if (impl_ != nullptr) {
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      std::vector<at::Tensor> v = {tensor};
+      std::vector<at::Tensor> v = {tensor};  // tensor: any shape, fp32/fp64/int64 CPU
       c10d::AllreduceOptions o;
       o.reduceOp = c10d::ReduceOp::SUM;
       p->work = impl_->group->allreduce(v, o);
@@ -574,7 +576,7 @@ absl::Status Collective::Broadcast(at::Tensor& tensor, int root) {
 #if LSPO_HAS_GLOO
   if (impl_ == nullptr) return absl::OkStatus();
   try {
-    std::vector<at::Tensor> v = {tensor};
+    std::vector<at::Tensor> v = {tensor};  // tensor: any shape, fp32/fp64/int64 CPU
     c10d::BroadcastOptions o;
     o.rootRank = root;
     impl_->group->broadcast(v, o)->wait(
@@ -635,14 +637,14 @@ absl::StatusOr<int> AgreeOnNewestCommonStep(Collective& group, std::vector<int> 
 }
 
 absl::StatusOr<std::vector<int64_t>> Collective::AllGather(int64_t value) {
-  at::Tensor mine = at::full({1}, value, at::kLong);
+  at::Tensor mine = at::full({1}, value, at::kLong);  // (1) int64 CPU, this rank's value
   if (absl::Status st = Check(mine, "all-gather"); !st.ok()) return st;
   std::vector<int64_t> out(options_.world_size, value);
 #if LSPO_HAS_GLOO
   if (impl_ == nullptr) return out;
   try {
     std::vector<at::Tensor> in = {mine};
-    std::vector<std::vector<at::Tensor>> gathered(1);
+    std::vector<std::vector<at::Tensor>> gathered(1);  // [0][rank]: (1) int64 CPU
     for (int r = 0; r < options_.world_size; ++r) gathered[0].push_back(at::zeros({1}, at::kLong));
     impl_->group->allgather(gathered, in)
         ->wait(std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.timeout)));

@@ -12,6 +12,9 @@
 // a private network (docs/distributed.md).
 // Thread-safety: one Collective is used by one thread at a time (the collectives of a rank are
 // issued in the same order on every rank); counters may be read from any thread.
+//
+// Shapes: the tensors here are of any shape (the same on every rank); each function names the
+// dtypes and devices it takes.
 #ifndef LSPO_OFFLOAD_COLLECTIVE_H_
 #define LSPO_OFFLOAD_COLLECTIVE_H_
 
@@ -132,7 +135,8 @@ class Collective {
   absl::StatusOr<std::unique_ptr<PendingCollective>> StartAllReduceSum(at::Tensor& tensor);
   // tensor <- rank `root`'s tensor. Errors: as AllReduceSum, kInvalidArgument (bad root).
   absl::Status Broadcast(at::Tensor& tensor, int root);
-  // Every rank's `value`, by rank (e.g. checksums of the projectors at a refit).
+  // Every rank's `value`, by rank (e.g. checksums of the projectors at a refit):
+  // world_size values, sent as (1) int64 CPU tensors.
   absl::StatusOr<std::vector<int64_t>> AllGather(int64_t value);
 
   // Bytes this rank contributed to all-reduces (tensor bytes per call, summed), and the wall
@@ -144,7 +148,9 @@ class Collective {
   friend class PendingCollective;
   struct Impl;
   explicit Collective(const CollectiveOptions& options);
+  // OK when the group is not broken and `tensor` is a contiguous CPU fp32/fp64/int64 tensor.
   absl::Status Check(const at::Tensor& tensor, const char* what) const;
+  // Marks the group broken; the error names `tensor`'s bytes (any shape; null: none).
   absl::Status Failure(const std::string& what, const at::Tensor* tensor,
                        const std::string& reason);
 

@@ -129,7 +129,7 @@ absl::StatusOr<model::LlamaModel> LoadJobModel(const lspo::v1::JobSpec& spec) {
   at::NoGradGuard no_grad;
   for (int64_t i = 0; i < model.num_linears(); ++i) {
     if (!(*adapter)->targets(i)) continue;
-    at::Tensor& w = model.LinearWeight(i);
+    at::Tensor& w = model.LinearWeight(i);  // (m, n) fp32, as loaded
     w.copy_((*adapter)->MergedWeight(i, w));
   }
   return model;

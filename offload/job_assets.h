@@ -2,6 +2,7 @@
 // tokenizer.
 // Shared by the worker (training copy) and the optimizer service (fp32 master weights), so
 // both start from bit-identical W0.
+// Shapes: a linear's W (m, n), m out features, n in features.
 #ifndef LSPO_OFFLOAD_JOB_ASSETS_H_
 #define LSPO_OFFLOAD_JOB_ASSETS_H_
 

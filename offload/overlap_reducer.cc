@@ -1,3 +1,4 @@
+// Shapes as in offload/overlap_reducer.h.
 #include "offload/overlap_reducer.h"
 
 #include <chrono>

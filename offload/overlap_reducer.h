@@ -16,6 +16,9 @@
 // all-reduce per matrix costs a latency each: over loopback on this project's 2-core machine
 // (Gloo, 2 ranks), 210 all-reduces of SmolLM2's 64 KB S matrices took 0.17-0.26 s against
 // 0.008-0.012 s for one of all 13.8 MB, and zero's 210 gradients 0.58 s against 0.24-0.30 s.
+//
+// Shapes: shapes[i] is matrix i's gradient slot shape: S (d_p, d_q) for lsp (d_p, d_q the
+// subspace dims), the full gradient (m, n) for zero (m out, n in features). The sums are fp32.
 #ifndef LSPO_OFFLOAD_OVERLAP_REDUCER_H_
 #define LSPO_OFFLOAD_OVERLAP_REDUCER_H_
 
@@ -91,7 +94,7 @@ class OverlapReducer {
  private:
   void Run();
 
-  // Matrix i's view into its bucket's buffer.
+  // Matrix i's view into its bucket's buffer: (shapes[i]) fp32 CPU.
   at::Tensor Slot(int64_t i) const;
 
   Collective* group_;
@@ -100,7 +103,9 @@ class OverlapReducer {
   std::vector<std::vector<int64_t>> buckets_;  // fixed after construction
   std::vector<int64_t> bucket_of_;             // matrix -> bucket
   std::vector<int64_t> offset_of_;             // matrix -> element offset in its bucket
-  std::vector<at::Tensor> buffers_;            // per bucket, fp32; written before it is due
+  // Per bucket, (sum of its matrices' elements) fp32 CPU; written before it is due, freed once
+  // handed on.
+  std::vector<at::Tensor> buffers_;
   mutable std::mutex mu_;
   std::condition_variable staged_cv_;
   std::vector<char> claimed_;      // guarded by mu_: a Stage / Finish is writing matrix i

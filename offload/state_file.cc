@@ -1,3 +1,4 @@
+// Shapes as in offload/state_file.h.
 #include "offload/state_file.h"
 
 #include "absl/strings/str_cat.h"
@@ -28,7 +29,7 @@ const char* SafetensorsDtype(at::ScalarType t) {
 
 absl::Status WriteTensorFile(const std::string& path, const NamedTensors& tensors,
                              const std::map<std::string, std::string>& metadata) {
-  std::vector<at::Tensor> keep;
+  std::vector<at::Tensor> keep;  // host copies of `tensors`, alive until the write
   std::vector<model::SafetensorsEntry> entries;
   keep.reserve(tensors.size());
   for (const auto& [name, t] : tensors) {
@@ -38,7 +39,7 @@ absl::Status WriteTensorFile(const std::string& path, const NamedTensors& tensor
                                                      "': need an f64/f32/bf16/i32/i64 tensor"));
     }
     keep.push_back(t.detach().cpu().contiguous());  // Device tensors are copied to the host.
-    const at::Tensor& c = keep.back();
+    const at::Tensor& c = keep.back();              // t's shape and dtype, CPU, contiguous
     entries.push_back({name, dtype, c.sizes().vec(), c.data_ptr(),
                        static_cast<size_t>(c.numel() * c.element_size())});
   }
@@ -61,6 +62,7 @@ absl::StatusOr<at::Tensor> ViewStateTensor(const model::SafetensorsFile& file,
         "]: the checkpoint belongs to a different model or spec"));
   }
   ASSIGN_OR_RETURN(absl::Span<const uint8_t> raw, file.RawData(name));
+  // (shape) dtype, a read-only CPU view of the mapped file.
   at::Tensor t =
       at::from_blob(const_cast<uint8_t*>(raw.data()), shape, at::TensorOptions().dtype(dtype));
   if (static_cast<size_t>(t.numel() * t.element_size()) != raw.size()) {
@@ -76,6 +78,7 @@ absl::StatusOr<at::Tensor> ViewStateTensor(const model::SafetensorsFile& file,
 absl::StatusOr<at::Tensor> ReadStateTensor(const model::SafetensorsFile& file,
                                            const std::string& what, const std::string& name,
                                            at::ScalarType dtype, at::IntArrayRef shape) {
+  // (shape) dtype, a read-only CPU view; returned as an owning copy.
   ASSIGN_OR_RETURN(at::Tensor view, ViewStateTensor(file, what, name, dtype, shape));
   return view.clone();
 }
@@ -89,6 +92,7 @@ absl::StatusOr<lsp::SparseProjector> ReadStateProjector(const model::Safetensors
                                                         const std::string& what,
                                                         const std::string& prefix, int64_t rows,
                                                         int64_t d, int64_t r) {
+  // index (rows, r) int32 and value (rows, r) fp32, CPU.
   ASSIGN_OR_RETURN(at::Tensor index,
                    ReadStateTensor(file, what, prefix + "_index", at::kInt, {rows, r}));
   ASSIGN_OR_RETURN(at::Tensor value,

@@ -15,11 +15,13 @@
 #include "third_party/torch/torch_api.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "lsp/projector.h"
 #include "model/llama.h"
 #include "offload/arena_layout.h"
 #include "offload/arena_tensors.h"
 #include "offload/job_assets.h"
+#include "offload/training_mode.h"
 #include "proto/arena.pb.h"
 #include "proto/job_spec.pb.h"
 #include "runtime/completion_flags.h"
@@ -59,10 +61,11 @@ inline lspo::v1::JobSpec TinySpec(lspo::v1::TrainingMode mode) {
 class FakeWorker {
  public:
   // Loads the model of `*spec` (the same W0 the optimizer loads) and creates the arena of its
-  // mode, named after `tag`: MODE_LSP BuildArenaLayout over the spec's lsp subspaces,
-  // MODE_ZERO BuildZeroArenaLayout, MODE_GALORE BuildGaloreArenaLayout (galore.rank); for
-  // GaLore-Offload `spec->mode` becomes the layout's mode, which the optimizer checks against
-  // the spec. Errors: those of the model loader and the layout builders.
+  // mode, named after `tag`, by the mode's layout builder (offload::ModeOf(*spec).layout, the
+  // one the worker calls); `spec->mode` becomes the layout's mode (a spec of mode galore with
+  // galore.offload: MODE_GALORE_OFFLOAD), which the optimizer checks against the spec.
+  // Errors: kInvalidArgument for a mode without an arena; those of the model loader and the
+  // layout builder.
   static absl::StatusOr<std::unique_ptr<FakeWorker>> Create(lspo::v1::JobSpec* spec,
                                                             const std::string& tag) {
     auto w = std::unique_ptr<FakeWorker>(new FakeWorker());
@@ -73,19 +76,13 @@ class FakeWorker {
       w->w0_.push_back(t.detach().to(at::kFloat).clone());
     }
     const std::string name = runtime::ShmArena::UniqueName(tag);
-    const int32_t per_layer = model::kLinearsPerLayer;
-    if (spec->mode() == lspo::v1::MODE_ZERO) {
-      ASSIGN_OR_RETURN(w->layout_, offload::BuildZeroArenaLayout(w->linears_, per_layer, name));
-    } else if (spec->mode() == lspo::v1::MODE_LSP) {
-      ASSIGN_OR_RETURN(auto subspaces, offload::ResolveJobSubspaces(w->linears_, spec->lsp()));
-      ASSIGN_OR_RETURN(w->layout_,
-                       offload::BuildArenaLayout(w->linears_, per_layer, subspaces, spec->lsp().d(),
-                                                 spec->lsp().r(), name));
-    } else {
-      ASSIGN_OR_RETURN(w->layout_, offload::BuildGaloreArenaLayout(w->linears_, per_layer,
-                                                                   spec->galore().rank(), name));
-      spec->set_mode(w->layout_.mode());
+    // The mode's own builder (offload/training_mode.h), as the worker's update path calls it.
+    const offload::ModeDescriptor& mode = offload::ModeOf(*spec);
+    if (mode.layout == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("mode ", mode.name, " has no arena"));
     }
+    ASSIGN_OR_RETURN(w->layout_, mode.layout(w->linears_, model::kLinearsPerLayer, *spec, name));
+    spec->set_mode(w->layout_.mode());
     ASSIGN_OR_RETURN(w->arena_, runtime::ShmArena::Create(name, w->layout_.bytes()));
     ASSIGN_OR_RETURN(w->flags_, offload::ArenaFlags(w->arena_, w->layout_));
     return w;

@@ -5,11 +5,14 @@
 // Checked: the single-job slot (runtime/job_slot.h) as the worker uses it, and the apply
 // W <- (1 - lr wd) W + P D Q^T against a float64 reference over the projectors the worker
 // fitted, with its refusals (step not written, non-finite D: weights untouched, bit for bit),
-// and TrainStep's S = P^T G Q against the dense gradient zero mode publishes for the same step.
+// TrainStep's S = P^T G Q against the dense gradient zero mode publishes for the same step, and
+// the overlap schedule (deep layers applied in TrainStep, shallow ones before their next
+// forward) against the serial schedule, bit for bit.
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "third_party/torch/torch_api.h"
@@ -23,6 +26,7 @@
 #include "offload/arena_tensors.h"
 #include "offload/state_file.h"
 #include "proto/job_spec.pb.h"
+#include "runtime/completion_flags.h"
 #include "runtime/shm_arena.h"
 #include "spec/job_spec.h"
 #include "tests/tiny_llama.h"
@@ -268,6 +272,129 @@ TEST(WorkerCoreTest, EveryJobSetsTheKernelChoiceNoneInheritsIt) {
   ASSERT_TRUE(worker.LoadJob("k3", unset).ok());
   EXPECT_EQ(lsp::internal::CudaKernelsInUse(), 2);
   EXPECT_TRUE(worker.UnloadJob("k3").ok());
+}
+
+// The overlap schedule (docs/architecture.md "Step schedules") against the serial one, over
+// two steps of a 2-layer lsp job with the optimizer's steps D fixed in advance: TrainStep with
+// split_layer 1 applies layer 1's update before it returns and leaves layer 0's pending until
+// layer 0's next forward; the serial schedule applies every update in ApplyUpdates. Both apply
+// the same D's with the same kernels in the same order per matrix, so step 2's loss and the
+// final weights agree bit for bit; an update applied late (after layer 0's forward) or early
+// would change step 2's loss.
+TEST(WorkerCoreTest, OverlapScheduleAppliesDeepLayersNowShallowOnesBeforeTheirForward) {
+  constexpr int kSteps = 2;
+  auto spec_of = [](const std::string& tag) {
+    v1::JobSpec spec = TinySpec(v1::MODE_LSP, tag);
+    spec.mutable_model()->mutable_random_shape()->set_num_hidden_layers(2);
+    return spec;
+  };
+  constexpr double kLr = 0.5;
+  // D of step s, matrix i: drawn once, used by both runs.
+  std::vector<std::vector<at::Tensor>> d(kSteps + 1);
+  auto write_steps = [&](const runtime::ShmArena& arena, const v1::ArenaLayout& layout,
+                         runtime::CompletionFlags flags, uint32_t step, bool wait_grads) {
+    for (int i = layout.linears_size() - 1; i >= 0; --i) {
+      if (wait_grads) {
+        absl::Status got = flags.WaitGrad(i, step, absl::Seconds(60));
+        if (!got.ok()) return got;
+      }
+      offload::ArenaF32(arena, layout.linears(i).step()).value().copy_(d[step][i]);
+      flags.PublishStep(i, step);
+    }
+    return absl::OkStatus();
+  };
+  struct Run {
+    std::vector<double> loss;
+    std::vector<v1::TrainStepReply> replies;
+    std::vector<at::Tensor> weights;
+  };
+  auto run = [&](bool overlap) -> Run {
+    Run out;
+    WorkerCore worker;
+    const v1::JobSpec spec = spec_of(overlap ? "overlap" : "serial");
+    auto load = worker.LoadJob("j", spec);
+    EXPECT_TRUE(load.ok()) << load.status();
+    if (!load.ok()) return out;
+    const v1::ArenaLayout& layout = load->arena();
+    EXPECT_EQ(layout.linears_size(), 14);
+    auto arena = runtime::ShmArena::Attach(layout.name(), layout.bytes());
+    EXPECT_TRUE(arena.ok()) << arena.status();
+    auto flags = offload::ArenaFlags(*arena, layout);
+    EXPECT_TRUE(flags.ok()) << flags.status();
+    EXPECT_TRUE(worker.FitProjectors("j", 0).ok());
+    if (d[1].empty()) {
+      at::manual_seed(23);
+      for (int s = 1; s <= kSteps; ++s) {
+        for (const v1::LinearSlot& slot : layout.linears()) {
+          d[s].push_back(at::randn({slot.d_p(), slot.d_q()}, at::kFloat) * 0.05);
+        }
+      }
+    }
+    v1::StepPlan plan;
+    plan.set_overlap(overlap);
+    plan.set_split_layer(1);
+    v1::ApplyRequest apply;
+    apply.set_lr(kLr);
+    for (int i = 0; i < layout.linears_size(); ++i) apply.add_tasks()->set_index(i);
+    for (int s = 1; s <= kSteps; ++s) {
+      absl::Status optimizer = absl::OkStatus();
+      std::thread fake;
+      // Overlap: the optimizer's part runs while TrainStep does (its updates of layer 1 are
+      // waited for inside TrainStep).
+      if (overlap) fake = std::thread([&] { optimizer = write_steps(*arena, layout, *flags, s, true); });
+      auto step = worker.TrainStep("j", s, kLr, plan);
+      if (fake.joinable()) fake.join();
+      EXPECT_TRUE(optimizer.ok()) << optimizer;
+      EXPECT_TRUE(step.ok()) << step.status();
+      if (!step.ok()) return out;
+      EXPECT_FALSE(step->nonfinite());
+      out.loss.push_back(step->metrics().loss());
+      out.replies.push_back(*step);
+      if (!overlap) {
+        EXPECT_TRUE(write_steps(*arena, layout, *flags, s, false).ok());
+        auto applied = worker.ApplyUpdates("j", s, apply);
+        EXPECT_TRUE(applied.ok()) << applied.status();
+      }
+    }
+    // SaveState lands the pending updates first.
+    out.weights = SavedWeights(&worker, "j", layout, spec.output_dir() + "/final", kSteps);
+    EXPECT_TRUE(worker.UnloadJob("j").ok());
+    return out;
+  };
+  const Run serial = run(false);
+  const Run overlapped = run(true);
+  ASSERT_EQ(serial.loss.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(overlapped.loss.size(), static_cast<size_t>(kSteps));
+  for (int s = 0; s < kSteps; ++s) EXPECT_EQ(overlapped.loss[s], serial.loss[s]) << "step " << s + 1;
+  EXPECT_NE(serial.loss[1], serial.loss[0]) << "the updates changed nothing";
+  ASSERT_EQ(overlapped.weights.size(), serial.weights.size());
+  for (size_t i = 0; i < serial.weights.size(); ++i) {
+    EXPECT_TRUE(at::equal(overlapped.weights[i], serial.weights[i])) << "linear " << i;
+  }
+  // Where the overlapped updates landed: step 1 applied layer 1 only; step 2 applied layer 0's
+  // step-1 update before layer 0's forward, and layer 1's step-2 update at its end.
+  auto applies = [](const v1::TrainStepReply& r, int64_t layer) {
+    std::vector<double> at_times;
+    for (const v1::LayerEvent& e : r.events()) {
+      if (e.layer() == layer && e.what() == "apply") at_times.push_back(e.start());
+    }
+    return at_times;
+  };
+  auto first = [](const v1::TrainStepReply& r, int64_t layer, const std::string& what) {
+    for (const v1::LayerEvent& e : r.events()) {
+      if (e.layer() == layer && e.what() == what) return e.start();
+    }
+    return -1.0;
+  };
+  EXPECT_TRUE(applies(overlapped.replies[0], 0).empty());
+  EXPECT_EQ(applies(overlapped.replies[0], 1).size(), 1u);
+  ASSERT_EQ(applies(overlapped.replies[1], 0).size(), 1u);
+  EXPECT_LE(applies(overlapped.replies[1], 0)[0], first(overlapped.replies[1], 0, "forward"));
+  ASSERT_EQ(applies(overlapped.replies[1], 1).size(), 1u);
+  EXPECT_GE(applies(overlapped.replies[1], 1)[0], first(overlapped.replies[1], 0, "backward"));
+  for (const v1::TrainStepReply& r : serial.replies) {
+    EXPECT_TRUE(applies(r, 0).empty() && applies(r, 1).empty()) << "serial: applied in TrainStep";
+  }
 }
 
 }  // namespace
