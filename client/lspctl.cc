@@ -15,7 +15,10 @@
 //   lspctl convert --model=FILE.gguf --output_dir=DIR    a GGUF as a Hugging Face model folder
 //   lspctl plan --spec=FILE [--device=cpu|cuda --device_memory_gb=4]
 //                                                        memory per mode; does it fit
-// Common flags: --scheduler=127.0.0.1:50060, spec overrides --steps, --mode, --output_dir;
+// run, submit and plan take KEY=VALUE arguments after the command: any spec field by its
+// dotted path (optim.lr=3e-4) or its transformers / TRL / Axolotl name (max_steps=50;
+// spec/spec_names.h). Common flags: --scheduler=127.0.0.1:50060, spec overrides --steps,
+// --mode, --output_dir;
 // security: --auth_token_file, --tls_ca (runtime/grpc_flags.h).
 // Exit codes: 0 success (job SUCCEEDED for run/watch, SERVING for health), 1 job
 // failed/cancelled, not SERVING, nothing to cancel, or RPC error; 2 usage error.
@@ -128,8 +131,10 @@ namespace {
 
 constexpr char kUsage[] =
     "LSP-Offload client.\n"
-    "  lspctl run --spec=FILE              fine-tune in embedded mode (one process)\n"
-    "  lspctl submit --spec=FILE [--watch] submit to a running lsp_scheduler\n"
+    "  lspctl run --spec=FILE [KEY=VALUE ...]  fine-tune in embedded mode (one process);\n"
+    "                                      KEY a field (optim.lr) or a transformers / TRL /\n"
+    "                                      Axolotl name (learning_rate, max_steps): docs/spec.md\n"
+    "  lspctl submit --spec=FILE [--watch] [KEY=VALUE ...]  submit to a running lsp_scheduler\n"
     "  lspctl status JOB | watch JOB | cancel JOB | list\n"
     "  lspctl health [SERVICE]             grpc.health.v1 check of the server at --scheduler\n"
     "                                      (also a worker or optimizer address); exit 0 when\n"
@@ -148,7 +153,7 @@ constexpr char kUsage[] =
     "                                      write a GGUF as a Hugging Face model folder\n"
     "                                      (config.json, fp32 model.safetensors, tokenizer\n"
     "                                      files); DIR must be new or empty\n"
-    "  lspctl plan --spec=FILE [--device=cpu|cuda --device_memory_gb=4]\n"
+    "  lspctl plan --spec=FILE [KEY=VALUE ...] [--device=cpu|cuda --device_memory_gb=4]\n"
     "                                      memory per mode from the model's config (no\n"
     "                                      weights read); whether the job fits, the largest\n"
     "                                      micro-batch and lsp d that do\n"
@@ -196,6 +201,10 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = args[1];
   const std::string arg = args.size() > 2 ? args[2] : "";
+  if (cmd == "run" || cmd == "submit" || cmd == "plan") {
+    // Every argument after the command is a key=value override of the spec.
+    lspo::lspctl::SetSpecOverrides(std::vector<std::string>(args.begin() + 2, args.end()));
+  }
 
   if (lspo::lspctl::IsModelCommand(cmd)) return lspo::lspctl::RunModelCommand(cmd);
   if (cmd == "run") return lspo::lspctl::RunEmbedded();

@@ -59,10 +59,16 @@ int Fail(const absl::Status& status);
 // `m` as indented JSON (short enum names; runtime/proto_json.h).
 std::string ToJsonString(const google::protobuf::Message& m);
 
-// The job spec of --spec with the command line's overrides (--steps, --mode, --schedule,
-// --output_dir, the data-parallel flags). Errors: the spec file's (naming it and the field),
-// kInvalidArgument for a bad override (naming the flag and the values it takes).
+// The job spec of --spec with the command line's overrides: first the `key=value` arguments
+// set by SetSpecOverrides (any field by its dotted path or transformers / TRL / Axolotl name,
+// spec/spec_names.h), then the flags (--steps, --mode, --schedule, --output_dir, the
+// data-parallel flags). Errors: the spec file's (naming it and the field; every unknown key at
+// once), kInvalidArgument for a bad override (naming it and the values it takes).
 absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags();
+
+// The `key=value` arguments of run / submit / plan (`lspctl run --spec=a.yaml optim.lr=3e-4
+// max_steps=50`), read by SpecFromFlags.
+void SetSpecOverrides(std::vector<std::string> overrides);
 
 // Installs the SIGINT / SIGTERM handling: a job watched by `lspctl run` is cancelled;
 // otherwise the process exits with 128 + signal, as by default.

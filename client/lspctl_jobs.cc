@@ -247,12 +247,23 @@ int Finish(const JobStatus& s) {
 
 }  // namespace
 
+namespace {
+std::vector<std::string>& SpecOverrides() {
+  static auto* overrides = new std::vector<std::string>();
+  return *overrides;
+}
+}  // namespace
+
+void SetSpecOverrides(std::vector<std::string> overrides) {
+  SpecOverrides() = std::move(overrides);
+}
+
 absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
   const std::string path = absl::GetFlag(FLAGS_spec);
   if (path.empty()) {
     return absl::InvalidArgumentError("--spec=FILE is required (see examples/)");
   }
-  auto spec = lspo::spec::LoadJobSpecFile(path);
+  auto spec = lspo::spec::LoadJobSpecFile(path, SpecOverrides());
   if (!spec.ok()) return spec.status();
   if (absl::GetFlag(FLAGS_steps) < 0) {
     return absl::InvalidArgumentError(

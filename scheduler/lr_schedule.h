@@ -1,4 +1,4 @@
-// Learning-rate schedule: linear warm-up then constant or cosine decay.
+// Learning-rate schedule: linear warm-up then constant, cosine or linear decay.
 #ifndef LSPO_SCHEDULER_LR_SCHEDULE_H_
 #define LSPO_SCHEDULER_LR_SCHEDULE_H_
 
@@ -12,16 +12,20 @@ namespace lspo::scheduler {
 // Warm-up: lr * step / warmup for step <= warmup (linear from lr/warmup).
 // "cosine": lr_min + (lr - lr_min) * 0.5 * (1 + cos(pi * t)), t = (step - warmup) /
 // max(1, total - warmup) in [0, 1], lr_min = min_lr_ratio * lr (Loshchilov & Hutter 2017,
-// SGDR eq. 5, single cycle). "constant": lr after warm-up.
+// SGDR eq. 5, single cycle). "linear": lr_min + (lr - lr_min) * (1 - t), the same t
+// (transformers' get_linear_schedule_with_warmup when min_lr_ratio = 0). "constant": lr after
+// warm-up.
 inline double LearningRate(const lspo::v1::OptimSpec& o, int step, int total_steps) {
   const double lr = o.lr();
   if (o.warmup_steps() > 0 && step <= o.warmup_steps()) {
     return lr * static_cast<double>(step) / o.warmup_steps();
   }
-  if (o.schedule() != lspo::v1::LR_SCHEDULE_COSINE) return lr;
+  const bool cosine = o.schedule() == lspo::v1::LR_SCHEDULE_COSINE;
+  if (!cosine && o.schedule() != lspo::v1::LR_SCHEDULE_LINEAR) return lr;
   const double lr_min = o.min_lr_ratio() * lr;
   const int span = total_steps - o.warmup_steps();
   const double t = span <= 0 ? 1.0 : static_cast<double>(step - o.warmup_steps()) / span;
+  if (!cosine) return lr_min + (lr - lr_min) * (1.0 - t);
   return lr_min + (lr - lr_min) * 0.5 * (1.0 + std::cos(M_PI * t));
 }
 

@@ -25,6 +25,7 @@
 #include "runtime/record_keys.h"
 #include "runtime/status_macros.h"
 #include "runtime/util.h"
+#include "spec/spec_names.h"
 #include "yaml-cpp/yaml.h"
 
 namespace lspo::spec {
@@ -33,45 +34,6 @@ namespace {
 namespace v1 = lspo::v1;
 
 using lspo::v1::JobSpec;
-
-nlohmann::json YamlToJson(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Map: {
-      nlohmann::json obj = nlohmann::json::object();
-      for (const auto& kv : node) obj[kv.first.as<std::string>()] = YamlToJson(kv.second);
-      return obj;
-    }
-    case YAML::NodeType::Sequence: {
-      nlohmann::json arr = nlohmann::json::array();
-      for (const auto& item : node) arr.push_back(YamlToJson(item));
-      return arr;
-    }
-    case YAML::NodeType::Scalar: {
-      const std::string s = node.Scalar();
-      if (node.Tag() == "!") return s;  // Quoted scalar: keep as a string.
-      int64_t i;
-      double d;
-      if (absl::SimpleAtoi(s, &i)) return i;
-      if (absl::SimpleAtod(s, &d) && s.find_first_of("0123456789") != std::string::npos) {
-        // A number past the double range parses as +-inf, which JSON cannot hold: it would
-        // become null, i.e. the field's default, silently.
-        if (!std::isfinite(d)) {
-          throw YAML::ParserException(node.Mark(),
-                                      absl::StrCat("the number ", s,
-                                                   " is outside the range of a double "
-                                                   "(about 1.8e308); write a finite number"));
-        }
-        return d;
-      }
-      std::string lower = absl::AsciiStrToLower(s);
-      if (lower == "true") return true;
-      if (lower == "false") return false;
-      return s;
-    }
-    default:
-      return nullptr;
-  }
-}
 
 bool Readable(const std::string& path) { return access(path.c_str(), R_OK) == 0; }
 
@@ -114,12 +76,23 @@ v1::DataFormat DetectDataFormat(const std::string& path) {
   return format;
 }
 
-}  // namespace
-
-absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json, absl::string_view source) {
+// The spec in `json` (a tree) with its aliases and `overrides` applied and its keys checked
+// (spec_names.h), read by protobuf's JSON mapping.
+absl::StatusOr<JobSpec> FromJsonTree(nlohmann::json json, absl::string_view source,
+                                     const std::vector<std::string>& overrides) {
+  RETURN_IF_ERROR(NormalizeSpecJson(overrides, source, &json));
+  std::string text;
+  try {
+    text = json.dump();
+  } catch (const nlohmann::json::exception& e) {
+    // nlohmann refuses strings that are not valid UTF-8 (type_error 316); found by
+    // fuzz/job_spec_fuzzer.cc (fuzz/regressions/job_spec).
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job spec ", source, " holds text that is not valid UTF-8: save the file as UTF-8"));
+  }
   // Closed sets accept their short names ("lsp", "overlap", "tiny-random") and the enum names.
   JobSpec spec;
-  absl::Status st = runtime::ProtoFromJson(json, &spec, absl::StrCat("job spec ", source));
+  absl::Status st = runtime::ProtoFromJson(text, &spec, absl::StrCat("job spec ", source));
   if (!st.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(st.message(),
@@ -130,7 +103,24 @@ absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json, absl::string_vi
   return spec;
 }
 
-absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, absl::string_view source) {
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json, absl::string_view source,
+                                         const std::vector<std::string>& overrides) {
+  nlohmann::json tree = nlohmann::json::parse(json.begin(), json.end(), nullptr,
+                                              /*allow_exceptions=*/false);
+  if (tree.is_discarded()) {
+    // protobuf's parser names the line and column of the error.
+    JobSpec spec;
+    absl::Status st = runtime::ProtoFromJson(json, &spec, absl::StrCat("job spec ", source));
+    return absl::InvalidArgumentError(
+        st.ok() ? absl::StrCat("job spec ", source, " is not valid JSON") : st.message());
+  }
+  return FromJsonTree(std::move(tree), source, overrides);
+}
+
+absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, absl::string_view source,
+                                         const std::vector<std::string>& overrides) {
   nlohmann::json json;
   try {
     YAML::Node root = YAML::Load(std::string(yaml));
@@ -143,23 +133,15 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml, absl::string_vi
     return absl::InvalidArgumentError(
         absl::StrCat("job spec ", source, " is not valid YAML: ", e.what()));
   }
-  std::string text;
-  try {
-    text = json.dump();
-  } catch (const nlohmann::json::exception& e) {
-    // nlohmann refuses strings that are not valid UTF-8 (type_error 316); found by
-    // fuzz/job_spec_fuzzer.cc (fuzz/regressions/job_spec).
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job spec ", source, " holds text that is not valid UTF-8: save the file as UTF-8"));
-  }
-  return ParseJobSpecJson(text, source);
+  return FromJsonTree(std::move(json), source, overrides);
 }
 
-absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
+absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path,
+                                        const std::vector<std::string>& overrides) {
   ASSIGN_OR_RETURN(std::string text, runtime::ReadFileToString(path, "job spec file"));
-  if (absl::EndsWith(path, ".json")) return ParseJobSpecJson(text, path);
+  if (absl::EndsWith(path, ".json")) return ParseJobSpecJson(text, path, overrides);
   if (absl::EndsWith(path, ".yaml") || absl::EndsWith(path, ".yml")) {
-    return ParseJobSpecYaml(text, path);
+    return ParseJobSpecYaml(text, path, overrides);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("job spec file '", path, "': unknown extension, use .json, .yaml or .yml"));
@@ -527,9 +509,10 @@ static absl::Status ValidateTraining(const JobSpec& spec) {
   if (optim.beta1() < 0 || optim.beta1() >= 1) return Bad("optim.beta1", optim.beta1(), "[0,1)");
   if (optim.beta2() < 0 || optim.beta2() >= 1) return Bad("optim.beta2", optim.beta2(), "[0,1)");
   if (optim.warmup_steps() < 0) return Bad("optim.warmup_steps", optim.warmup_steps(), ">= 0");
-  if (optim.schedule() != v1::LR_SCHEDULE_CONSTANT && optim.schedule() != v1::LR_SCHEDULE_COSINE) {
+  if (optim.schedule() != v1::LR_SCHEDULE_CONSTANT && optim.schedule() != v1::LR_SCHEDULE_COSINE &&
+      optim.schedule() != v1::LR_SCHEDULE_LINEAR) {
     return Bad("optim.schedule", runtime::EnumShortName(optim.schedule()),
-               "use constant or cosine");
+               "use constant, cosine or linear");
   }
   if (!(optim.weight_decay() >= 0) || optim.weight_decay() * optim.lr() >= 1) {
     return Bad("optim.weight_decay", optim.weight_decay(), "use 0 <= weight_decay < 1 / lr");
@@ -556,10 +539,6 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   RETURN_IF_ERROR(ValidateLsp(spec));
   return ValidateTraining(spec);
 }
-
-}  // namespace lspo::spec
-
-namespace lspo::spec {
 
 absl::Status CheckPathsUnderRoots(const lspo::v1::JobSpec& spec,
                                   const std::vector<std::string>& roots) {

@@ -15,19 +15,26 @@
 namespace lspo::spec {
 
 // Parses a JobSpec from JSON text (protobuf JSON mapping: lowerCamelCase or snake_case field
-// names, enums by name, e.g. "mode": "MODE_LSP"). Unknown fields are an error.
-// Errors: kInvalidArgument naming `source` and the parser's message.
+// names, closed sets by short or enum name, e.g. "mode": "lsp" or "MODE_LSP"), after
+// spec_names.h's NormalizeSpecJson: the transformers / TRL / Axolotl aliases
+// (learning_rate, max_steps, ...) become their fields, `overrides` ("key=value", lspctl run's
+// arguments) replace what the text says, and every unknown key is reported at once with the
+// nearest valid names. Errors: kInvalidArgument naming `source` and the problem (malformed
+// JSON with its position, unknown keys, an alias that disagrees with its field, a bad value).
 absl::StatusOr<lspo::v1::JobSpec> ParseJobSpecJson(absl::string_view json,
-                                                   absl::string_view source = "<json>");
+                                                   absl::string_view source = "<json>",
+                                                   const std::vector<std::string>& overrides = {});
 
-// Parses YAML by converting it to JSON first (yaml-cpp), then as above. Scalars that look
-// like numbers or booleans are emitted as such.
+// Parses YAML by converting it to JSON first (yaml-cpp; spec_names.h YamlToJson: scalars that
+// look like numbers or booleans are emitted as such), then as above.
 absl::StatusOr<lspo::v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml,
-                                                   absl::string_view source = "<yaml>");
+                                                   absl::string_view source = "<yaml>",
+                                                   const std::vector<std::string>& overrides = {});
 
-// Reads a .json, .yaml or .yml file. kNotFound if it cannot be read, kInvalidArgument for an
-// unknown extension or malformed content.
-absl::StatusOr<lspo::v1::JobSpec> LoadJobSpecFile(const std::string& path);
+// Reads a .json, .yaml or .yml file, then as above. kNotFound if it cannot be read,
+// kInvalidArgument for an unknown extension or malformed content.
+absl::StatusOr<lspo::v1::JobSpec> LoadJobSpecFile(const std::string& path,
+                                                  const std::vector<std::string>& overrides = {});
 
 // Renders a spec as pretty JSON (for logs and summary files).
 std::string JobSpecToJson(const lspo::v1::JobSpec& spec);

@@ -1,0 +1,339 @@
+#include "spec/spec_names.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/descriptor.h"
+#include "proto/job_spec.pb.h"
+#include "runtime/status_macros.h"
+#include "yaml-cpp/yaml.h"
+
+namespace lspo::spec {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using Json = nlohmann::json;
+
+// Sources: transformers TrainingArguments (v4.46 field names), TRL SFTConfig (max_seq_length,
+// later max_length), PEFT LoraConfig (r, lora_alpha, target_modules, as flat lora_* names in
+// Axolotl) and Axolotl's config reference (base_model, sequence_len, num_epochs, lr_scheduler,
+// micro_batch_size is already ours).
+constexpr SpecAlias kAliases[] = {
+    {"model_name_or_path", "model.path", "transformers"},
+    {"base_model", "model.path", "Axolotl"},
+    {"learning_rate", "optim.lr", "transformers"},
+    {"weight_decay", "optim.weight_decay", "transformers"},
+    {"max_grad_norm", "optim.max_grad_norm", "transformers"},
+    {"adam_beta1", "optim.beta1", "transformers"},
+    {"adam_beta2", "optim.beta2", "transformers"},
+    {"adam_epsilon", "optim.eps", "transformers"},
+    {"warmup_steps", "optim.warmup_steps", "transformers"},
+    {"lr_scheduler_type", "optim.schedule", "transformers"},
+    {"lr_scheduler", "optim.schedule", "Axolotl"},
+    {"max_steps", "steps", "transformers"},
+    {"per_device_train_batch_size", "micro_batch_size", "transformers"},
+    {"gradient_accumulation_steps", "grad_accum", "transformers"},
+    {"max_seq_length", "seq_len", "TRL"},
+    {"max_length", "seq_len", "TRL"},
+    {"sequence_len", "seq_len", "Axolotl"},
+    {"gradient_checkpointing", "activation_checkpointing", "transformers"},
+    {"eval_steps", "eval_every", "transformers"},
+    {"save_steps", "checkpoint_every", "transformers"},
+    {"save_total_limit", "keep_checkpoints", "transformers"},
+    {"lora_r", "lora.r", "Axolotl"},
+    {"lora_alpha", "lora.alpha", "Axolotl"},
+    {"lora_target_modules", "lora.target_modules", "Axolotl"},
+};
+
+const SpecAlias* FindAlias(absl::string_view key) {
+  for (const SpecAlias& a : kAliases) {
+    if (a.alias == key) return &a;
+  }
+  return nullptr;
+}
+
+// The field of `d` a JSON key names (proto name or lowerCamelCase JSON name), or null.
+const FieldDescriptor* FindField(const Descriptor& d, const std::string& key) {
+  const FieldDescriptor* f = d.FindFieldByName(key);
+  return f != nullptr ? f : d.FindFieldByCamelcaseName(key);
+}
+
+// The key under which `obj` holds field `f` (its proto or JSON name), or "" when it does not.
+std::string KeyOf(const Json& obj, const FieldDescriptor& f) {
+  if (obj.contains(f.name())) return f.name();
+  if (obj.contains(f.json_name())) return f.json_name();
+  return "";
+}
+
+// Levenshtein distance (insertions, deletions, substitutions, each 1).
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// Up to three names of `candidates` nearest to `key`: within a third of its length (at least
+// 2 edits), or holding it / held by it as a word ("lr" in "min_lr_ratio"), nearest first.
+std::vector<std::string> Nearest(const std::string& key,
+                                 const std::vector<std::string>& candidates) {
+  std::vector<std::pair<size_t, std::string>> scored;
+  // A key far longer than any field name (hostile or pasted text) is near none of them; not
+  // scoring it keeps the check linear in the spec's size.
+  if (key.size() > 64) return {};
+  const std::string lower = absl::AsciiStrToLower(key);
+  const size_t limit = std::max<size_t>(2, lower.size() / 3);
+  for (const std::string& c : candidates) {
+    const size_t d = EditDistance(lower, c);
+    const bool contains = lower.size() >= 3 && (c.find(lower) != std::string::npos ||
+                                                lower.find(c) != std::string::npos);
+    if (d <= limit || contains) scored.emplace_back(d, c);
+  }
+  std::sort(scored.begin(), scored.end());
+  std::vector<std::string> out;
+  for (size_t i = 0; i < scored.size() && out.size() < 3; ++i) {
+    if (std::find(out.begin(), out.end(), scored[i].second) == out.end()) {
+      out.push_back(scored[i].second);
+    }
+  }
+  return out;
+}
+
+// The field names of `d` ("lr", "beta1", ...) and, at the top level, the aliases.
+std::vector<std::string> NamesOf(const Descriptor& d, bool top) {
+  std::vector<std::string> names;
+  for (int i = 0; i < d.field_count(); ++i) names.push_back(d.field(i)->name());
+  if (top) {
+    for (const SpecAlias& a : kAliases) names.emplace_back(a.alias);
+  }
+  return names;
+}
+
+// Appends to `unknown` every key of `j` (the JSON of a `d` at dotted path `where`) that names
+// no field, with its suggestions, recursing into message fields.
+void CollectUnknown(const Descriptor& d, const Json& j, const std::string& where,
+                    std::vector<std::string>* unknown) {
+  if (!j.is_object()) return;
+  for (const auto& [key, value] : j.items()) {
+    const FieldDescriptor* f = FindField(d, key);
+    const std::string path = where.empty() ? key : absl::StrCat(where, ".", key);
+    if (f == nullptr) {
+      const std::vector<std::string> near = Nearest(key, NamesOf(d, where.empty()));
+      std::string line =
+          absl::StrCat("'", path.size() > 80 ? absl::StrCat(path.substr(0, 80), "...") : path, "'");
+      if (!near.empty()) {
+        absl::StrAppend(&line, " (did you mean ",
+                        absl::StrJoin(near, " or ",
+                                      [&](std::string* out, const std::string& n) {
+                                        absl::StrAppend(out, where.empty() ? "" : where,
+                                                        where.empty() ? "" : ".", n);
+                                      }),
+                        "?)");
+      }
+      unknown->push_back(std::move(line));
+      continue;
+    }
+    if (f->type() != FieldDescriptor::TYPE_MESSAGE || f->is_map()) continue;
+    if (f->is_repeated() && value.is_array()) {
+      for (const Json& item : value) CollectUnknown(*f->message_type(), item, path, unknown);
+    } else {
+      CollectUnknown(*f->message_type(), value, path, unknown);
+    }
+  }
+}
+
+// The value lr_scheduler_type / lr_scheduler carry in transformers' spelling, in ours.
+Json ScheduleValue(const Json& v) {
+  if (!v.is_string()) return v;
+  const std::string s = absl::AsciiStrToLower(v.get<std::string>());
+  if (s == "constant_with_warmup") return "constant";  // Our warm-up precedes every schedule.
+  if (s == "cosine_with_min_lr") return "cosine";      // optim.min_lr_ratio sets the floor.
+  return v;
+}
+
+// Sets the field at dotted `path` (proto or JSON names; top-level aliases resolved) of `root`
+// to `value`, creating the messages on the way and replacing the key the field had under
+// either of its names. Errors: kInvalidArgument naming `what` for a path that names no field
+// (with suggestions) or goes through a field that is not a message.
+absl::Status SetPath(const std::string& path, Json value, absl::string_view what, Json* root) {
+  std::vector<std::string> parts = absl::StrSplit(path, '.');
+  if (const SpecAlias* a = FindAlias(parts[0]); a != nullptr && parts.size() == 1) {
+    parts = absl::StrSplit(a->field, '.');
+    if (a->field == "optim.schedule") value = ScheduleValue(value);
+  }
+  const Descriptor* d = lspo::v1::JobSpec::descriptor();
+  Json* node = root;
+  std::string where;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const FieldDescriptor* f = FindField(*d, parts[k]);
+    if (f == nullptr) {
+      const std::vector<std::string> near = Nearest(parts[k], NamesOf(*d, where.empty()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": '", path, "' names no field", where.empty() ? "" : " of ", where,
+          near.empty() ? "" : absl::StrCat(" (did you mean ", absl::StrJoin(near, " or "), "?)"),
+          "; see proto/job_spec.proto (message JobSpec) and docs/spec.md"));
+    }
+    std::string key = KeyOf(*node, *f);
+    if (key.empty()) key = f->name();
+    where = where.empty() ? f->name() : absl::StrCat(where, ".", f->name());
+    if (k + 1 == parts.size()) {
+      (*node)[key] = std::move(value);
+      return absl::OkStatus();
+    }
+    if (f->type() != FieldDescriptor::TYPE_MESSAGE || f->is_repeated() || f->is_map()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": '", path, "': ", where, " holds a value, not fields; write ", where, "=VALUE"));
+    }
+    Json& next = (*node)[key];
+    if (next.is_null()) next = Json::object();
+    if (!next.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": '", path, "': the spec's ", where, " is not a mapping"));
+    }
+    node = &next;
+    d = f->message_type();
+  }
+  return absl::OkStatus();
+}
+
+// The value of dotted `field` in `root` (proto or JSON names), or null when unset.
+const Json* GetPath(const Json& root, absl::string_view field) {
+  const Descriptor* d = lspo::v1::JobSpec::descriptor();
+  const Json* node = &root;
+  for (absl::string_view part : absl::StrSplit(field, '.')) {
+    if (!node->is_object()) return nullptr;
+    const FieldDescriptor* f = FindField(*d, std::string(part));
+    if (f == nullptr) return nullptr;
+    const std::string key = KeyOf(*node, *f);
+    if (key.empty()) return nullptr;
+    node = &node->at(key);
+    if (f->type() == FieldDescriptor::TYPE_MESSAGE) d = f->message_type();
+  }
+  return node;
+}
+
+// Step 1 of NormalizeSpecJson: the aliases of `root`'s top level become their fields.
+absl::Status ResolveAliases(absl::string_view source, Json* root) {
+  std::vector<std::pair<std::string, Json>> found;
+  for (const SpecAlias& a : kAliases) {
+    auto it = root->find(std::string(a.alias));
+    if (it == root->end()) continue;
+    Json value = *it;
+    root->erase(it);
+    if (a.field == "steps" && value.is_number() && value.get<double>() < 0) continue;
+    if (a.field == "optim.schedule") value = ScheduleValue(value);
+    // Two aliases of one field (max_length and max_seq_length) or an alias beside its field.
+    if (const Json* had = GetPath(*root, a.field); had != nullptr && !had->is_null()) {
+      if (*had != value) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("job spec ", source, ": ", a.alias, " (the ", a.where, " name of ",
+                         a.field, ") is ", value.dump(), " but ", a.field, " is ", had->dump(),
+                         " (set by the spec or another alias); keep one of them"));
+      }
+      continue;
+    }
+    RETURN_IF_ERROR(SetPath(std::string(a.field), std::move(value), source, root));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Json YamlToJson(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map: {
+      Json obj = Json::object();
+      for (const auto& kv : node) obj[kv.first.as<std::string>()] = YamlToJson(kv.second);
+      return obj;
+    }
+    case YAML::NodeType::Sequence: {
+      Json arr = Json::array();
+      for (const auto& item : node) arr.push_back(YamlToJson(item));
+      return arr;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string s = node.Scalar();
+      if (node.Tag() == "!") return s;  // Quoted scalar: keep as a string.
+      int64_t i;
+      double d;
+      if (absl::SimpleAtoi(s, &i)) return i;
+      if (absl::SimpleAtod(s, &d) && s.find_first_of("0123456789") != std::string::npos) {
+        if (!std::isfinite(d)) {
+          throw YAML::ParserException(node.Mark(),
+                                      absl::StrCat("the number ", s,
+                                                   " is outside the range of a double "
+                                                   "(about 1.8e308); write a finite number"));
+        }
+        return d;
+      }
+      const std::string lower = absl::AsciiStrToLower(s);
+      if (lower == "true") return true;
+      if (lower == "false") return false;
+      return s;
+    }
+    default:
+      return nullptr;
+  }
+}
+
+absl::Span<const SpecAlias> SpecAliases() { return kAliases; }
+
+absl::Status NormalizeSpecJson(const std::vector<std::string>& overrides, absl::string_view source,
+                               Json* root) {
+  if (!root->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec ", source, ": expected a mapping (an object) at the top level"));
+  }
+  RETURN_IF_ERROR(ResolveAliases(source, root));
+  for (const std::string& o : overrides) {
+    const size_t eq = o.find('=');
+    const std::string what = absl::StrCat("override '", o, "'");
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " is not key=value (e.g. optim.lr=3e-4 or learning_rate=3e-4)"));
+    }
+    Json value;
+    try {
+      value = YamlToJson(YAML::Load(o.substr(eq + 1)));
+    } catch (const YAML::Exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": the value is not valid YAML: ", e.what()));
+    }
+    RETURN_IF_ERROR(SetPath(o.substr(0, eq), std::move(value), what, root));
+  }
+  std::vector<std::string> unknown;
+  CollectUnknown(*lspo::v1::JobSpec::descriptor(), *root, "", &unknown);
+  if (!unknown.empty()) {
+    const size_t n = unknown.size();
+    if (n > 20) {
+      unknown.resize(20);
+      unknown.push_back(absl::StrCat("and ", n - 20, " more"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job spec ", source, ": ", n, " unknown field", n == 1 ? "" : "s", ": ",
+        absl::StrJoin(unknown, ", "),
+        ". See proto/job_spec.proto (message JobSpec) for the fields and docs/spec.md for the "
+        "transformers / TRL / Axolotl names accepted"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace lspo::spec

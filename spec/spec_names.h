@@ -1,0 +1,64 @@
+// The names people already type for a job's settings (issue 45): the Hugging Face Trainer's
+// (transformers TrainingArguments), TRL's (SFTConfig) and Axolotl's names for the same
+// settings, accepted as aliases of JobSpec fields; `key=value` overrides of any field from the
+// command line; and every unknown key of a spec reported at once, each with the nearest valid
+// names. Works on the spec as a JSON tree, before protobuf's JSON mapping reads it
+// (spec/job_spec.h ParseJobSpecJson / ParseJobSpecYaml / LoadJobSpecFile call it).
+//
+// Thread-safety: stateless functions over the caller's tree.
+#ifndef LSPO_SPEC_SPEC_NAMES_H_
+#define LSPO_SPEC_SPEC_NAMES_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "nlohmann/json.hpp"
+
+namespace YAML {
+class Node;
+}  // namespace YAML
+
+namespace lspo::spec {
+
+// A YAML node as JSON: mappings as objects, sequences as arrays, scalars that read as integers,
+// finite numbers or booleans (true / false, any case) as such, quoted scalars and the rest as
+// strings, null as null. Throws YAML::ParserException for a number outside the double range
+// (JSON cannot hold +-inf; it would become null, the field's default, silently).
+nlohmann::json YamlToJson(const YAML::Node& node);
+
+// One alias: a top-level key `alias` of a spec means the JobSpec field at dotted path
+// `field` (proto names, "optim.lr").
+struct SpecAlias {
+  absl::string_view alias;  // "learning_rate"
+  absl::string_view field;  // "optim.lr"
+  absl::string_view where;  // Whose name it is: "transformers", "TRL", "Axolotl".
+};
+
+// Every alias, in the order docs/spec.md lists them (sources: transformers
+// TrainingArguments, TRL SFTConfig and PEFT LoraConfig field names; Axolotl's config
+// reference).
+absl::Span<const SpecAlias> SpecAliases();
+
+// Rewrites `root`, a job spec as a JSON object (keys as written in the file: proto names or
+// their lowerCamelCase JSON names), so that protobuf's JSON mapping reads it:
+//  1. each alias key becomes its field (a value the field already has must be equal, or the
+//     spec is refused naming both); lr_scheduler_type's transformers values map onto the
+//     closed set (constant_with_warmup -> constant, cosine_with_min_lr -> cosine), and
+//     transformers' max_steps = -1 ("use the epochs") is dropped;
+//  2. each of `overrides` ("key=value": key a dotted field path or an alias, value read as
+//     YAML, so `lora.target_modules=[q_proj,v_proj]` is a list) replaces what the spec says;
+//  3. every key is checked against JobSpec's fields, recursively: all unknown keys are
+//     reported in one error, each with its nearest valid names (edit distance).
+// `source` names the spec in messages ("job spec 'a.yaml'").
+// Errors: kInvalidArgument: an alias that disagrees with its field, an override that is not
+// key=value or whose value is not YAML, a path through a field that is not a message, unknown
+// keys (all of them, with suggestions).
+absl::Status NormalizeSpecJson(const std::vector<std::string>& overrides, absl::string_view source,
+                               nlohmann::json* root);
+
+}  // namespace lspo::spec
+
+#endif  // LSPO_SPEC_SPEC_NAMES_H_

@@ -1,0 +1,182 @@
+// The names people type (spec/spec_names.h): transformers / TRL / Axolotl aliases read into
+// their JobSpec fields, key=value overrides, and every unknown key reported at once with the
+// nearest valid names; through the public parsers of spec/job_spec.h.
+#include "spec/spec_names.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/job_spec.pb.h"
+#include "spec/job_spec.h"
+
+namespace lspo::spec {
+namespace {
+
+namespace v1 = lspo::v1;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST(SpecNamesTest, TransformersTrlAndAxolotlNamesReadIntoTheirFields) {
+  auto spec = ParseJobSpecYaml(R"(
+model_name_or_path: models/smollm2
+learning_rate: 3.0e-4
+weight_decay: 0.01
+max_grad_norm: 0.5
+adam_beta1: 0.8
+adam_beta2: 0.95
+adam_epsilon: 1.0e-6
+warmup_steps: 7
+lr_scheduler_type: linear
+max_steps: 40
+per_device_train_batch_size: 4
+gradient_accumulation_steps: 2
+max_seq_length: 256
+gradient_checkpointing: true
+eval_steps: 10
+save_steps: 20
+save_total_limit: 3
+lora_r: 16
+lora_alpha: 32
+lora_target_modules: [q_proj, v_proj]
+)",
+                               "test");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().path(), "models/smollm2");
+  EXPECT_EQ(spec->optim().lr(), 3.0e-4);
+  EXPECT_EQ(spec->optim().weight_decay(), 0.01);
+  EXPECT_EQ(spec->optim().max_grad_norm(), 0.5);
+  EXPECT_EQ(spec->optim().beta1(), 0.8);
+  EXPECT_EQ(spec->optim().beta2(), 0.95);
+  EXPECT_EQ(spec->optim().eps(), 1.0e-6);
+  EXPECT_EQ(spec->optim().warmup_steps(), 7);
+  EXPECT_EQ(spec->optim().schedule(), v1::LR_SCHEDULE_LINEAR);
+  EXPECT_EQ(spec->steps(), 40);
+  EXPECT_EQ(spec->micro_batch_size(), 4);
+  EXPECT_EQ(spec->grad_accum(), 2);
+  EXPECT_EQ(spec->seq_len(), 256);
+  EXPECT_TRUE(spec->has_activation_checkpointing() && spec->activation_checkpointing());
+  EXPECT_EQ(spec->eval_every(), 10);
+  EXPECT_EQ(spec->checkpoint_every(), 20);
+  EXPECT_EQ(spec->keep_checkpoints(), 3);
+  EXPECT_EQ(spec->lora().r(), 16);
+  EXPECT_EQ(spec->lora().alpha(), 32);
+  ASSERT_EQ(spec->lora().target_modules_size(), 2);
+  EXPECT_EQ(spec->lora().target_modules(1), "v_proj");
+  // Axolotl's spellings, and the same through the JSON parser.
+  auto axolotl = ParseJobSpecYaml("base_model: m\nsequence_len: 64\nlr_scheduler: cosine\n");
+  ASSERT_TRUE(axolotl.ok()) << axolotl.status();
+  EXPECT_EQ(axolotl->model().path(), "m");
+  EXPECT_EQ(axolotl->seq_len(), 64);
+  EXPECT_EQ(axolotl->optim().schedule(), v1::LR_SCHEDULE_COSINE);
+  auto json = ParseJobSpecJson(R"({"learning_rate": 0.001, "max_length": 32})");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->optim().lr(), 0.001);
+  EXPECT_EQ(json->seq_len(), 32);
+  // Every alias names a real field.
+  for (const SpecAlias& a : SpecAliases()) {
+    EXPECT_TRUE(ParseJobSpecYaml(absl::StrCat(a.alias, ": null\n")).ok()) << a.alias;
+  }
+}
+
+TEST(SpecNamesTest, ScheduleValuesAndTheUnsetMaxStepsOfTransformers) {
+  auto warm = ParseJobSpecYaml("lr_scheduler_type: constant_with_warmup\nmax_steps: -1\n");
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  EXPECT_EQ(warm->optim().schedule(), v1::LR_SCHEDULE_CONSTANT);
+  EXPECT_EQ(warm->steps(), 0);  // -1 is transformers' "not set".
+  auto min_lr = ParseJobSpecYaml("lr_scheduler_type: cosine_with_min_lr\n");
+  ASSERT_TRUE(min_lr.ok()) << min_lr.status();
+  EXPECT_EQ(min_lr->optim().schedule(), v1::LR_SCHEDULE_COSINE);
+  auto poly = ParseJobSpecYaml("lr_scheduler_type: polynomial\n", "p.yaml");
+  EXPECT_EQ(poly.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(poly.status().message(), HasSubstr("optim.schedule = 'polynomial' is not one of"));
+  EXPECT_THAT(poly.status().message(), HasSubstr("linear"));
+}
+
+TEST(SpecNamesTest, AnAliasAndItsFieldMustAgree) {
+  auto same = ParseJobSpecYaml("learning_rate: 0.0003\noptim:\n  lr: 3.0e-4\n");
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->optim().lr(), 3e-4);
+  auto differ = ParseJobSpecYaml("learning_rate: 0.001\noptim:\n  lr: 3.0e-4\n", "a.yaml");
+  EXPECT_EQ(differ.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(differ.status().message(),
+              HasSubstr("learning_rate (the transformers name of optim.lr) is 0.001 but "
+                        "optim.lr is 0.0003"));
+  EXPECT_THAT(differ.status().message(), HasSubstr("a.yaml"));
+  // Two aliases of one field; a field written in its JSON (lowerCamelCase) name.
+  auto two = ParseJobSpecYaml("max_length: 64\nmax_seq_length: 128\n");
+  EXPECT_THAT(two.status().message(),
+              HasSubstr("max_length (the TRL name of seq_len) is 64 but seq_len is 128"));
+  auto camel = ParseJobSpecJson(R"({"microBatchSize": 4, "per_device_train_batch_size": 2})");
+  EXPECT_THAT(camel.status().message(), HasSubstr("micro_batch_size is 4"));
+}
+
+TEST(SpecNamesTest, OverridesSetAnyFieldAfterTheFile) {
+  const std::string yaml = "optim:\n  lr: 3.0e-4\nmicroBatchSize: 4\nsteps: 5\n";
+  auto spec = ParseJobSpecYaml(
+      yaml, "o.yaml",
+      {"learning_rate=1e-3", "micro_batch_size=2", "lora.target_modules=[q_proj, k_proj, v_proj]",
+       "mode=lora", "data.train_path=a b.jsonl", "max_steps=9"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->optim().lr(), 1e-3);  // The override wins over the file's field.
+  EXPECT_EQ(spec->micro_batch_size(), 2);
+  EXPECT_EQ(spec->lora().target_modules_size(), 3);
+  EXPECT_EQ(spec->mode(), v1::MODE_LORA);
+  EXPECT_EQ(spec->data().train_path(), "a b.jsonl");
+  EXPECT_EQ(spec->steps(), 9);
+
+  auto no_eq = ParseJobSpecYaml(yaml, "o.yaml", {"steps"});
+  EXPECT_THAT(no_eq.status().message(), HasSubstr("override 'steps' is not key=value"));
+  auto typo = ParseJobSpecYaml(yaml, "o.yaml", {"optim.lrr=1"});
+  EXPECT_THAT(typo.status().message(), HasSubstr("'optim.lrr' names no field of optim"));
+  EXPECT_THAT(typo.status().message(), HasSubstr("did you mean lr"));
+  auto scalar = ParseJobSpecYaml(yaml, "o.yaml", {"steps.x=1"});
+  EXPECT_THAT(scalar.status().message(), HasSubstr("steps holds a value, not fields"));
+  auto bad_value = ParseJobSpecYaml(yaml, "o.yaml", {"steps=[1"});
+  EXPECT_THAT(bad_value.status().message(), HasSubstr("the value is not valid YAML"));
+  auto wrong_type = ParseJobSpecYaml(yaml, "o.yaml", {"steps=many"});
+  EXPECT_FALSE(wrong_type.ok());
+  EXPECT_THAT(wrong_type.status().message(), HasSubstr("steps"));
+}
+
+TEST(SpecNamesTest, EveryUnknownKeyIsReportedAtOnceWithTheNearestNames) {
+  auto spec = ParseJobSpecYaml(R"(
+stpes: 3
+learning_rat: 0.1
+optim:
+  lrr: 0.1
+  wieght_decay: 0
+lora:
+  target_modules: [q_proj]
+xyzzy: 1
+)",
+                               "u.yaml");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string m(spec.status().message());
+  EXPECT_THAT(m, HasSubstr("job spec u.yaml: 5 unknown fields"));
+  EXPECT_THAT(m, HasSubstr("'stpes' (did you mean steps"));
+  EXPECT_THAT(m, HasSubstr("'learning_rat' (did you mean learning_rate"));
+  EXPECT_THAT(m, HasSubstr("'optim.lrr' (did you mean optim.lr"));
+  EXPECT_THAT(m, HasSubstr("'optim.wieght_decay' (did you mean optim.weight_decay"));
+  EXPECT_THAT(m, HasSubstr("'xyzzy'"));
+  EXPECT_THAT(m, Not(HasSubstr("'xyzzy' (did")));  // Nothing near: no suggestion.
+  EXPECT_THAT(m, Not(HasSubstr("target_modules")));
+  // One unknown key: singular.
+  auto one = ParseJobSpecJson(R"({"sed": 1})", "one.json");
+  EXPECT_THAT(one.status().message(), HasSubstr("1 unknown field: 'sed' (did you mean seed"));
+  // Many keys, one of them huge: the first 20 listed, long names cut, no suggestions for them.
+  // (JSON: YAML's plain keys stop at 1024 characters.)
+  std::string many = "{";
+  for (int i = 0; i < 25; ++i) absl::StrAppend(&many, "\"k", 10 + i, "\": 1, ");
+  absl::StrAppend(&many, "\"", std::string(100000, 's'), "\": 1}");
+  auto lots = ParseJobSpecJson(many, "many.yaml");
+  const std::string lm(lots.status().message());
+  EXPECT_THAT(lm, HasSubstr("26 unknown fields: 'k10', "));
+  EXPECT_THAT(lm, HasSubstr("'k29', and 6 more."));
+  EXPECT_LT(lm.size(), 2000u);
+}
+
+}  // namespace
+}  // namespace lspo::spec
