@@ -95,7 +95,10 @@ std::string ProgressLine(const JobStatus& s) {
   const int filled = static_cast<int>(static_cast<double>(s.step()) / total * width);
   std::string bar(filled, '#');
   bar.append(width - filled, '-');
-  std::string line = absl::StrFormat("[%s] step %d/%d", bar, s.step(), s.total_steps());
+  // A job given in epochs counts its steps once the data is read: "?" until then.
+  std::string line =
+      absl::StrFormat("[%s] step %d/%s", bar, s.step(),
+                      s.total_steps() > 0 ? absl::StrCat(s.total_steps()) : std::string("?"));
   if (s.spec().distributed().world_size() > 1) {  // each rank's scheduler shows its rank
     absl::StrAppendFormat(&line, " rank %d/%d", s.spec().distributed().rank(),
                           s.spec().distributed().world_size());
@@ -269,7 +272,10 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps), " must be >= 1 (0 keeps the spec)"));
   }
-  if (absl::GetFlag(FLAGS_steps) > 0) spec->set_steps(absl::GetFlag(FLAGS_steps));
+  if (absl::GetFlag(FLAGS_steps) > 0) {
+    spec->set_steps(absl::GetFlag(FLAGS_steps));
+    spec->clear_epochs();  // The command line's length replaces the spec's.
+  }
   // Case and a MODE_ prefix do not matter (--mode=GALORE, --mode=MODE_ZERO), nor - vs _.
   if (const std::string mode = absl::GetFlag(FLAGS_mode); !mode.empty()) {
     absl::StatusOr<const lspo::offload::ModeDescriptor*> m = lspo::offload::ModeByName(mode);
@@ -328,18 +334,25 @@ void PrintChoice(const lspo::v1::JobSpec& in, bool in_process) {
   // The mode's own settings.
   const std::string method = mode.describe != nullptr ? mode.describe(spec) + ", " : "";
   std::printf(
-      "LSP-Offload job '%s': mode %s (%s), %ssteps=%d, micro-batch %s x %d "
-      "accum, seq_len %d, lr %g (%s, warm-up %d), %d threads\n",
+      "LSP-Offload job '%s': mode %s (%s), %s%s, micro-batch %s x %d "
+      "accum, seq_len %d, lr %g (%s, warm-up %s), %d threads\n",
       spec.name().c_str(), std::string(mode.name).c_str(),
       on_worker ? "no offload"
                 : absl::StrCat(lspo::runtime::EnumShortName(spec.schedule()), " schedule",
                                spec.distributed().world_size() > 1 ? ", data parallel" : "")
                       .c_str(),
-      method.c_str(), spec.steps(),
+      method.c_str(),
+      (spec.epochs() > 0
+           ? absl::StrCat(spec.epochs(), " epochs (steps counted once the data is read)")
+           : absl::StrCat("steps=", spec.steps()))
+          .c_str(),
       spec.has_micro_batch_size() ? absl::StrCat(spec.micro_batch_size()).c_str()
                                   : "auto (8 on the CPU; a GPU worker takes the largest that fits)",
       spec.grad_accum(), spec.seq_len(), spec.optim().lr(),
-      lspo::runtime::EnumShortName(spec.optim().schedule()).c_str(), spec.optim().warmup_steps(),
+      lspo::runtime::EnumShortName(spec.optim().schedule()).c_str(),
+      (spec.optim().warmup_ratio() > 0 ? absl::StrCat(spec.optim().warmup_ratio(), " of the steps")
+                                       : absl::StrCat(spec.optim().warmup_steps()))
+          .c_str(),
       spec.num_threads());
   if (spec.distributed().world_size() > 1) {
     const auto& d = spec.distributed();

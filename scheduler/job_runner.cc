@@ -137,6 +137,8 @@ absl::Status JobRunner::Load() {
     spec_.set_micro_batch_size(wload_.micro_batch_size() > 0 ? wload_.micro_batch_size() : 8);
     *load.mutable_spec() = spec_;
   }
+  RETURN_IF_ERROR(CountEpochSteps());
+  *load.mutable_spec() = spec_;
   if (agree && wload_.agreed_resume_step() != start_step_) {
     // Another rank does not hold this rank's newest checkpoint (it died before committing
     // it): resume from the newest one every rank holds.
@@ -177,6 +179,27 @@ absl::Status JobRunner::Load() {
     sreq.set_step(start_step_);
     RETURN_IF_ERROR(worker_->LoadState(sreq, dl_).status());
     if (optimizer_ != nullptr) RETURN_IF_ERROR(optimizer_->LoadState(sreq, dl_).status());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::CountEpochSteps() {
+  if (spec_.steps() != 0 || !(spec_.epochs() > 0)) return absl::OkStatus();
+  // The rows the data order walks: packed rows with data.packing, else the examples.
+  const int64_t rows =
+      spec_.data().packing() ? wload_.train_data().packed_rows() : wload_.train_examples();
+  spec_.set_steps(spec::StepsForEpochs(spec_, rows));
+  LOG(INFO) << "scheduler: " << id_ << ": " << spec_.epochs() << " epochs of " << rows
+            << " training rows = " << spec_.steps() << " steps";
+  Log({{"kind", "epochs"},
+       {"epochs", spec_.epochs()},
+       {"train_rows", rows},
+       {"steps", spec_.steps()}});
+  host_->UpdateStatus([&](v1::JobStatus* s) { s->set_total_steps(spec_.steps()); });
+  if (start_step_ > spec_.steps()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint '", resume_dir_, "' is at step ", start_step_, " but ", spec_.epochs(),
+        " epochs of this job's data are ", spec_.steps(), " steps: raise epochs"));
   }
   return absl::OkStatus();
 }
@@ -240,6 +263,7 @@ void JobRunner::InitSummary() {
     summary_["galore_offload"] = mode_.offloaded();
   }
   summary_["steps"] = spec_.steps();
+  if (spec_.epochs() > 0) summary_["epochs"] = spec_.epochs();
   summary_["micro_batch_size"] = spec_.micro_batch_size();
   summary_["grad_accum"] = spec_.grad_accum();
   summary_["seq_len"] = spec_.seq_len();

@@ -89,6 +89,10 @@ class JobRunner {
   // (the errors of Run), sets start_step_.
   absl::Status AdoptResume();
   absl::Status Load();
+  // A job given in epochs (spec.epochs, steps 0): sets spec_.steps from the rows the worker
+  // loaded (spec::StepsForEpochs), logs it and sets the status's total_steps. Errors:
+  // kInvalidArgument when the checkpoint resumed from is past the last step.
+  absl::Status CountEpochSteps();
   void UnloadPeers();
   void InitSummary();
   void RestoreFromCheckpoint();

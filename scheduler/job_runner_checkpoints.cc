@@ -83,7 +83,9 @@ absl::Status JobRunner::AdoptResume() {
         "(distributed.rendezvous, bind_address, rank; not distributed.world_size)"));
   }
   start_step_ = resume_state_["step"].get<int>();
-  if (start_step_ > spec_.steps()) {
+  // A job given in epochs knows its steps once the worker has read the data (CountEpochSteps
+  // checks there).
+  if (spec_.steps() > 0 && start_step_ > spec_.steps()) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint '", resume_dir_, "' is at step ",
                                                    start_step_, " but the job has only ",
                                                    spec_.steps(), " steps: raise steps"));
@@ -129,7 +131,7 @@ nlohmann::json JobRunner::TrainerState(int step) const {
   state["nonfinite_in_a_row"] = nonfinite_in_a_row_;
   state["lr_schedule"] = {{"schedule", runtime::EnumShortName(spec_.optim().schedule())},
                           {"peak_lr", spec_.optim().lr()},
-                          {"warmup_steps", spec_.optim().warmup_steps()},
+                          {"warmup_steps", WarmupSteps(spec_.optim(), spec_.steps())},
                           {"total_steps", spec_.steps()},
                           {"lr_of_step", LearningRate(spec_.optim(), step, spec_.steps())},
                           {"next_step", step + 1}};

@@ -495,7 +495,17 @@ static absl::Status ValidateLsp(const JobSpec& spec) {
 
 // The step's shape, the optimizer's settings, the device and the threads.
 static absl::Status ValidateTraining(const JobSpec& spec) {
-  if (spec.steps() < 1) return Bad("steps", spec.steps(), "run at least 1 step");
+  if (!(spec.epochs() >= 0) || spec.epochs() > 1e6) {
+    return Bad("epochs", spec.epochs(), "use 0 (steps decides) or a number of passes up to 1e6");
+  }
+  if (spec.epochs() > 0 && spec.steps() != 0) {
+    return Bad("steps", spec.steps(),
+               absl::StrCat("the spec also sets epochs = ", spec.epochs(),
+                            "; keep one (max_steps / steps or num_train_epochs / epochs)"));
+  }
+  if (spec.epochs() == 0 && spec.steps() < 1) {
+    return Bad("steps", spec.steps(), "run at least 1 step (or set epochs)");
+  }
   if (spec.has_micro_batch_size() && spec.micro_batch_size() < 1) {
     return Bad("micro_batch_size", spec.micro_batch_size(),
                "must be >= 1 (or left unset: a CUDA worker chooses the largest that fits)");
@@ -509,6 +519,14 @@ static absl::Status ValidateTraining(const JobSpec& spec) {
   if (optim.beta1() < 0 || optim.beta1() >= 1) return Bad("optim.beta1", optim.beta1(), "[0,1)");
   if (optim.beta2() < 0 || optim.beta2() >= 1) return Bad("optim.beta2", optim.beta2(), "[0,1)");
   if (optim.warmup_steps() < 0) return Bad("optim.warmup_steps", optim.warmup_steps(), ">= 0");
+  if (!(optim.warmup_ratio() >= 0) || optim.warmup_ratio() >= 1) {
+    return Bad("optim.warmup_ratio", optim.warmup_ratio(), "use a fraction of the steps in [0, 1)");
+  }
+  if (optim.warmup_ratio() > 0 && optim.warmup_steps() > 0) {
+    return Bad("optim.warmup_ratio", optim.warmup_ratio(),
+               absl::StrCat("the spec also sets optim.warmup_steps = ", optim.warmup_steps(),
+                            "; keep one"));
+  }
   if (optim.schedule() != v1::LR_SCHEDULE_CONSTANT && optim.schedule() != v1::LR_SCHEDULE_COSINE &&
       optim.schedule() != v1::LR_SCHEDULE_LINEAR) {
     return Bad("optim.schedule", runtime::EnumShortName(optim.schedule()),
@@ -526,7 +544,6 @@ static absl::Status ValidateTraining(const JobSpec& spec) {
   if (spec.num_threads() < 1 || spec.num_threads() > 1024) {
     return Bad("num_threads", spec.num_threads(), "use 1..1024");
   }
-  return absl::OkStatus();
   return absl::OkStatus();
 }
 
@@ -555,6 +572,7 @@ std::string TrainingFingerprint(lspo::v1::JobSpec spec) {
   // schedule: serial and overlap give bitwise-identical weights).
   spec.clear_name();
   spec.clear_steps();
+  spec.clear_epochs();  // How long, like steps (a resumed job may train longer).
   spec.clear_output_dir();
   spec.clear_resume_from();
   spec.clear_overwrite_output_dir();
@@ -591,6 +609,15 @@ std::string TrainingFingerprint(lspo::v1::JobSpec spec) {
   if (lsp->apply_rounding() == lspo::v1::APPLY_ROUNDING_COMPENSATED) lsp->clear_apply_rounding();
   if (lsp->compression() == lspo::v1::COMPRESSION_SPARSE) lsp->clear_compression();
   return runtime::ProtoToJson(spec);
+}
+
+int StepsForEpochs(const JobSpec& spec, int64_t train_rows) {
+  const int64_t world = std::max(1, spec.distributed().world_size());
+  const int64_t batch = std::max<int64_t>(1, spec.micro_batch_size()) * world;
+  const int64_t batches = (std::max<int64_t>(0, train_rows) + batch - 1) / batch;
+  const int64_t per_epoch = std::max<int64_t>(1, batches / std::max(1, spec.grad_accum()));
+  const double steps = std::ceil(spec.epochs() * static_cast<double>(per_epoch));
+  return static_cast<int>(std::clamp(steps, 1.0, 2147483647.0));
 }
 
 void TakeChosenSettingsFrom(const std::string& fingerprint, lspo::v1::JobSpec* spec) {

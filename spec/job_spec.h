@@ -4,6 +4,7 @@
 #ifndef LSPO_SPEC_JOB_SPEC_H_
 #define LSPO_SPEC_JOB_SPEC_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,14 @@ std::string JobSpecToJson(const lspo::v1::JobSpec& spec);
 // those a CUDA worker chooses to fit its device (activation_checkpointing; micro_batch_size
 // unless the job runs on the CPU or is data parallel: issue 42).
 void ResolveDefaults(lspo::v1::JobSpec* spec);
+
+// The steps of a job that gives `epochs` instead of `steps`, once the worker has loaded
+// `train_rows` training rows (LoadJobReply.train_examples): ceil(epochs * max(1,
+// floor(ceil(train_rows / (micro_batch_size * world_size)) / grad_accum))), as transformers'
+// Trainer counts an epoch (len(dataloader) // gradient_accumulation_steps, at least 1; the
+// dataloader keeps its last partial batch). At least 1, at most INT32_MAX. Needs
+// micro_batch_size resolved (the worker's choice on CUDA).
+int StepsForEpochs(const lspo::v1::JobSpec& spec, int64_t train_rows);
 
 // For a job resumed from a checkpoint: the settings the worker chooses that `spec` leaves
 // unset (micro_batch_size) are taken from the checkpoint's training fingerprint (the spec it

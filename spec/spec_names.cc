@@ -41,6 +41,9 @@ constexpr SpecAlias kAliases[] = {
     {"lr_scheduler_type", "optim.schedule", "transformers"},
     {"lr_scheduler", "optim.schedule", "Axolotl"},
     {"max_steps", "steps", "transformers"},
+    {"num_train_epochs", "epochs", "transformers"},
+    {"num_epochs", "epochs", "Axolotl"},
+    {"warmup_ratio", "optim.warmup_ratio", "transformers"},
     {"per_device_train_batch_size", "micro_batch_size", "transformers"},
     {"gradient_accumulation_steps", "grad_accum", "transformers"},
     {"max_seq_length", "seq_len", "TRL"},
@@ -250,7 +253,8 @@ absl::Status ResolveAliases(absl::string_view source, Json* root) {
       }
       continue;
     }
-    RETURN_IF_ERROR(SetPath(std::string(a.field), std::move(value), source, root));
+    RETURN_IF_ERROR(SetPath(std::string(a.field), std::move(value),
+                            absl::StrCat("job spec ", source, ": ", a.alias), root));
   }
   return absl::OkStatus();
 }
@@ -318,6 +322,12 @@ absl::Status NormalizeSpecJson(const std::vector<std::string>& overrides, absl::
           absl::StrCat(what, ": the value is not valid YAML: ", e.what()));
     }
     RETURN_IF_ERROR(SetPath(o.substr(0, eq), std::move(value), what, root));
+    // A length given on the command line replaces the spec's, in steps or in epochs.
+    const std::string key = o.substr(0, eq);
+    const SpecAlias* alias = FindAlias(key);
+    const absl::string_view field = alias != nullptr ? alias->field : absl::string_view(key);
+    if (field == "steps") root->erase("epochs");
+    if (field == "epochs") root->erase("steps");
   }
   std::vector<std::string> unknown;
   CollectUnknown(*lspo::v1::JobSpec::descriptor(), *root, "", &unknown);

@@ -49,7 +49,8 @@ absl::Span<const SpecAlias> SpecAliases();
 //     closed set (constant_with_warmup -> constant, cosine_with_min_lr -> cosine), and
 //     transformers' max_steps = -1 ("use the epochs") is dropped;
 //  2. each of `overrides` ("key=value": key a dotted field path or an alias, value read as
-//     YAML, so `lora.target_modules=[q_proj,v_proj]` is a list) replaces what the spec says;
+//     YAML, so `lora.target_modules=[q_proj,v_proj]` is a list) replaces what the spec says
+//     (an override of steps drops the spec's epochs, and the other way round);
 //  3. every key is checked against JobSpec's fields, recursively: all unknown keys are
 //     reported in one error, each with its nearest valid names (edit distance).
 // `source` names the spec in messages ("job spec 'a.yaml'").

@@ -281,6 +281,50 @@ TEST(JobRunnerTest, ResumeSelectsTheNewestCheckpointThatVerifies) {
   fs::remove_all(out);
 }
 
+// Issue 45: a job given in epochs trains ceil(epochs x steps an epoch) steps, counted from the
+// rows the worker loaded (the fake's 64, micro-batch 2: 32 steps an epoch), says so in the run
+// log, the summary and the status, and its warm-up ratio follows the counted steps; a resume
+// with more epochs goes on, one with fewer than the checkpoint's step is refused.
+TEST(JobRunnerTest, AJobInEpochsCountsItsStepsFromTheRowsTheWorkerLoaded) {
+  const std::string out = TempDir();
+  v1::JobSpec spec = Spec(out, v1::MODE_LSP, 0);
+  spec.set_epochs(0.25);
+  spec.mutable_optim()->set_warmup_ratio(0.5);
+  spec.set_checkpoint_every(4);
+  ASSERT_TRUE(spec::ValidateJobSpec(spec).ok()) << spec::ValidateJobSpec(spec);
+  {
+    Fixture f;
+    ASSERT_TRUE(f.Run(spec).ok());
+    EXPECT_THAT(f.log.Steps("worker.TrainStep"), ElementsAre(1, 2, 3, 4, 5, 6, 7, 8));
+    EXPECT_EQ(f.host.status().total_steps(), 8);
+    EXPECT_EQ(Summary(out)["steps"], 8);
+    EXPECT_EQ(Summary(out)["epochs"], 0.25);
+    EXPECT_EQ(KindCounts(out).at("epochs"), 1);
+    std::ifstream in(ListCheckpoints(out).front().dir + "/trainer_state.json");
+    const nlohmann::json state = nlohmann::json::parse(in);
+    EXPECT_EQ(state["step"], 4);
+    EXPECT_EQ(state["lr_schedule"]["warmup_steps"], 4);  // ceil(0.5 x 8)
+    EXPECT_EQ(state["lr_schedule"]["total_steps"], 8);
+    EXPECT_DOUBLE_EQ(state["lr_schedule"]["lr_of_step"].get<double>(), 0.01);
+  }
+  v1::JobSpec more = spec;
+  more.set_epochs(0.5);
+  more.set_resume_from("latest");
+  Fixture f;
+  ASSERT_TRUE(f.Run(more).ok());
+  EXPECT_EQ(f.log.Steps("worker.TrainStep").size(), 8u);
+  EXPECT_EQ(f.log.Steps("worker.TrainStep").front(), 9);
+  EXPECT_EQ(f.host.status().total_steps(), 16);
+  v1::JobSpec fewer = more;
+  fewer.set_epochs(0.125);
+  Fixture g;
+  const absl::Status st = g.Run(fewer);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("is at step 16 but 0.125 epochs of this job's data are 4 "
+                                      "steps: raise epochs"));
+  fs::remove_all(out);
+}
+
 // Issue 42: a spec that leaves micro_batch_size unset (the default off the CPU) runs the
 // worker's choice: the data cursor, the summary and the checkpoint's training fingerprint
 // count it; a resume with it still unset sends the checkpoint's to the worker (which then

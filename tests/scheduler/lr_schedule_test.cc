@@ -43,5 +43,24 @@ TEST(LrScheduleTest, WarmupThenEachDecay) {
   EXPECT_DOUBLE_EQ(LearningRate(Optim(v1::LR_SCHEDULE_LINEAR, 2, 0.25), 6, 10), 1.25);
 }
 
+TEST(LrScheduleTest, WarmupRatioIsCeilOfItsShareOfTheSteps) {
+  v1::OptimSpec o = Optim(v1::LR_SCHEDULE_LINEAR, 0, 0);
+  o.set_warmup_ratio(0.1);
+  EXPECT_EQ(WarmupSteps(o, 25), 3);  // ceil(2.5)
+  EXPECT_EQ(WarmupSteps(o, 30), 3);
+  // 100 * 0.07 is 7.000000000000001 in binary64: 8, as Python's math.ceil(100 * 0.07) in
+  // transformers' get_warmup_steps.
+  o.set_warmup_ratio(0.07);
+  EXPECT_EQ(WarmupSteps(o, 100), 8);
+  o.set_warmup_ratio(0.1);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 1, 25), 2.0 / 3);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 3, 25), 2.0);
+  // After it, linear decay over the 22 steps left: half-way at step 3 + 11.
+  EXPECT_DOUBLE_EQ(LearningRate(o, 14, 25), 1.0);
+  o.set_warmup_ratio(0);
+  o.set_warmup_steps(5);
+  EXPECT_EQ(WarmupSteps(o, 25), 5);
+}
+
 }  // namespace
 }  // namespace lspo::scheduler

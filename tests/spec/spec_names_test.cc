@@ -109,6 +109,10 @@ TEST(SpecNamesTest, AnAliasAndItsFieldMustAgree) {
   auto two = ParseJobSpecYaml("max_length: 64\nmax_seq_length: 128\n");
   EXPECT_THAT(two.status().message(),
               HasSubstr("max_length (the TRL name of seq_len) is 64 but seq_len is 128"));
+  auto scalar = ParseJobSpecYaml("optim: 5\nlearning_rate: 1\n", "s.yaml");
+  EXPECT_THAT(scalar.status().message(),
+              HasSubstr("job spec s.yaml: learning_rate: 'optim.lr': the spec's optim is not a "
+                        "mapping"));
   auto camel = ParseJobSpecJson(R"({"microBatchSize": 4, "per_device_train_batch_size": 2})");
   EXPECT_THAT(camel.status().message(), HasSubstr("micro_batch_size is 4"));
 }
@@ -176,6 +180,68 @@ xyzzy: 1
   EXPECT_THAT(lm, HasSubstr("26 unknown fields: 'k10', "));
   EXPECT_THAT(lm, HasSubstr("'k29', and 6 more."));
   EXPECT_LT(lm.size(), 2000u);
+}
+
+// epochs (num_train_epochs) and optim.warmup_ratio, counted as transformers' Trainer counts
+// them: steps per epoch = max(1, len(dataloader) // gradient_accumulation_steps), the
+// dataloader keeping its last partial batch; steps = ceil(epochs * per epoch).
+TEST(SpecNamesTest, EpochsAndWarmupRatioAreTransformersCounts) {
+  auto spec = ParseJobSpecYaml("num_train_epochs: 1.5\nwarmup_ratio: 0.1\nmax_steps: -1\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->epochs(), 1.5);
+  EXPECT_EQ(spec->optim().warmup_ratio(), 0.1);
+  EXPECT_EQ(spec->steps(), 0);
+  v1::JobSpec s = *spec;
+  s.set_micro_batch_size(2);
+  s.set_grad_accum(2);
+  EXPECT_EQ(StepsForEpochs(s, 64), 24);  // 32 batches, 16 steps an epoch, x 1.5
+  EXPECT_EQ(StepsForEpochs(s, 65), 24);  // 33 batches: still 16 steps an epoch
+  EXPECT_EQ(StepsForEpochs(s, 67), 26);  // 34 batches: 17
+  s.mutable_distributed()->set_world_size(2);
+  EXPECT_EQ(StepsForEpochs(s, 64), 12);  // 2 ranks: 16 batches of 4 rows, 8 steps an epoch
+  s.clear_distributed();
+  s.set_grad_accum(4);
+  EXPECT_EQ(StepsForEpochs(s, 3), 2);  // 2 batches < 4: one step an epoch, ceil(1.5)
+  s.set_epochs(0.01);
+  EXPECT_EQ(StepsForEpochs(s, 64), 1);  // never 0
+
+  // On the command line, a length replaces the other kind of length.
+  auto steps = ParseJobSpecYaml("epochs: 2\n", "e.yaml", {"max_steps=5"});
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  EXPECT_EQ(steps->steps(), 5);
+  EXPECT_EQ(steps->epochs(), 0);
+  auto epochs = ParseJobSpecYaml("steps: 4\n", "e.yaml", {"num_train_epochs=3"});
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  EXPECT_EQ(epochs->steps(), 0);
+  EXPECT_EQ(epochs->epochs(), 3);
+
+  // The checks, on the smoke job.
+  auto job = LoadJobSpecFile("examples/tiny-moby-dick.yaml", {"epochs=2", "warmup_ratio=0.1"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  ResolveDefaults(&*job);
+  EXPECT_TRUE(ValidateJobSpec(*job).ok()) << ValidateJobSpec(*job);
+  v1::JobSpec both = *job;
+  both.set_steps(4);
+  EXPECT_THAT(ValidateJobSpec(both).message(),
+              HasSubstr("steps = 4 is invalid: the spec also sets epochs = 2"));
+  v1::JobSpec neither = *job;
+  neither.clear_epochs();
+  EXPECT_THAT(ValidateJobSpec(neither).message(), HasSubstr("run at least 1 step (or set epochs)"));
+  v1::JobSpec warm = *job;
+  warm.mutable_optim()->set_warmup_steps(3);
+  EXPECT_THAT(ValidateJobSpec(warm).message(),
+              HasSubstr("optim.warmup_ratio = 0.1 is invalid: the spec also sets "
+                        "optim.warmup_steps = 3"));
+  v1::JobSpec ratio = *job;
+  ratio.mutable_optim()->set_warmup_ratio(1.0);
+  EXPECT_THAT(ValidateJobSpec(ratio).message(), HasSubstr("in [0, 1)"));
+  v1::JobSpec negative = *job;
+  negative.set_epochs(-1);
+  EXPECT_THAT(ValidateJobSpec(negative).message(), HasSubstr("job spec field epochs = -1"));
+  // How long is not what is trained: a resumed job may train more epochs.
+  v1::JobSpec longer = *job;
+  longer.set_epochs(5);
+  EXPECT_TRUE(SameTraining(TrainingFingerprint(*job), longer));
 }
 
 }  // namespace
