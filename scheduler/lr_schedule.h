@@ -20,8 +20,9 @@ inline int WarmupSteps(const lspo::v1::OptimSpec& o, int total_steps) {
 // "cosine": lr_min + (lr - lr_min) * 0.5 * (1 + cos(pi * t)), t = (step - warmup) /
 // max(1, total - warmup) in [0, 1], lr_min = min_lr_ratio * lr (Loshchilov & Hutter 2017,
 // SGDR eq. 5, single cycle). "linear": lr_min + (lr - lr_min) * (1 - t), the same t
-// (transformers' get_linear_schedule_with_warmup when min_lr_ratio = 0). "constant": lr after
-// warm-up.
+// (the shape of transformers' get_linear_schedule_with_warmup when min_lr_ratio = 0, which
+// evaluates it at the 0-based step: one step later than here; docs/spec.md). "constant": lr
+// after warm-up.
 inline double LearningRate(const lspo::v1::OptimSpec& o, int step, int total_steps) {
   const double lr = o.lr();
   const int warmup = WarmupSteps(o, total_steps);

@@ -314,6 +314,12 @@ absl::Status NormalizeSpecJson(const std::vector<std::string>& overrides, absl::
       return absl::InvalidArgumentError(
           absl::StrCat(what, " is not key=value (e.g. optim.lr=3e-4 or learning_rate=3e-4)"));
     }
+    if (eq + 1 == o.size()) {
+      // YAML reads an empty value as null, which protobuf reads as the field's default: the
+      // spec's value would be dropped without a word.
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has no value; write ", o, "VALUE (an empty string: ", o, "'')"));
+    }
     Json value;
     try {
       value = YamlToJson(YAML::Load(o.substr(eq + 1)));

@@ -131,6 +131,12 @@ TEST(SpecNamesTest, OverridesSetAnyFieldAfterTheFile) {
   EXPECT_EQ(spec->data().train_path(), "a b.jsonl");
   EXPECT_EQ(spec->steps(), 9);
 
+  auto empty = ParseJobSpecYaml(yaml, "o.yaml", {"learning_rate="});
+  EXPECT_THAT(empty.status().message(),
+              HasSubstr("override 'learning_rate=' has no value; write learning_rate=VALUE"));
+  auto empty_string = ParseJobSpecYaml(yaml, "o.yaml", {"name=''"});
+  ASSERT_TRUE(empty_string.ok()) << empty_string.status();
+  EXPECT_EQ(empty_string->name(), "");
   auto no_eq = ParseJobSpecYaml(yaml, "o.yaml", {"steps"});
   EXPECT_THAT(no_eq.status().message(), HasSubstr("override 'steps' is not key=value"));
   auto typo = ParseJobSpecYaml(yaml, "o.yaml", {"optim.lrr=1"});
