@@ -243,13 +243,6 @@ absl::StatusOr<std::vector<at::Tensor>> PlaceModel(WorkerJob* job, bool use_cuda
     }
     RETURN_IF_ERROR(model.SetLinearStorageDtype(at::kBFloat16));
   }
-  // The lsp kernels of CUDA tensors (docs/gpu.md) are a process-wide choice: every job sets
-  // it, the job's own or the default, so that none runs a previous job's.
-  if (spec.lsp().kernels() == lspo::v1::CUDA_KERNELS_UNSPECIFIED) {
-    lsp::internal::ResetCudaKernels();
-  } else {
-    lsp::internal::SetCudaKernels(spec.lsp().kernels() == lspo::v1::CUDA_KERNELS_CUSTOM);
-  }
   if (!use_cuda) {
     // Undo a previous CUDA job's TF32 setting (process-wide): CPU jobs keep exact fp32.
     at::globalContext().setFloat32MatmulPrecision("highest");

@@ -69,6 +69,11 @@ absl::Status LspPath::AttachGradients(WorkerJob* job) {
   auto& model = *job->model;
   linears_ = std::make_shared<lsp::LspLinears>(model);
   linears_->SetDenseCompression(job->spec.lsp().compression() == lspo::v1::COMPRESSION_DENSE);
+  kernels_ = job->spec.lsp().kernels() == lspo::v1::CUDA_KERNELS_CUSTOM ? lsp::CudaKernels::kCustom
+             : job->spec.lsp().kernels() == lspo::v1::CUDA_KERNELS_ATEN
+                 ? lsp::CudaKernels::kAten
+                 : lsp::CudaKernels::kDefault;
+  linears_->SetCudaKernels(kernels_);
   model.SetLinearImpl(linears_);
   model.SetLinearMode(model::LinearMode::kCustom);
   // CUDA: each S's formation bracketed by compute-stream events (StepMetrics
@@ -159,14 +164,15 @@ absl::Status LspPath::Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor&
   }
   // One fused pass over W: decay, the step and the rounding (lsp::ApplyStepFused).
   if (!comp_.empty()) {
-    lsp::ApplyStepFused(w, &comp_[i], p_[i], d, q_[i], decay, lsp::Rounding::kCompensated, 0);
+    lsp::ApplyStepFused(w, &comp_[i], p_[i], d, q_[i], decay, lsp::Rounding::kCompensated, 0,
+                        kernels_);
   } else {
     const bool stochastic = job->spec.lsp().apply_rounding() == lspo::v1::APPLY_ROUNDING_STOCHASTIC;
     // The noise depends only on the job's seed, the step and the matrix: resumes and data-
     // parallel ranks round alike.
     lsp::ApplyStepFused(w, nullptr, p_[i], d, q_[i], decay,
                         stochastic ? lsp::Rounding::kStochastic : lsp::Rounding::kNearest,
-                        lsp::ProjectorSeed(job->spec.seed() ^ kApplyNoiseSalt, i, step));
+                        lsp::ProjectorSeed(job->spec.seed() ^ kApplyNoiseSalt, i, step), kernels_);
   }
   if (job->cuda) RETURN_IF_ERROR(job->plane.engine->ReleaseStaging());
   return absl::OkStatus();

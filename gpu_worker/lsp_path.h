@@ -80,6 +80,9 @@ class LspPath : public OffloadPath {
   std::vector<lsp::SparseProjector> p_, q_;  // As p() and q().
   // The model's LinearImpl; null when the linears compute densely (GaLore-Offload).
   std::shared_ptr<lsp::LspLinears> linears_;
+  // The job's kernels for CUDA tensors (lsp.kernels): the compression's (linears_) and the
+  // apply's. Per job: nothing process-wide is set.
+  lsp::CudaKernels kernels_ = lsp::CudaKernels::kDefault;
   // Per linear, (d_p, d_q) fp32: with grad_accum > 1 (persistent_s_) an accumulator summed
   // over the step's micro-batches and zeroed per step; with one micro-batch per step the S of
   // the step's backward itself (undefined between steps), so no accumulator lives on the

@@ -24,7 +24,7 @@ struct LspLinearBackward : public torch::autograd::Node {
       if (task_should_compute_output(0)) dx = at::mm(dy, w.to(dy.scalar_type()));
       if (sink != nullptr && sink->sink) {
         if (sink->on_compress_begin) sink->on_compress_begin(linear_index);
-        at::Tensor s = CompressFactored(dy, xq, p);  // (d_p, d_q) fp32
+        at::Tensor s = CompressFactored(dy, xq, p, kernels);  // (d_p, d_q) fp32
         sink->sink(linear_index, s);
       }
     }
@@ -36,9 +36,10 @@ struct LspLinearBackward : public torch::autograd::Node {
   }
   std::string name() const override { return "LspLinearBackward"; }
 
-  torch::autograd::SavedVariable weight;  // W (m, n) as stored (fp32, bf16 or fp16)
-  at::Tensor xq;                          // X Q (N, d_q) fp32, a view of (X Q)^T
-  SparseProjector p;                      // P (m, d_p)
+  torch::autograd::SavedVariable weight;        // W (m, n) as stored (fp32, bf16 or fp16)
+  at::Tensor xq;                                // X Q (N, d_q) fp32, a view of (X Q)^T
+  SparseProjector p;                            // P (m, d_p)
+  CudaKernels kernels = CudaKernels::kDefault;  // the compression's on CUDA
   int64_t linear_index = 0;
   std::shared_ptr<LspLinears::SinkHolder> sink;
 };
@@ -46,7 +47,7 @@ struct LspLinearBackward : public torch::autograd::Node {
 // y = x W^T recorded with an LspLinearBackward node. x2d (N, n), w (m, n) -> (N, m);
 // xq_t: (X Q)^T (d_q, N) fp32 when a sink is set (the backward's operand), else undefined.
 at::Tensor LspLinearForward(const at::Tensor& x2d, const at::Tensor& w, int64_t linear_index,
-                            const SparseProjector& p, at::Tensor xq_t,
+                            const SparseProjector& p, CudaKernels kernels, at::Tensor xq_t,
                             const std::shared_ptr<LspLinears::SinkHolder>& sink) {
   at::Tensor y;  // (N, m)
   {
@@ -59,6 +60,7 @@ at::Tensor LspLinearForward(const at::Tensor& x2d, const at::Tensor& w, int64_t 
   node->sink = xq_t.defined() ? sink : nullptr;
   if (xq_t.defined()) node->xq = xq_t.t();  // (N, d_q) view; the GEMM reads it in place
   node->p = p;
+  node->kernels = kernels;
   node->linear_index = linear_index;
   node->set_next_edges(torch::autograd::collect_next_edges(x2d));
   torch::autograd::create_gradient_edge(y, std::move(node));
@@ -159,7 +161,7 @@ std::vector<at::Tensor> LspLinears::ProjectGroup(const at::Tensor& x2d, int64_t 
   if (!dense_ || s.pq->second.identity) {
     std::vector<const SparseProjector*> qs;
     for (int64_t j : *members) qs.push_back(&slots_[static_cast<size_t>(j)].pq->second);
-    return ProjectRowsTransposed(x2d, qs);
+    return ProjectRowsTransposed(x2d, qs, kernels_);
   }
   DenseGroup& g = dense_groups_[i];
   if (g.members != *members || !g.q_cat.defined()) {
@@ -218,7 +220,7 @@ at::Tensor LspLinears::Forward(const at::Tensor& x2d, const at::Tensor& w, int64
     slot.p_dense = *std::move(pd);
   }
   const SparseProjector& p = slot.p_dense.has_value() ? *slot.p_dense : slot.pq->first;
-  return LspLinearForward(x2d, w, i, p, std::move(xq_t), sink_);
+  return LspLinearForward(x2d, w, i, p, kernels_, std::move(xq_t), sink_);
 }
 
 absl::Status LspLinears::To(const at::Device& device) {

@@ -66,6 +66,11 @@ class LspLinears : public model::LinearImpl {
   void SetDenseCompression(bool dense);
   bool dense_compression() const { return dense_; }
 
+  // The kernels CUDA tensors use for X Q and dY P (JobSpec lsp.kernels, lsp/projector.h), this
+  // object's and its backward nodes' own: kDefault until set. Takes effect at the next forward.
+  void SetCudaKernels(CudaKernels kernels) { kernels_ = kernels; }
+  CudaKernels cuda_kernels() const { return kernels_; }
+
   // kFailedPrecondition naming the first kCustom linear of `model` without projectors.
   absl::Status ValidateReady(const model::LlamaModel& model) const;
 
@@ -126,6 +131,7 @@ class LspLinears : public model::LinearImpl {
   std::vector<Slot> slots_;
   SharedInput shared_;
   bool dense_ = false;
+  CudaKernels kernels_ = CudaKernels::kDefault;
   std::map<int64_t, DenseGroup> dense_groups_;
   std::shared_ptr<SinkHolder> sink_ = std::make_shared<SinkHolder>();
 };

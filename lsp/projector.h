@@ -104,11 +104,24 @@ inline uint64_t ProjectorSeed(uint64_t base, int64_t linear, int64_t draw) {
          static_cast<uint64_t>(draw) * 104729ull;
 }
 
+// The kernels an operation runs on CUDA tensors (docs/gpu.md), chosen per job (JobSpec
+// lsp.kernels) and passed with each call that has a choice; CPU tensors ignore it.
+enum class CudaKernels {
+  // The worker's environment LSPO_CUDA_KERNELS (custom / aten), read once per process; where
+  // it is unset, the fused apply (lsp/cuda) with ATen's compression (cuSPARSE there until it
+  // has been timed against ATen on a GPU).
+  kDefault = 0,
+  kAten = 1,    // ATen index ops for the compression and the apply
+  kCustom = 2,  // lsp/cuda: cuSPARSE SpMM for X P and dY P, the fused apply, int32 positions
+};
+
 // X P without densifying P. X: (N, rows) any floating dtype, any device; P.rows == X.size(1).
 // Returns (N, P.d) contiguous in X's dtype; sums are accumulated in fp32 (fp64 for fp64 X) and
 // rounded once. Used for A = X Q in the forward pass. O(N rows r). Differentiable in X and
 // P.value (when grad mode is on and either requires grad, the ATen path is taken).
-at::Tensor ProjectRows(const at::Tensor& X, const SparseProjector& P);
+// `kernels`: as ProjectRowsTransposed's.
+at::Tensor ProjectRows(const at::Tensor& X, const SparseProjector& P,
+                       CudaKernels kernels = CudaKernels::kDefault);
 
 // (X P)^T for every projector of Ps over one input X: the token-minor layout the compression
 // consumes (S = (dY P)^T (X Q) is then one GEMM with no transpose copy), and one pass over X
@@ -118,9 +131,11 @@ at::Tensor ProjectRows(const at::Tensor& X, const SparseProjector& P);
 // of lsp/project_kernel.h (sums over X's features in ascending order, products rounded before
 // each add: deterministic, the same bits for any thread count); a dense projector by a BLAS
 // GEMM. Elsewhere each P separately, as ProjectRows. Differentiable as ProjectRows. Empty Ps
-// or mismatched operands are programmer errors (CHECKed).
+// or mismatched operands are programmer errors (CHECKed). `kernels`: CUDA X only (kCustom:
+// cuSPARSE, unless a gradient is needed).
 std::vector<at::Tensor> ProjectRowsTransposed(const at::Tensor& X,
-                                              const std::vector<const SparseProjector*>& Ps);
+                                              const std::vector<const SparseProjector*>& Ps,
+                                              CudaKernels kernels = CudaKernels::kDefault);
 
 // The compressed weight gradient of a linear layer without materialising G (docs/method.md):
 //   S = P^T G Q with G = dY^T X, computed as S = (dY P)^T (X Q).
@@ -128,8 +143,9 @@ std::vector<at::Tensor> ProjectRowsTransposed(const at::Tensor& X,
 // ProjectRows, or the transposed view .t() of ProjectRowsTransposed's (d_q, N) (any floating
 // dtype, any strides: the GEMM reads it in place); P: (m, d_p). dY P is formed token-minor
 // (ProjectRowsTransposed), then S = (dY P)^T (X Q) by one GEMM. Returns (d_p, d_q) fp32 (fp64 if dY
-// and XQ are both fp64). Cost O(N m r + N d_p d_q).
-at::Tensor CompressFactored(const at::Tensor& dY, const at::Tensor& XQ, const SparseProjector& P);
+// and XQ are both fp64). Cost O(N m r + N d_p d_q). `kernels`: as ProjectRowsTransposed's.
+at::Tensor CompressFactored(const at::Tensor& dY, const at::Tensor& XQ, const SparseProjector& P,
+                            CudaKernels kernels = CudaKernels::kDefault);
 
 // The same S = P^T G Q (d, d) from a dense gradient G (m, n), e.g. calibration gradients. Two
 // sparse passes, O(m n r + n d r). Returns fp32 (fp64 if G is fp64). Differentiable in G and
@@ -154,10 +170,11 @@ at::Tensor ExpandStep(const SparseProjector& P, const at::Tensor& D, const Spars
 // seed: the noise seed of kStochastic (the same seed gives the same bits on the CPU and CUDA).
 // Dense projectors (GaLore-Offload) form P D Q^T by GEMMs, then round alike. CUDA: the fused
 // kernel runs on the legacy default stream whenever the project's kernels are built, unless
-// LSPO_CUDA_KERNELS=aten (the ATen apply, for comparison). Mismatched operands are programmer
-// errors (CHECKed).
+// `kernels` resolves to ATen (kAten, or kDefault with LSPO_CUDA_KERNELS=aten: the ATen apply,
+// for comparison). Mismatched operands are programmer errors (CHECKed).
 void ApplyStepFused(at::Tensor& W, at::Tensor* C, const SparseProjector& P, const at::Tensor& D,
-                    const SparseProjector& Q, double decay, Rounding rounding, uint64_t seed);
+                    const SparseProjector& Q, double decay, Rounding rounding, uint64_t seed,
+                    CudaKernels kernels = CudaKernels::kDefault);
 
 // W <- W + P D Q^T: ApplyStepFused with decay 1 and round-to-nearest (one rounding into W's
 // dtype, no double rounding of the step into bf16).
@@ -208,20 +225,11 @@ at::Tensor CrossGram(const at::Tensor& index_a, const at::Tensor& value_a, int64
 // Test hook: true routes every kernel through the generic ATen index ops (the CUDA path) even
 // on the CPU, so tests can compare both execution paths. Process-wide; default false.
 void SetForceAtenKernels(bool force);
-// CUDA tensors: true = the project's kernels everywhere (lsp/cuda/sparse_kernels.h: cuSPARSE
-// SpMM for ProjectRows/CompressFactored, the fused apply, int32 positions), false = ATen index
-// ops everywhere. Initialised from the environment: LSPO_CUDA_KERNELS=custom / aten; unset =
-// the fused apply with ATen's compression (cuSPARSE until it has been timed against ATen on a
-// GPU, docs/gpu.md). Process-wide. Without a CUDA toolkit at build time the kernels are absent
-// (CudaKernelsAvailable() false) and the setting has no effect.
-void SetCudaKernels(bool custom);
-// Back to the choice of the environment (LSPO_CUDA_KERNELS), or the default where it is unset:
-// what a job that leaves lsp.kernels unset runs. The worker sets or resets the choice at every
-// LoadJob, so no job inherits a previous job's (gpu_worker/job_loading.cc).
-void ResetCudaKernels();
-// The kernels CUDA tensors use now: 1 = the project's, 0 = ATen index ops, 2 = the default
-// (the fused apply, ATen's compression); see SetCudaKernels.
-int CudaKernelsInUse();
+// The kernels `kernels` selects for CUDA tensors, kDefault resolved: kAten or kCustom as given;
+// kDefault from LSPO_CUDA_KERNELS (custom / aten) when set, else kDefault (the fused apply with
+// ATen's compression). Without a CUDA toolkit at build time the project's kernels are absent
+// (CudaKernelsAvailable() false) and the choice has no effect.
+CudaKernels ResolveCudaKernels(CudaKernels kernels);
 bool CudaKernelsAvailable();
 }  // namespace internal
 

@@ -68,29 +68,17 @@ constexpr int64_t kRowGrain = 8;    // rows per task in the gathers / dots
 
 std::atomic<bool> g_force_aten{false};
 
-// CUDA tensors: 1 = the project's kernels for everything (lsp/cuda: cuSPARSE SpMM for X P and
-// dY P, the fused apply); 0 = ATen index ops for everything; 2 = the default: the fused apply,
-// ATen for the compression (cuSPARSE there until it has been timed against ATen on a GPU,
-// docs/gpu.md). From LSPO_CUDA_KERNELS (custom / aten / unset) or SetCudaKernels.
-std::atomic<int> g_cuda_kernels{-1};  // -1 = not read from the environment yet.
-
-}  // namespace
-
-int CudaKernelChoice() {
-  int v = g_cuda_kernels.load(std::memory_order_relaxed);
-  if (v < 0) {
+// The choice of LSPO_CUDA_KERNELS (custom / aten; anything else or unset: kDefault), read once.
+CudaKernels EnvironmentCudaKernels() {
+  static const CudaKernels choice = [] {
     const char* env = std::getenv("LSPO_CUDA_KERNELS");
     const std::string s = env != nullptr ? env : "";
-    v = s == "custom" ? 1 : s == "aten" ? 0 : 2;
-    g_cuda_kernels.store(v);
-  }
-  return v;
+    return s == "custom" ? CudaKernels::kCustom
+           : s == "aten" ? CudaKernels::kAten
+                         : CudaKernels::kDefault;
+  }();
+  return choice;
 }
-
-namespace {
-
-// The compression's kernels (ProjectRows, CompressFactored) on CUDA.
-bool UseCudaKernels() { return CudaKernelChoice() == 1; }
 
 // out (d, K) += P^T X for X (rows, K). Parallel over column blocks of K.
 template <typename T>
@@ -304,12 +292,12 @@ class GatherRowsFn : public torch::autograd::Function<GatherRowsFn> {
 // (X P)^T (P.d, N) contiguous in `acc` (fp32/fp64) for X (N, rows) and each projector of
 // `ps` (all with P.rows == rows). A dense projector: one GEMM (BLAS / cuBLAS), any device.
 // CPU, fp32 accumulation, nothing needing a gradient: one token-tiled pass over X for all the
-// sparse ones (lsp/project_kernel.h). Otherwise per projector: the CUDA kernel
-// (LSPO_CUDA_KERNELS=custom) or the differentiable scatter on X^T (ATen index ops; the CPU
-// loops for fp64).
+// sparse ones (lsp/project_kernel.h). Otherwise per projector: the CUDA kernel (`kernels`
+// resolving to kCustom) or the differentiable scatter on X^T (ATen index ops; the CPU loops
+// for fp64).
 std::vector<at::Tensor> RowsTimesPT(const at::Tensor& X,
                                     const std::vector<const SparseProjector*>& ps,
-                                    at::ScalarType acc) {
+                                    at::ScalarType acc, CudaKernels kernels) {
   bool needs_grad = false;
   for (const SparseProjector* p : ps) needs_grad = needs_grad || p->value.requires_grad();
   needs_grad = at::GradMode::is_enabled() && (needs_grad || X.requires_grad());
@@ -360,7 +348,8 @@ std::vector<at::Tensor> RowsTimesPT(const at::Tensor& X,
     const SparseProjector& P = *ps[k];
     if (P.dense) continue;
 #if LSPO_HAS_CUDA_KERNELS
-    if (X.is_cuda() && !needs_grad && acc == at::kFloat && UseCudaKernels()) {
+    if (X.is_cuda() && !needs_grad && acc == at::kFloat &&
+        internal::ResolveCudaKernels(kernels) == CudaKernels::kCustom) {
       const at::Tensor x = X.to(at::kFloat).contiguous();          // (N, rows)
       const at::Tensor idx = P.index.to(at::kInt).contiguous();    // (rows, r) int32
       const at::Tensor val = P.value.to(at::kFloat).contiguous();  // (rows, r)
@@ -408,9 +397,9 @@ at::Tensor CrossGram(const at::Tensor& index_a, const at::Tensor& value_a, int64
 }
 
 void SetForceAtenKernels(bool force) { kernels::g_force_aten.store(force); }
-void SetCudaKernels(bool custom) { kernels::g_cuda_kernels.store(custom ? 1 : 0); }
-void ResetCudaKernels() { kernels::g_cuda_kernels.store(-1); }
-int CudaKernelsInUse() { return kernels::CudaKernelChoice(); }
+CudaKernels ResolveCudaKernels(CudaKernels kernels) {
+  return kernels != CudaKernels::kDefault ? kernels : kernels::EnvironmentCudaKernels();
+}
 bool CudaKernelsAvailable() {
 #if LSPO_HAS_CUDA_KERNELS
   return true;

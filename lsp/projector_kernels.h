@@ -1,11 +1,11 @@
 // The kernels behind the operations of projector.h (internal to lsp/): the operand checks, the
-// compute dtype, the kernel choice (ATen forced, LSPO_CUDA_KERNELS), the sparse products P^T X
+// compute dtype, the ATen-forcing test hook, the sparse products P^T X
 // and P E on any device, and (X P)^T for several projectors at once. Dimension legend:
 // projector.h. Operands are already validated (projector.h "Error handling"): a mismatch is a
 // programmer error and is CHECKed.
 //
-// Thread-safety: the kernels are pure functions of their operands; the kernel choice is
-// process-wide (atomics set by projector.h internal::SetForceAtenKernels / SetCudaKernels).
+// Thread-safety: the kernels are pure functions of their operands and of the CUDA kernel choice
+// passed with them; the test hook internal::SetForceAtenKernels is process-wide.
 #ifndef LSPO_LSP_PROJECTOR_KERNELS_H_
 #define LSPO_LSP_PROJECTOR_KERNELS_H_
 
@@ -33,12 +33,6 @@ void CheckProjector(const SparseProjector& P, const char* fn, const char* name,
 // True when every kernel must use ATen index ops (internal::SetForceAtenKernels(true)).
 bool ForceAten();
 
-// The kernels for CUDA tensors: 1 = the project's kernels for everything (lsp/cuda), 0 = ATen
-// index ops for everything, 2 = the default (the fused apply, ATen for the compression). Read
-// from LSPO_CUDA_KERNELS (custom / aten / unset) on first use, or set by
-// internal::SetCudaKernels.
-int CudaKernelChoice();
-
 // The kernels' storage code of a weight or input dtype in `out`; false for dtypes they do not
 // take (fp64 and non-floating types).
 bool KernelDtype(at::ScalarType t, WeightDtype* out);
@@ -56,11 +50,11 @@ at::Tensor GatherKernel(const at::Tensor& E, const at::Tensor& index, const at::
 // `ps` (all with P.rows == rows, checked by the caller). A dense projector: one GEMM (BLAS /
 // cuBLAS), any device. CPU, fp32 accumulation, nothing needing a gradient: one token-tiled pass
 // over X for all the sparse ones (lsp/project_kernel.h). Otherwise per projector: the CUDA
-// kernel (LSPO_CUDA_KERNELS=custom) or the differentiable scatter on X^T (ATen index ops; the
-// CPU loops for fp64).
+// kernel (`kernels` resolving to kCustom) or the differentiable scatter on X^T (ATen index ops;
+// the CPU loops for fp64).
 std::vector<at::Tensor> RowsTimesPT(const at::Tensor& X,
                                     const std::vector<const SparseProjector*>& ps,
-                                    at::ScalarType acc);
+                                    at::ScalarType acc, CudaKernels kernels);
 
 }  // namespace lspo::lsp::kernels
 

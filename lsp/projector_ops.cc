@@ -27,7 +27,6 @@ namespace {
 using kernels::AccumType;
 using kernels::CheckOperand;
 using kernels::CheckProjector;
-using kernels::CudaKernelChoice;
 using kernels::ForceAten;
 using kernels::GatherKernel;
 using kernels::KernelDtype;
@@ -42,15 +41,19 @@ constexpr int64_t kBiasBlockElems = int64_t{1} << 21;
 // ---------------------------------------------------------------------------------------------
 // The operations
 
-at::Tensor ProjectRows(const at::Tensor& X, const SparseProjector& P) {
+at::Tensor ProjectRows(const at::Tensor& X, const SparseProjector& P, CudaKernels kernels) {
   CheckOperand(X, "ProjectRows", "X");
   CheckProjector(P, "ProjectRows", "P", X);
   CHECK_EQ(X.size(1), P.rows) << "ProjectRows: X " << X.sizes() << " vs P rows " << P.rows;
-  return RowsTimesPT(X, {&P}, AccumType(X.scalar_type()))[0].t().to(X.scalar_type()).contiguous();
+  return RowsTimesPT(X, {&P}, AccumType(X.scalar_type()), kernels)[0]
+      .t()
+      .to(X.scalar_type())
+      .contiguous();
 }
 
 std::vector<at::Tensor> ProjectRowsTransposed(const at::Tensor& X,
-                                              const std::vector<const SparseProjector*>& Ps) {
+                                              const std::vector<const SparseProjector*>& Ps,
+                                              CudaKernels kernels) {
   CheckOperand(X, "ProjectRowsTransposed", "X");
   CHECK(!Ps.empty()) << "ProjectRowsTransposed: no projectors";
   for (const SparseProjector* P : Ps) {
@@ -59,10 +62,11 @@ std::vector<at::Tensor> ProjectRowsTransposed(const at::Tensor& X,
     CHECK_EQ(X.size(1), P->rows) << "ProjectRowsTransposed: X " << X.sizes() << " vs P rows "
                                  << P->rows;
   }
-  return RowsTimesPT(X, Ps, AccumType(X.scalar_type()));
+  return RowsTimesPT(X, Ps, AccumType(X.scalar_type()), kernels);
 }
 
-at::Tensor CompressFactored(const at::Tensor& dY, const at::Tensor& XQ, const SparseProjector& P) {
+at::Tensor CompressFactored(const at::Tensor& dY, const at::Tensor& XQ, const SparseProjector& P,
+                            CudaKernels kernels) {
   CheckOperand(dY, "CompressFactored", "dY");
   CheckOperand(XQ, "CompressFactored", "XQ");
   CheckProjector(P, "CompressFactored", "P", dY);
@@ -73,8 +77,8 @@ at::Tensor CompressFactored(const at::Tensor& dY, const at::Tensor& XQ, const Sp
   const at::ScalarType ct = (dY.scalar_type() == at::kDouble && XQ.scalar_type() == at::kDouble)
                                 ? at::kDouble
                                 : at::kFloat;
-  const at::Tensor dyp_t = RowsTimesPT(dY, {&P}, ct)[0];  // (d_p, N) = (dY P)^T
-  return dyp_t.mm(XQ.to(ct));                             // (d_p, d_q) = (dY P)^T (X Q)
+  const at::Tensor dyp_t = RowsTimesPT(dY, {&P}, ct, kernels)[0];  // (d_p, N) = (dY P)^T
+  return dyp_t.mm(XQ.to(ct));                                      // (d_p, d_q) = (dY P)^T (X Q)
 }
 
 at::Tensor CompressDense(const at::Tensor& G, const SparseProjector& P, const SparseProjector& Q) {
@@ -142,7 +146,9 @@ at::Tensor StepTimesQt(const at::Tensor& D, const SparseProjector& Q) {
 namespace {
 
 // CUDA applies use the fused kernel unless the ATen kernels were chosen (lsp.kernels: aten).
-bool UseCudaFusedApply() { return CudaKernelChoice() != 0 && !ForceAten(); }
+bool UseCudaFusedApply(CudaKernels kernels) {
+  return internal::ResolveCudaKernels(kernels) != CudaKernels::kAten && !ForceAten();
+}
 
 // Stores the sum t (m, n) (fp32, or fp64 for fp64 W) into W (and C) with `rounding`: the ATen
 // path's last stage, the same rule as the kernels (stochastic: lsp::RoundStochastic on the
@@ -171,7 +177,8 @@ void RoundInto(at::Tensor& W, at::Tensor* C, at::Tensor t, Rounding rounding, ui
 }  // namespace
 
 void ApplyStepFused(at::Tensor& W, at::Tensor* C, const SparseProjector& P, const at::Tensor& D,
-                    const SparseProjector& Q, double decay, Rounding rounding, uint64_t seed) {
+                    const SparseProjector& Q, double decay, Rounding rounding, uint64_t seed,
+                    CudaKernels kernels) {
   CheckOperand(W, "ApplyStepFused", "W");
   CHECK(W.size(0) == P.rows && W.size(1) == Q.rows)
       << "ApplyStepFused: W " << W.sizes() << " vs P rows " << P.rows << ", Q rows " << Q.rows;
@@ -215,7 +222,7 @@ void ApplyStepFused(at::Tensor& W, at::Tensor* C, const SparseProjector& P, cons
     return;
   }
 #if LSPO_HAS_CUDA_KERNELS
-  if (fused && W.is_cuda() && UseCudaFusedApply()) {
+  if (fused && W.is_cuda() && UseCudaFusedApply(kernels)) {
     const at::Tensor e = StepTimesQt(D, Q);                      // (dP, n) fp32 on the device
     const at::Tensor idx = P.index.to(at::kInt).contiguous();    // (m, r) int32
     const at::Tensor val = P.value.to(at::kFloat).contiguous();  // (m, r)

@@ -38,18 +38,13 @@ bool HasShortNames(const EnumDescriptor& type) {
   return true;
 }
 
-const FieldDescriptor* FindField(const Descriptor& d, const std::string& key) {
-  const FieldDescriptor* f = d.FindFieldByName(key);
-  return f != nullptr ? f : d.FindFieldByCamelcaseName(key);
-}
-
 // Rewrites the enum values in `j` (the JSON of a `d`) to full names (to_full) or short names.
 // Errors: kInvalidArgument for a string that names no value of its closed set.
 absl::Status RewriteEnums(const Descriptor& d, Json* j, bool to_full, const std::string& where,
                           absl::string_view source) {
   if (!j->is_object()) return absl::OkStatus();
   for (auto& [key, value] : j->items()) {
-    const FieldDescriptor* f = FindField(d, key);
+    const FieldDescriptor* f = FindJsonField(d, key);
     if (f == nullptr || f->is_map()) continue;
     const std::string path = where.empty() ? f->name() : absl::StrCat(where, ".", f->name());
     std::vector<Json*> items;
@@ -154,6 +149,11 @@ std::string ProtoDifferences(const google::protobuf::Message& a, const google::p
   absl::StrReplaceAll({{"\n", "; "}}, &report);
   if (report.size() > max_chars) report = report.substr(0, max_chars) + "...";
   return report;
+}
+
+const FieldDescriptor* FindJsonField(const Descriptor& d, const std::string& key) {
+  const FieldDescriptor* f = d.FindFieldByName(key);
+  return f != nullptr ? f : d.FindFieldByCamelcaseName(key);
 }
 
 }  // namespace lspo::runtime

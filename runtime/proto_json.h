@@ -71,6 +71,11 @@ std::string EnumShortName(E value) {
 const google::protobuf::EnumValueDescriptor* FindEnumValue(
     const google::protobuf::EnumDescriptor& type, absl::string_view name);
 
+// The field of message type `d` a JSON key names: its proto name ("grad_accum") or its
+// lowerCamelCase JSON name ("gradAccum"), as ProtoFromJson accepts both; null if neither.
+const google::protobuf::FieldDescriptor* FindJsonField(const google::protobuf::Descriptor& d,
+                                                       const std::string& key);
+
 }  // namespace lspo::runtime
 
 #endif  // LSPO_RUNTIME_PROTO_JSON_H_

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "google/protobuf/descriptor.h"
 #include "proto/job_spec.pb.h"
+#include "runtime/proto_json.h"
 #include "runtime/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
@@ -63,12 +64,6 @@ const SpecAlias* FindAlias(absl::string_view key) {
     if (a.alias == key) return &a;
   }
   return nullptr;
-}
-
-// The field of `d` a JSON key names (proto name or lowerCamelCase JSON name), or null.
-const FieldDescriptor* FindField(const Descriptor& d, const std::string& key) {
-  const FieldDescriptor* f = d.FindFieldByName(key);
-  return f != nullptr ? f : d.FindFieldByCamelcaseName(key);
 }
 
 // The key under which `obj` holds field `f` (its proto or JSON name), or "" when it does not.
@@ -136,7 +131,7 @@ void CollectUnknown(const Descriptor& d, const Json& j, const std::string& where
                     std::vector<std::string>* unknown) {
   if (!j.is_object()) return;
   for (const auto& [key, value] : j.items()) {
-    const FieldDescriptor* f = FindField(d, key);
+    const FieldDescriptor* f = runtime::FindJsonField(d, key);
     const std::string path = where.empty() ? key : absl::StrCat(where, ".", key);
     if (f == nullptr) {
       const std::vector<std::string> near = Nearest(key, NamesOf(d, where.empty()));
@@ -186,7 +181,7 @@ absl::Status SetPath(const std::string& path, Json value, absl::string_view what
   Json* node = root;
   std::string where;
   for (size_t k = 0; k < parts.size(); ++k) {
-    const FieldDescriptor* f = FindField(*d, parts[k]);
+    const FieldDescriptor* f = runtime::FindJsonField(*d, parts[k]);
     if (f == nullptr) {
       const std::vector<std::string> near = Nearest(parts[k], NamesOf(*d, where.empty()));
       return absl::InvalidArgumentError(absl::StrCat(
@@ -223,7 +218,7 @@ const Json* GetPath(const Json& root, absl::string_view field) {
   const Json* node = &root;
   for (absl::string_view part : absl::StrSplit(field, '.')) {
     if (!node->is_object()) return nullptr;
-    const FieldDescriptor* f = FindField(*d, std::string(part));
+    const FieldDescriptor* f = runtime::FindJsonField(*d, std::string(part));
     if (f == nullptr) return nullptr;
     const std::string key = KeyOf(*node, *f);
     if (key.empty()) return nullptr;

@@ -254,24 +254,19 @@ TEST(WorkerCoreTest, TrainStepPublishesPtGQOfTheDenseGradient) {
   EXPECT_TRUE(worker.UnloadJob("l").ok());
 }
 
-// The lsp kernel choice is process-wide (lsp/projector.h): each LoadJob sets it, so a job that
-// leaves lsp.kernels unset runs the default, not the previous job's choice.
-TEST(WorkerCoreTest, EveryJobSetsTheKernelChoiceNoneInheritsIt) {
-  if (std::getenv("LSPO_CUDA_KERNELS") != nullptr) GTEST_SKIP() << "LSPO_CUDA_KERNELS is set";
+// The lsp kernel choice is the job's own (lsp.kernels, carried by its linears and update path):
+// loading a job with one choice leaves the process's default (what a call without a choice
+// runs: LSPO_CUDA_KERNELS or the built-in default) as it was.
+TEST(WorkerCoreTest, AJobsKernelChoiceIsItsOwnNotTheProcesss) {
+  const lsp::CudaKernels before = lsp::internal::ResolveCudaKernels(lsp::CudaKernels::kDefault);
   WorkerCore worker;
-  v1::JobSpec custom = TinySpec(v1::MODE_NATIVE, "kernels");
-  custom.mutable_lsp()->set_kernels(v1::CUDA_KERNELS_CUSTOM);
-  ASSERT_TRUE(worker.LoadJob("k1", custom).ok());
-  EXPECT_EQ(lsp::internal::CudaKernelsInUse(), 1);
-  v1::JobSpec aten = custom;
-  aten.mutable_lsp()->set_kernels(v1::CUDA_KERNELS_ATEN);
-  ASSERT_TRUE(worker.LoadJob("k2", aten).ok());
-  EXPECT_EQ(lsp::internal::CudaKernelsInUse(), 0);
-  v1::JobSpec unset = custom;
-  unset.mutable_lsp()->clear_kernels();
-  ASSERT_TRUE(worker.LoadJob("k3", unset).ok());
-  EXPECT_EQ(lsp::internal::CudaKernelsInUse(), 2);
-  EXPECT_TRUE(worker.UnloadJob("k3").ok());
+  for (const v1::CudaKernels k : {v1::CUDA_KERNELS_CUSTOM, v1::CUDA_KERNELS_ATEN}) {
+    v1::JobSpec spec = TinySpec(v1::MODE_LSP, "kernels");
+    spec.mutable_lsp()->set_kernels(k);
+    ASSERT_TRUE(worker.LoadJob(absl::StrCat("k", k), spec).ok());
+    EXPECT_EQ(lsp::internal::ResolveCudaKernels(lsp::CudaKernels::kDefault), before);
+  }
+  EXPECT_TRUE(worker.UnloadJob(absl::StrCat("k", v1::CUDA_KERNELS_ATEN)).ok());
 }
 
 // The overlap schedule (docs/architecture.md "Step schedules") against the serial one, over

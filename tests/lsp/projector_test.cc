@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <ostream>
 #include <set>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -641,24 +642,36 @@ TEST(ProjectorCudaTest, BothDevicePathsMatchTheFloat64Reference) {
   const at::Tensor xq_ref = X.to(at::kDouble).mm(DenseF64(Q));                    // (N, d)
   const at::Tensor s_ref = DenseF64(P).t().mm(dY.to(at::kDouble).t()).mm(xq_ref);  // (d, d)
   const at::Tensor w_ref = W.to(at::kDouble) + DenseF64(P).mm(D.to(at::kDouble)).mm(DenseF64(Q).t());
-  for (const bool custom : {false, true}) {
-    if (custom && !internal::CudaKernelsAvailable()) continue;
-    internal::SetCudaKernels(custom);
-    SCOPED_TRACE(custom ? "custom kernels" : "ATen index ops");
+  for (const CudaKernels k : {CudaKernels::kAten, CudaKernels::kCustom, CudaKernels::kDefault}) {
+    if (k == CudaKernels::kCustom && !internal::CudaKernelsAvailable()) continue;
+    SCOPED_TRACE(k == CudaKernels::kCustom ? "custom kernels"
+                 : k == CudaKernels::kAten ? "ATen index ops"
+                                           : "the default");
     torch::NoGradGuard no_grad;
-    const at::Tensor xq = ProjectRows(X.to(gpu), Qg);
+    const at::Tensor xq = ProjectRows(X.to(gpu), Qg, k);
     EXPECT_LT(RelErr(xq.cpu().to(at::kDouble), xq_ref), 1e-5);
-    const at::Tensor s = CompressFactored(dY.to(gpu), xq, Pg);
+    const at::Tensor s = CompressFactored(dY.to(gpu), xq, Pg, k);
     EXPECT_LT(RelErr(s.cpu().to(at::kDouble), s_ref), 1e-5);
     at::Tensor w32 = W.to(gpu);
-    ApplyStep(w32, Pg, D.to(gpu), Qg);
+    ApplyStepFused(w32, nullptr, Pg, D.to(gpu), Qg, 1.0, Rounding::kNearest, 0, k);
     EXPECT_LT(RelErr(w32.cpu().to(at::kDouble), w_ref), 1e-6);
     at::Tensor w16 = W.to(at::kBFloat16).to(gpu);
-    ApplyStep(w16, Pg, D.to(gpu), Qg);
+    ApplyStepFused(w16, nullptr, Pg, D.to(gpu), Qg, 1.0, Rounding::kNearest, 0, k);
     EXPECT_TRUE(at::isfinite(w16).all().item<bool>());
     EXPECT_LT(RelErr(w16.cpu().to(at::kDouble), w_ref), 8e-3);  // bf16 W: one rounding
   }
-  internal::ResetCudaKernels();
+}
+
+// kAten and kCustom are taken as given; kDefault is the environment's LSPO_CUDA_KERNELS.
+TEST(CudaKernelsTest, AnExplicitChoiceIsKeptTheDefaultIsTheEnvironments) {
+  EXPECT_EQ(internal::ResolveCudaKernels(CudaKernels::kAten), CudaKernels::kAten);
+  EXPECT_EQ(internal::ResolveCudaKernels(CudaKernels::kCustom), CudaKernels::kCustom);
+  const char* env = std::getenv("LSPO_CUDA_KERNELS");
+  const std::string e = env != nullptr ? env : "";
+  const CudaKernels want = e == "custom" ? CudaKernels::kCustom
+                           : e == "aten" ? CudaKernels::kAten
+                                         : CudaKernels::kDefault;
+  EXPECT_EQ(internal::ResolveCudaKernels(CudaKernels::kDefault), want);
 }
 
 }  // namespace
