@@ -438,6 +438,13 @@ class InterruptCanceller {
 int Submit(lspo::v1::Scheduler::Stub* stub, bool watch, bool cancel_on_signal = false,
            bool in_process = false) {
   auto spec = SpecFromFlags();
+  if (spec.ok() && in_process) {
+    // lspctl run: the checks the scheduler makes, before the run header (a remote scheduler
+    // makes them itself: the spec's paths are its).
+    lspo::v1::JobSpec resolved = *spec;
+    lspo::spec::ResolveDefaults(&resolved);
+    if (absl::Status valid = lspo::spec::ValidateJobSpec(resolved); !valid.ok()) spec = valid;
+  }
   if (!spec.ok()) {
     std::fprintf(stderr, "lspctl: %s\n", std::string(spec.status().message()).c_str());
     return 2;

@@ -54,18 +54,31 @@ bool IsModelCommand(const std::string& cmd) {
   return cmd == "plan" || cmd == "convert" || cmd == "generate" || cmd == "eval";
 }
 
-int RunModelCommand(const std::string& cmd) {
-  if (cmd == "plan") {
-    FLAGS_minloglevel = absl::GetFlag(FLAGS_verbose) ? 0 : 1;
-    auto spec = SpecFromFlags();
-    if (!spec.ok()) return Fail(spec.status());
-    lspo::client::PlanCommand p;
-    p.spec = *spec;
-    p.device = absl::GetFlag(FLAGS_device);
-    p.device_memory_gb = absl::GetFlag(FLAGS_device_memory_gb);
-    absl::Status st = lspo::client::RunPlan(p, stdout);
-    return st.ok() ? 0 : Fail(st);
+namespace {
+
+// lspctl plan: the memory plan of the spec from the flags.
+int RunPlanCommand() {
+  FLAGS_minloglevel = absl::GetFlag(FLAGS_verbose) ? 0 : 1;
+  // A bad spec or flag is exit status 2, as for run and submit; other failures 1.
+  auto spec = SpecFromFlags();
+  if (!spec.ok()) {
+    Fail(spec.status());
+    return 2;
   }
+  lspo::client::PlanCommand p;
+  p.spec = *spec;
+  p.device = absl::GetFlag(FLAGS_device);
+  p.device_memory_gb = absl::GetFlag(FLAGS_device_memory_gb);
+  absl::Status st = lspo::client::RunPlan(p, stdout);
+  if (st.ok()) return 0;
+  Fail(st);
+  return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace
+
+int RunModelCommand(const std::string& cmd) {
+  if (cmd == "plan") return RunPlanCommand();
 
   if (cmd == "convert") {
     if (absl::GetFlag(FLAGS_model).empty() || absl::GetFlag(FLAGS_output_dir).empty()) {

@@ -417,6 +417,8 @@ absl::Status RunPlan(const PlanCommand& cmd, std::FILE* out) {
   }
   const bool assumed_cuda = spec.device() == lspo::v1::DEVICE_UNSPECIFIED;
   spec::ResolveDefaults(&spec);
+  // The checks a run makes first (but the data files'): a spec a run would refuse gets no plan.
+  RETURN_IF_ERROR(spec::ValidateJobSpec(spec, /*check_data_files=*/false));
   const bool cuda = spec.device() != lspo::v1::DEVICE_CPU;
   ASSIGN_OR_RETURN(model::LlamaConfig config, offload::LoadJobModelConfig(spec));
   const lspo::v1::TrainingMode own = offload::ModeOf(spec).mode;

@@ -9,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -221,7 +222,12 @@ void JobRunner::InitSummary() {
   summary_["job_id"] = id_;
   summary_["mode"] = std::string(mode_.name);
   summary_["schedule"] = offload_ ? runtime::EnumShortName(spec_.schedule()) : "none";
-  summary_["weight_dtype"] = runtime::EnumShortName(spec_.weight_dtype());
+  // The device the worker trains on ("cpu", "cuda:0"), and its weights' dtype: the spec's, or
+  // where the spec left both unset the worker's default for its device (spec/job_spec.h).
+  summary_["device"] = wload_.device();
+  summary_["weight_dtype"] = spec_.weight_dtype() != lspo::v1::WEIGHT_DTYPE_UNSPECIFIED
+                                 ? runtime::EnumShortName(spec_.weight_dtype())
+                                 : (absl::StartsWith(wload_.device(), "cuda") ? "bf16" : "fp32");
   // What the worker runs with: the spec's setting or its own choice (chosen_settings).
   summary_["activation_checkpointing"] = wload_.activation_checkpointing();
   if (wload_.chosen_settings_size() > 0) {

@@ -107,8 +107,28 @@ absl::StatusOr<JobSpec> FromJsonTree(nlohmann::json json, absl::string_view sour
 
 absl::StatusOr<JobSpec> ParseJobSpecJson(absl::string_view json, absl::string_view source,
                                          const std::vector<std::string>& overrides) {
-  nlohmann::json tree = nlohmann::json::parse(json.begin(), json.end(), nullptr,
+  // A key twice in one object: nlohmann keeps the last value; refused instead (one of the two
+  // values would be lost without a word).
+  std::vector<std::set<std::string>> open;  // the keys of each object being read
+  std::string twice;
+  const nlohmann::json::parser_callback_t keys = [&](int, nlohmann::json::parse_event_t event,
+                                                     nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) open.emplace_back();
+    if (event == Event::object_end && !open.empty()) open.pop_back();
+    if (event == Event::key && !open.empty() && twice.empty() &&
+        !open.back().insert(parsed.get<std::string>()).second) {
+      twice = parsed.get<std::string>();
+    }
+    return true;
+  };
+  nlohmann::json tree = nlohmann::json::parse(json.begin(), json.end(), keys,
                                               /*allow_exceptions=*/false);
+  if (!tree.is_discarded() && !twice.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec ", source, ": the key '",
+                                                   twice.size() > 80 ? twice.substr(0, 80) : twice,
+                                                   "' appears twice in one object; keep one"));
+  }
   if (tree.is_discarded()) {
     // protobuf's parser names the line and column of the error.
     JobSpec spec;
@@ -273,7 +293,7 @@ static absl::Status Bad(absl::string_view field, const V& value, absl::string_vi
 }
 
 // The bookkeeping: checkpoints, data parallelism, evaluation, packing, resume_from.
-static absl::Status ValidateRun(const JobSpec& spec) {
+static absl::Status ValidateRun(const JobSpec& spec, bool check_files) {
   if (spec.checkpoint_every() < 0) {
     return Bad("checkpoint_every", spec.checkpoint_every(),
                "use 0 (no training checkpoints) or a positive number of steps");
@@ -317,7 +337,7 @@ static absl::Status ValidateRun(const JobSpec& spec) {
   if (spec.keep_checkpoints() < 1) {
     return Bad("keep_checkpoints", spec.keep_checkpoints(), "keep at least 1 checkpoint");
   }
-  if (!spec.resume_from().empty() && spec.resume_from() != "latest" &&
+  if (check_files && !spec.resume_from().empty() && spec.resume_from() != "latest" &&
       access((spec.resume_from() + "/trainer_state.json").c_str(), R_OK) != 0) {
     return absl::NotFoundError(
         absl::StrCat("job spec field resume_from: '", spec.resume_from(),
@@ -381,7 +401,7 @@ static absl::Status ValidateModel(const JobSpec& spec) {
 }
 
 // data: its format and the files it names.
-static absl::Status ValidateData(const JobSpec& spec) {
+static absl::Status ValidateData(const JobSpec& spec, bool check_files) {
   const auto& data = spec.data();
   if (data.format() == v1::DATA_FORMAT_UNSPECIFIED || !v1::DataFormat_IsValid(data.format())) {
     return Bad("data.format", runtime::EnumShortName(data.format()),
@@ -390,33 +410,33 @@ static absl::Status ValidateData(const JobSpec& spec) {
   if (data.train_path().empty()) {
     return Bad("data.train_path", "\"\"", "give a training data file");
   }
-  if (!Readable(data.train_path())) {
+  if (check_files && !Readable(data.train_path())) {
     return absl::NotFoundError(absl::StrCat("job spec field data.train_path: file '",
                                             data.train_path(),
                                             "' does not exist or is not readable (relative "
                                             "paths resolve against the scheduler's working "
                                             "directory)"));
   }
-  if (!data.eval_path().empty() && !Readable(data.eval_path())) {
+  if (check_files && !data.eval_path().empty() && !Readable(data.eval_path())) {
     return absl::NotFoundError(absl::StrCat("job spec field data.eval_path: file '",
                                             data.eval_path(),
                                             "' does not exist or is not readable"));
   }
   if (const std::string& a = spec.model().adapter_path();
-      !a.empty() && !Readable(a + "/adapter_config.json")) {
+      check_files && !a.empty() && !Readable(a + "/adapter_config.json")) {
     return absl::NotFoundError(
         absl::StrCat("job spec field model.adapter_path: '", a,
                      "' has no readable adapter_config.json; give "
                      "a PEFT LoRA adapter folder (a lora job writes one as <output_dir>/adapter)"));
   }
-  if (!data.perplexity_path().empty() && !Readable(data.perplexity_path())) {
+  if (check_files && !data.perplexity_path().empty() && !Readable(data.perplexity_path())) {
     return absl::NotFoundError(absl::StrCat("job spec field data.perplexity_path: file '",
                                             data.perplexity_path(),
                                             "' does not exist or is not readable"));
   }
   if (const std::string& t = data.chat_template();
-      !t.empty() && t.find("{{") == std::string::npos && t.find("{%") == std::string::npos &&
-      !Readable(t)) {
+      check_files && !t.empty() && t.find("{{") == std::string::npos &&
+      t.find("{%") == std::string::npos && !Readable(t)) {
     return absl::NotFoundError(
         absl::StrCat("job spec field data.chat_template: '", t,
                      "' is neither Jinja text (no {{ or {%) nor "
@@ -504,7 +524,8 @@ static absl::Status ValidateTraining(const JobSpec& spec) {
                             "; keep one (max_steps / steps or num_train_epochs / epochs)"));
   }
   if (spec.epochs() == 0 && spec.steps() < 1) {
-    return Bad("steps", spec.steps(), "run at least 1 step (or set epochs)");
+    return Bad("steps", spec.steps(),
+               "run at least 1 step: set steps (max_steps) >= 1, or epochs (num_train_epochs) > 0");
   }
   if (spec.has_micro_batch_size() && spec.micro_batch_size() < 1) {
     return Bad("micro_batch_size", spec.micro_batch_size(),
@@ -519,8 +540,8 @@ static absl::Status ValidateTraining(const JobSpec& spec) {
   if (optim.beta1() < 0 || optim.beta1() >= 1) return Bad("optim.beta1", optim.beta1(), "[0,1)");
   if (optim.beta2() < 0 || optim.beta2() >= 1) return Bad("optim.beta2", optim.beta2(), "[0,1)");
   if (optim.warmup_steps() < 0) return Bad("optim.warmup_steps", optim.warmup_steps(), ">= 0");
-  if (!(optim.warmup_ratio() >= 0) || optim.warmup_ratio() >= 1) {
-    return Bad("optim.warmup_ratio", optim.warmup_ratio(), "use a fraction of the steps in [0, 1)");
+  if (!(optim.warmup_ratio() >= 0) || optim.warmup_ratio() > 1) {
+    return Bad("optim.warmup_ratio", optim.warmup_ratio(), "use a fraction of the steps in [0, 1]");
   }
   if (optim.warmup_ratio() > 0 && optim.warmup_steps() > 0) {
     return Bad("optim.warmup_ratio", optim.warmup_ratio(),
@@ -547,10 +568,10 @@ static absl::Status ValidateTraining(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateJobSpec(const JobSpec& spec) {
-  RETURN_IF_ERROR(ValidateRun(spec));
+absl::Status ValidateJobSpec(const JobSpec& spec, bool check_data_files) {
+  RETURN_IF_ERROR(ValidateRun(spec, check_data_files));
   RETURN_IF_ERROR(ValidateModel(spec));
-  RETURN_IF_ERROR(ValidateData(spec));
+  RETURN_IF_ERROR(ValidateData(spec, check_data_files));
   // The mode, its own settings and the blocks of other modes (training_mode.h).
   RETURN_IF_ERROR(offload::CheckModeSettings(spec));
   RETURN_IF_ERROR(ValidateLsp(spec));

@@ -61,9 +61,11 @@ void TakeChosenSettingsFrom(const std::string& fingerprint, lspo::v1::JobSpec* s
 
 // Checks a spec with defaults resolved: value ranges (d >= 1, 1 <= r <= d, steps >= 1, ...),
 // known formats and modes, and that model/data files exist and are readable.
+// `check_data_files` false (lspctl plan, which reads only the model): the files the model does
+// not need (data.*, model.adapter_path, resume_from) are not looked for.
 // Errors: kInvalidArgument naming the field, the value and the fix; kNotFound for a missing
 // file (naming the field and the path).
-absl::Status ValidateJobSpec(const lspo::v1::JobSpec& spec);
+absl::Status ValidateJobSpec(const lspo::v1::JobSpec& spec, bool check_data_files = true);
 
 // Path checks for a multi-user service: every path the spec reads or writes
 // (offload::JobSpecPaths: model.path, model.tokenizer_path, model.adapter_path,

@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "glog/logging.h"
 #include "google/protobuf/descriptor.h"
 #include "proto/job_spec.pb.h"
 #include "runtime/proto_json.h"
@@ -57,6 +59,7 @@ constexpr SpecAlias kAliases[] = {
     {"lora_r", "lora.r", "Axolotl"},
     {"lora_alpha", "lora.alpha", "Axolotl"},
     {"lora_target_modules", "lora.target_modules", "Axolotl"},
+    {"packing", "data.packing", "TRL"},
 };
 
 const SpecAlias* FindAlias(absl::string_view key) {
@@ -64,6 +67,61 @@ const SpecAlias* FindAlias(absl::string_view key) {
     if (a.alias == key) return &a;
   }
   return nullptr;
+}
+
+// Keys of transformers' TrainingArguments, TRL's SFTConfig, PEFT's LoraConfig and Axolotl that
+// are no JobSpec field: what a spec with one of them gets.
+struct ForeignKey {
+  absl::string_view key;
+  // Empty: the key is dropped with a warning (`advice` says why nothing is lost). Else the
+  // field the key sets, through `Translate` below (bf16: true -> weight_dtype: bf16).
+  absl::string_view field;
+  absl::string_view advice;
+};
+
+constexpr ForeignKey kForeignKeys[] = {
+    {"bf16", "weight_dtype",
+     "bf16: true is weight_dtype: bf16 (16-bit weights on the worker, fp32 master weights and "
+     "Adam state on the host), false is weight_dtype: fp32"},
+    {"fp16", "", "fp16 weights are not offered; use bf16: true (weight_dtype: bf16)"},
+    {"tf32", "", "a CUDA worker already runs fp32 matmuls on TF32 tensor cores"},
+    {"lora_dropout", "", "this product's LoRA has no dropout: remove the key or set it to 0"},
+    {"optim", "", ""},  // TrainingArguments' optimizer name; see OptimName below.
+    {"logging_steps", "", "every step is logged (metrics.jsonl, TensorBoard)"},
+    {"logging_strategy", "", "every step is logged (metrics.jsonl, TensorBoard)"},
+    {"logging_first_step", "", "every step is logged (metrics.jsonl, TensorBoard)"},
+    {"logging_dir", "", "TensorBoard event files go to output_dir/runs"},
+    {"report_to", "", "TensorBoard event files are always written (output_dir/runs)"},
+    {"run_name", "", "the job is named by its id (lspctl submit --job_id) and output_dir"},
+    {"eval_strategy", "", "evaluation runs every eval_every (eval_steps) steps"},
+    {"evaluation_strategy", "", "evaluation runs every eval_every (eval_steps) steps"},
+    {"save_strategy", "", "checkpoints are written every checkpoint_every (save_steps) steps"},
+    {"per_device_eval_batch_size", "", "evaluation batches are sized by the worker"},
+    {"dataloader_num_workers", "", "the worker tokenises the data once, at load"},
+    {"dataloader_pin_memory", "", "a CUDA worker pins its staging buffers itself"},
+    {"remove_unused_columns", "", "the data loader reads only the keys it knows"},
+    {"overwrite_output_dir", "",
+     "output_dir is never overwritten: a fresh start next to earlier checkpoints is refused"},
+    {"do_train", "", "a job always trains"},
+    {"do_eval", "", "evaluation follows data.eval_path and eval_every"},
+    {"save_safetensors", "", "models and checkpoints are always safetensors"},
+    {"push_to_hub", "", "nothing is uploaded; the output folder is a Hugging Face model folder"},
+    {"dataset_text_field", "",
+     "text records are read from the key \"text\" (docs/spec.md lists the record shapes)"},
+};
+
+const ForeignKey* FindForeignKey(absl::string_view key) {
+  for (const ForeignKey& k : kForeignKeys) {
+    if (k.key == key) return &k;
+  }
+  return nullptr;
+}
+
+// transformers' `optim` values that name the AdamW every mode here runs (decoupled weight
+// decay, Loshchilov & Hutter 2019); anything else is another optimizer.
+bool IsAdamWName(absl::string_view name) {
+  return name == "adamw_torch" || name == "adamw_torch_fused" || name == "adamw_hf" ||
+         name == "adamw" || name == "adamw_apex_fused";
 }
 
 // The key under which `obj` holds field `f` (its proto or JSON name), or "" when it does not.
@@ -100,9 +158,12 @@ std::vector<std::string> Nearest(const std::string& key,
   const std::string lower = absl::AsciiStrToLower(key);
   const size_t limit = std::max<size_t>(2, lower.size() / 3);
   for (const std::string& c : candidates) {
-    const size_t d = EditDistance(lower, c);
-    const bool contains = lower.size() >= 3 && (c.find(lower) != std::string::npos ||
-                                                lower.find(c) != std::string::npos);
+    // A nested field ("lora.r") is scored by its own name.
+    const size_t dot = c.rfind('.');
+    const std::string leaf = dot == std::string::npos ? c : c.substr(dot + 1);
+    const size_t d = EditDistance(lower, leaf);
+    const bool contains = lower.size() >= 3 && (leaf.find(lower) != std::string::npos ||
+                                                lower.find(leaf) != std::string::npos);
     if (d <= limit || contains) scored.emplace_back(d, c);
   }
   std::sort(scored.begin(), scored.end());
@@ -115,12 +176,20 @@ std::vector<std::string> Nearest(const std::string& key,
   return out;
 }
 
-// The field names of `d` ("lr", "beta1", ...) and, at the top level, the aliases.
+// The field names of `d` ("lr", "beta1", ...) and, at the top level, the aliases and the
+// fields of the top-level messages ("lora.r", "optim.lr": a key written one level too high).
 std::vector<std::string> NamesOf(const Descriptor& d, bool top) {
   std::vector<std::string> names;
   for (int i = 0; i < d.field_count(); ++i) names.push_back(d.field(i)->name());
   if (top) {
     for (const SpecAlias& a : kAliases) names.emplace_back(a.alias);
+    for (int i = 0; i < d.field_count(); ++i) {
+      const FieldDescriptor& f = *d.field(i);
+      if (f.type() != FieldDescriptor::TYPE_MESSAGE || f.is_repeated()) continue;
+      for (int k = 0; k < f.message_type()->field_count(); ++k) {
+        names.push_back(absl::StrCat(f.name(), ".", f.message_type()->field(k)->name()));
+      }
+    }
   }
   return names;
 }
@@ -169,9 +238,12 @@ Json ScheduleValue(const Json& v) {
 
 // Sets the field at dotted `path` (proto or JSON names; top-level aliases resolved) of `root`
 // to `value`, creating the messages on the way and replacing the key the field had under
-// either of its names. Errors: kInvalidArgument naming `what` for a path that names no field
-// (with suggestions) or goes through a field that is not a message.
-absl::Status SetPath(const std::string& path, Json value, absl::string_view what, Json* root) {
+// either of its names. `raw` (may be null): the value as typed on the command line, taken
+// as is by a string field (name=007 stays "007", not the number 7).
+// Errors: kInvalidArgument naming `what` for a path that names no field (with suggestions)
+// or goes through a field that is not a message.
+absl::Status SetPath(const std::string& path, Json value, absl::string_view what, Json* root,
+                     const std::string* raw = nullptr) {
   std::vector<std::string> parts = absl::StrSplit(path, '.');
   if (const SpecAlias* a = FindAlias(parts[0]); a != nullptr && parts.size() == 1) {
     parts = absl::StrSplit(a->field, '.');
@@ -193,6 +265,10 @@ absl::Status SetPath(const std::string& path, Json value, absl::string_view what
     if (key.empty()) key = f->name();
     where = where.empty() ? f->name() : absl::StrCat(where, ".", f->name());
     if (k + 1 == parts.size()) {
+      if (raw != nullptr && f->type() == FieldDescriptor::TYPE_STRING && !f->is_repeated() &&
+          !value.is_string() && !value.is_null()) {
+        value = *raw;
+      }
       (*node)[key] = std::move(value);
       return absl::OkStatus();
     }
@@ -228,9 +304,9 @@ const Json* GetPath(const Json& root, absl::string_view field) {
   return node;
 }
 
-// Step 1 of NormalizeSpecJson: the aliases of `root`'s top level become their fields.
-absl::Status ResolveAliases(absl::string_view source, Json* root) {
-  std::vector<std::pair<std::string, Json>> found;
+// Step 1 of NormalizeSpecJson: the aliases of `root`'s top level become their fields. Each
+// disagreement (an alias and its field, or two aliases of one field) is appended to `errors`.
+void ResolveAliases(Json* root, std::vector<std::string>* errors) {
   for (const SpecAlias& a : kAliases) {
     auto it = root->find(std::string(a.alias));
     if (it == root->end()) continue;
@@ -241,17 +317,169 @@ absl::Status ResolveAliases(absl::string_view source, Json* root) {
     // Two aliases of one field (max_length and max_seq_length) or an alias beside its field.
     if (const Json* had = GetPath(*root, a.field); had != nullptr && !had->is_null()) {
       if (*had != value) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("job spec ", source, ": ", a.alias, " (the ", a.where, " name of ",
-                         a.field, ") is ", value.dump(), " but ", a.field, " is ", had->dump(),
-                         " (set by the spec or another alias); keep one of them"));
+        errors->push_back(absl::StrCat(a.alias, " (the ", a.where, " name of ", a.field, ") is ",
+                                       value.dump(), " but ", a.field, " is ", had->dump(),
+                                       " (set by the spec or another alias); keep one of them"));
       }
       continue;
     }
-    RETURN_IF_ERROR(SetPath(std::string(a.field), std::move(value),
-                            absl::StrCat("job spec ", source, ": ", a.alias), root));
+    absl::Status st = SetPath(std::string(a.field), std::move(value), a.alias, root);
+    if (!st.ok()) errors->push_back(std::string(st.message()));
   }
-  return absl::OkStatus();
+}
+
+// Step 0 of NormalizeSpecJson: the top-level keys of kForeignKeys. Each is translated into its
+// field (bf16), dropped with a warning naming `source` (what the product does anyway), or
+// refused (appended to `errors`) when dropping it would change what the user asked for.
+void ResolveForeignKeys(absl::string_view source, Json* root, std::vector<std::string>* errors) {
+  std::vector<std::string> keys;
+  for (const auto& item : root->items()) {
+    if (FindForeignKey(item.key()) != nullptr) keys.push_back(item.key());
+  }
+  for (const std::string& key : keys) {
+    const ForeignKey& fk = *FindForeignKey(key);
+    const Json value = root->at(key);
+    auto refuse = [&](absl::string_view why) {
+      errors->push_back(absl::StrCat(key, ": ", value.dump(), ": ", why));
+    };
+    if (key == "optim") {
+      if (value.is_object()) continue;  // Our optim block.
+      if (!value.is_string() || !IsAdamWName(absl::AsciiStrToLower(value.get<std::string>()))) {
+        refuse(
+            "optim here is the block of AdamW settings (optim.lr, optim.weight_decay, ...), "
+            "not an optimizer's name: every mode runs AdamW (transformers' adamw_torch); "
+            "remove the line");
+        continue;
+      }
+      LOG(WARNING) << "job spec " << source << ": optim: " << value.dump()
+                   << " ignored: every mode runs AdamW";
+      root->erase(key);
+      continue;
+    }
+    const bool falsy = value.is_null() || (value.is_boolean() && !value.get<bool>()) ||
+                       (value.is_number() && value.get<double>() == 0);
+    if (key == "bf16") {
+      if (!value.is_boolean()) {
+        refuse("write true or false");
+        continue;
+      }
+      root->erase(key);
+      const Json dtype = value.get<bool>() ? "bf16" : "fp32";
+      if (const Json* had = GetPath(*root, fk.field); had != nullptr && !had->is_null()) {
+        const google::protobuf::EnumValueDescriptor* v =
+            had->is_string() ? runtime::FindEnumValue(*lspo::v1::WeightDtype_descriptor(),
+                                                      had->get<std::string>())
+                             : nullptr;
+        const int want =
+            value.get<bool>() ? lspo::v1::WEIGHT_DTYPE_BF16 : lspo::v1::WEIGHT_DTYPE_FP32;
+        if (v == nullptr || v->number() != want) {
+          refuse(absl::StrCat("it means weight_dtype: ", dtype.get<std::string>(),
+                              " but the spec sets weight_dtype: ", had->dump(), "; keep one"));
+        }
+        continue;
+      }
+      (*root)["weight_dtype"] = dtype;
+      continue;
+    }
+    if (key == "fp16" || key == "lora_dropout") {
+      if (!falsy) {
+        refuse(fk.advice);
+        continue;
+      }
+    } else if (key == "dataset_text_field") {
+      if (value != Json("text")) {
+        refuse(
+            "text records are read from the key \"text\": rename the field in the data, or "
+            "use another record shape (docs/spec.md)");
+        continue;
+      }
+    }
+    LOG(WARNING) << "job spec " << source << ": " << key << " ignored: " << fk.advice;
+    root->erase(key);
+  }
+}
+
+// Makes scalars fit their fields, recursively over `j` (the JSON of a `d`): a number or
+// boolean in a string field becomes its text (name: 123), and a string in a list-of-strings
+// field becomes the list of its comma-separated items (target_modules: q_proj,v_proj).
+void CoerceScalars(const Descriptor& d, Json* j) {
+  if (!j->is_object()) return;
+  for (auto& [key, value] : j->items()) {
+    const FieldDescriptor* f = runtime::FindJsonField(d, key);
+    if (f == nullptr || f->is_map()) continue;
+    if (f->type() == FieldDescriptor::TYPE_MESSAGE) {
+      if (f->is_repeated() && value.is_array()) {
+        for (Json& item : value) CoerceScalars(*f->message_type(), &item);
+      } else {
+        CoerceScalars(*f->message_type(), &value);
+      }
+      continue;
+    }
+    if (f->type() != FieldDescriptor::TYPE_STRING) continue;
+    if (!f->is_repeated() && (value.is_number() || value.is_boolean())) {
+      value = value.dump();
+    } else if (f->is_repeated() && value.is_string()) {
+      Json items = Json::array();
+      for (absl::string_view part : absl::StrSplit(value.get<std::string>(), ',')) {
+        part = absl::StripAsciiWhitespace(part);
+        if (!part.empty()) items.push_back(std::string(part));
+      }
+      value = std::move(items);
+    }
+  }
+}
+
+// Step 2 of NormalizeSpecJson: override `o` ("key=value") applied to `root`; `seen` holds the
+// fields earlier overrides set. Errors: as NormalizeSpecJson's for an override.
+absl::Status ApplyOverride(const std::string& o, absl::string_view source,
+                           std::vector<std::string>* seen, Json* root) {
+  const size_t eq = o.find('=');
+  const std::string what = absl::StrCat("override '", o, "'");
+  if (eq == std::string::npos || eq == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is not key=value (e.g. optim.lr=3e-4 or learning_rate=3e-4)"));
+  }
+  if (eq + 1 == o.size()) {
+    // YAML reads an empty value as null, which protobuf reads as the field's default: the
+    // spec's value would be dropped without a word.
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has no value; write ", o, "VALUE (an empty string: ", o, "'')"));
+  }
+  const std::string key = o.substr(0, eq);
+  const std::string raw = o.substr(eq + 1);
+  const SpecAlias* alias = FindAlias(key);
+  const std::string field = alias != nullptr ? std::string(alias->field) : key;
+  if (std::find(seen->begin(), seen->end(), field) != seen->end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", field, " is set by an earlier override too; keep one"));
+  }
+  seen->push_back(field);
+  Json value;
+  try {
+    value = YamlToJson(YAML::Load(raw));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the value is not valid YAML: ", e.what()));
+  }
+  if (field == "steps" && alias != nullptr && value.is_number() && value.get<double>() < 0) {
+    root->erase("steps");  // transformers' max_steps = -1: the epochs decide.
+    return absl::OkStatus();
+  }
+  // A length given on the command line replaces the spec's, in steps or in epochs.
+  if (field == "steps") root->erase("epochs");
+  if (field == "epochs") root->erase("steps");
+  if (FindForeignKey(key) != nullptr) {
+    Json one = Json::object();
+    one[key] = std::move(value);
+    std::vector<std::string> errors;
+    ResolveForeignKeys(source, &one, &errors);
+    if (!errors.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", absl::StrJoin(errors, "; ")));
+    }
+    for (auto& [k, v] : one.items()) RETURN_IF_ERROR(SetPath(k, v, what, root));
+    return absl::OkStatus();
+  }
+  return SetPath(key, std::move(value), what, root, &raw);
 }
 
 }  // namespace
@@ -260,7 +488,15 @@ Json YamlToJson(const YAML::Node& node) {
   switch (node.Type()) {
     case YAML::NodeType::Map: {
       Json obj = Json::object();
-      for (const auto& kv : node) obj[kv.first.as<std::string>()] = YamlToJson(kv.second);
+      for (const auto& kv : node) {
+        const std::string key = kv.first.as<std::string>();
+        if (obj.contains(key)) {
+          throw YAML::ParserException(
+              kv.first.Mark(), absl::StrCat("the key '", key.size() > 80 ? key.substr(0, 80) : key,
+                                            "' appears twice in one mapping; keep one"));
+        }
+        obj[key] = YamlToJson(kv.second);
+      }
       return obj;
     }
     case YAML::NodeType::Sequence: {
@@ -301,50 +537,35 @@ absl::Status NormalizeSpecJson(const std::vector<std::string>& overrides, absl::
     return absl::InvalidArgumentError(
         absl::StrCat("job spec ", source, ": expected a mapping (an object) at the top level"));
   }
-  RETURN_IF_ERROR(ResolveAliases(source, root));
+  std::vector<std::string> errors;
+  ResolveForeignKeys(source, root, &errors);
+  ResolveAliases(root, &errors);
+  std::vector<std::string> seen;
   for (const std::string& o : overrides) {
-    const size_t eq = o.find('=');
-    const std::string what = absl::StrCat("override '", o, "'");
-    if (eq == std::string::npos || eq == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " is not key=value (e.g. optim.lr=3e-4 or learning_rate=3e-4)"));
-    }
-    if (eq + 1 == o.size()) {
-      // YAML reads an empty value as null, which protobuf reads as the field's default: the
-      // spec's value would be dropped without a word.
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " has no value; write ", o, "VALUE (an empty string: ", o, "'')"));
-    }
-    Json value;
-    try {
-      value = YamlToJson(YAML::Load(o.substr(eq + 1)));
-    } catch (const YAML::Exception& e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": the value is not valid YAML: ", e.what()));
-    }
-    RETURN_IF_ERROR(SetPath(o.substr(0, eq), std::move(value), what, root));
-    // A length given on the command line replaces the spec's, in steps or in epochs.
-    const std::string key = o.substr(0, eq);
-    const SpecAlias* alias = FindAlias(key);
-    const absl::string_view field = alias != nullptr ? alias->field : absl::string_view(key);
-    if (field == "steps") root->erase("epochs");
-    if (field == "epochs") root->erase("steps");
+    absl::Status st = ApplyOverride(o, source, &seen, root);
+    if (!st.ok()) errors.push_back(std::string(st.message()));
   }
+  CoerceScalars(*lspo::v1::JobSpec::descriptor(), root);
   std::vector<std::string> unknown;
   CollectUnknown(*lspo::v1::JobSpec::descriptor(), *root, "", &unknown);
+  if (errors.empty() && unknown.empty()) return absl::OkStatus();
+  std::string message = absl::StrCat("job spec ", source, ": ");
+  if (!errors.empty()) {
+    if (errors.size() > 20) errors.resize(20);
+    absl::StrAppend(&message, absl::StrJoin(errors, "; "), unknown.empty() ? "" : "; ");
+  }
   if (!unknown.empty()) {
     const size_t n = unknown.size();
     if (n > 20) {
       unknown.resize(20);
       unknown.push_back(absl::StrCat("and ", n - 20, " more"));
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job spec ", source, ": ", n, " unknown field", n == 1 ? "" : "s", ": ",
-        absl::StrJoin(unknown, ", "),
-        ". See proto/job_spec.proto (message JobSpec) for the fields and docs/spec.md for the "
-        "transformers / TRL / Axolotl names accepted"));
+    absl::StrAppend(&message, n, " unknown field", n == 1 ? "" : "s", ": ",
+                    absl::StrJoin(unknown, ", "),
+                    ". See proto/job_spec.proto (message JobSpec) for the fields and docs/spec.md "
+                    "for the transformers / TRL / Axolotl names accepted");
   }
-  return absl::OkStatus();
+  return absl::InvalidArgumentError(message);
 }
 
 }  // namespace lspo::spec

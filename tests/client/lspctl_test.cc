@@ -288,6 +288,15 @@ TEST(LspctlPlanTest, SaysWhenTheWorkerWouldTurnOnActivationCheckpointing) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("the worker would choose: micro_batch_size: ")) << r.output;
   EXPECT_THAT(r.output, HasSubstr("whose lsp plan fits")) << r.output;
+  // A spec a run would refuse gets no plan, with the run's message and exit status (2); the
+  // data file (absent here) is not looked for.
+  r = Lspctl(absl::StrCat("plan --spec=", spec, " --device=cuda warmup_ratio=1.5"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("optim.warmup_ratio = 1.5 is invalid")) << r.output;
+  EXPECT_THAT(r.output, Not(HasSubstr("memory plan"))) << r.output;
+  r = Lspctl(absl::StrCat("plan --spec=", spec, " --device=cuda max_steps=0"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("run at least 1 step")) << r.output;
 }
 
 // Ctrl-C during `lspctl run` (embedded): the first SIGINT cancels the job through the

@@ -122,12 +122,14 @@ class FakeWorker final : public WorkerClient {
   // says 0, as a worker of an older version), and the spec of the last LoadJob.
   int32_t chosen_micro_batch = 0;
   lspo::v1::JobSpec loaded_spec;
+  std::string device = "cpu";  // what LoadJob says the job trains on
 
   absl::StatusOr<lspo::v1::LoadJobReply> LoadJob(const lspo::v1::LoadJobRequest& r,
                                                  double d) override {
     RETURN_IF_ERROR(Record("LoadJob", -1, d));
     loaded_spec = r.spec();
     lspo::v1::LoadJobReply rep;
+    rep.set_device(device);
     rep.set_micro_batch_size(r.spec().has_micro_batch_size() ? r.spec().micro_batch_size()
                                                              : chosen_micro_batch);
     if (r.spec().mode() != lspo::v1::MODE_NATIVE) {

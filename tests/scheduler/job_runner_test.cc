@@ -147,6 +147,8 @@ TEST(JobRunnerTest, EvaluationAndCheckpointCadence) {
   EXPECT_DOUBLE_EQ(s["final_eval_loss"].get<double>(), 0.25);
   EXPECT_DOUBLE_EQ(s["projector_fitted_relative_bias"].get<double>(), 0.25);
   EXPECT_EQ(s["skipped_steps"], 0);
+  EXPECT_EQ(s["device"], "cpu");        // the worker's device (LoadJobReply)
+  EXPECT_EQ(s["weight_dtype"], "fp32");  // unset: the worker's default for its device
   const v1::JobStatus st = f.host.status();
   EXPECT_EQ(st.last_checkpoint_step(), 7);
   EXPECT_EQ(st.evals_size(), 4);
@@ -154,6 +156,22 @@ TEST(JobRunnerTest, EvaluationAndCheckpointCadence) {
   // The final save: artifacts on the worker, the fp32 model on the optimizer, into out/.
   EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
   fs::remove_all(out);
+}
+
+// summary.json names the device the worker trains on and the weights' dtype it runs: the
+// spec's, or where the spec leaves it unset the worker's default (bf16 on CUDA).
+TEST(JobRunnerTest, TheSummarySaysTheWorkersDeviceAndWeightDtype) {
+  for (const v1::WeightDtype dtype : {v1::WEIGHT_DTYPE_UNSPECIFIED, v1::WEIGHT_DTYPE_FP32}) {
+    Fixture f;
+    f.worker.device = "cuda:0";
+    const std::string out = TempDir();
+    v1::JobSpec spec = Spec(out, v1::MODE_LSP, 1);
+    spec.set_weight_dtype(dtype);
+    ASSERT_TRUE(f.Run(spec).ok());
+    EXPECT_EQ(Summary(out)["device"], "cuda:0");
+    EXPECT_EQ(Summary(out)["weight_dtype"], dtype == v1::WEIGHT_DTYPE_FP32 ? "fp32" : "bf16");
+    fs::remove_all(out);
+  }
 }
 
 TEST(JobRunnerTest, ProjectorCheckCadenceAndMasterRefresh) {

@@ -110,9 +110,14 @@ TEST(SpecNamesTest, AnAliasAndItsFieldMustAgree) {
   EXPECT_THAT(two.status().message(),
               HasSubstr("max_length (the TRL name of seq_len) is 64 but seq_len is 128"));
   auto scalar = ParseJobSpecYaml("optim: 5\nlearning_rate: 1\n", "s.yaml");
+  EXPECT_THAT(scalar.status().message(), HasSubstr("job spec s.yaml: optim: 5: optim here is"));
   EXPECT_THAT(scalar.status().message(),
-              HasSubstr("job spec s.yaml: learning_rate: 'optim.lr': the spec's optim is not a "
-                        "mapping"));
+              HasSubstr("learning_rate: 'optim.lr': the spec's optim is not a mapping"));
+  // Every disagreement at once.
+  auto three = ParseJobSpecYaml("max_length: 64\nseq_len: 128\nlr_scheduler: cosine\n"
+                                "optim:\n  schedule: constant\n");
+  EXPECT_THAT(three.status().message(), HasSubstr("max_length (the TRL name of seq_len)"));
+  EXPECT_THAT(three.status().message(), HasSubstr("lr_scheduler (the Axolotl name of"));
   auto camel = ParseJobSpecJson(R"({"microBatchSize": 4, "per_device_train_batch_size": 2})");
   EXPECT_THAT(camel.status().message(), HasSubstr("micro_batch_size is 4"));
 }
@@ -232,15 +237,19 @@ TEST(SpecNamesTest, EpochsAndWarmupRatioAreTransformersCounts) {
               HasSubstr("steps = 4 is invalid: the spec also sets epochs = 2"));
   v1::JobSpec neither = *job;
   neither.clear_epochs();
-  EXPECT_THAT(ValidateJobSpec(neither).message(), HasSubstr("run at least 1 step (or set epochs)"));
+  EXPECT_THAT(ValidateJobSpec(neither).message(),
+              HasSubstr("run at least 1 step: set steps (max_steps) >= 1, or epochs "
+                        "(num_train_epochs) > 0"));
   v1::JobSpec warm = *job;
   warm.mutable_optim()->set_warmup_steps(3);
   EXPECT_THAT(ValidateJobSpec(warm).message(),
               HasSubstr("optim.warmup_ratio = 0.1 is invalid: the spec also sets "
                         "optim.warmup_steps = 3"));
   v1::JobSpec ratio = *job;
-  ratio.mutable_optim()->set_warmup_ratio(1.0);
-  EXPECT_THAT(ValidateJobSpec(ratio).message(), HasSubstr("in [0, 1)"));
+  ratio.mutable_optim()->set_warmup_ratio(1.0);  // transformers allows the whole run: [0, 1]
+  EXPECT_TRUE(ValidateJobSpec(ratio).ok()) << ValidateJobSpec(ratio);
+  ratio.mutable_optim()->set_warmup_ratio(1.5);
+  EXPECT_THAT(ValidateJobSpec(ratio).message(), HasSubstr("in [0, 1]"));
   v1::JobSpec negative = *job;
   negative.set_epochs(-1);
   EXPECT_THAT(ValidateJobSpec(negative).message(), HasSubstr("job spec field epochs = -1"));
@@ -248,6 +257,100 @@ TEST(SpecNamesTest, EpochsAndWarmupRatioAreTransformersCounts) {
   v1::JobSpec longer = *job;
   longer.set_epochs(5);
   EXPECT_TRUE(SameTraining(TrainingFingerprint(*job), longer));
+}
+
+// Keys of those tools that are no field here: translated, dropped (nothing lost) or refused
+// (dropping them would change the training), every refusal in one message.
+TEST(SpecNamesTest, TheirOtherKeysAreTranslatedDroppedOrRefused) {
+  auto spec = ParseJobSpecYaml(R"(
+bf16: true
+packing: true
+optim: adamw_torch
+lora_dropout: 0.0
+fp16: false
+logging_steps: 10
+report_to: tensorboard
+eval_strategy: steps
+save_strategy: steps
+per_device_eval_batch_size: 8
+run_name: my-run
+dataset_text_field: text
+steps: 3
+)");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->weight_dtype(), v1::WEIGHT_DTYPE_BF16);
+  EXPECT_TRUE(spec->data().packing());
+  EXPECT_EQ(spec->steps(), 3);
+  auto fp32 = ParseJobSpecYaml("bf16: false\nweight_dtype: fp32\n");
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  EXPECT_EQ(fp32->weight_dtype(), v1::WEIGHT_DTYPE_FP32);
+
+  auto bad = ParseJobSpecYaml(R"(
+bf16: true
+weight_dtype: fp32
+fp16: true
+optim: sgd
+lora_dropout: 0.05
+dataset_text_field: content
+)",
+                              "hf.yaml");
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string m(bad.status().message());
+  EXPECT_THAT(m, HasSubstr("job spec hf.yaml: "));
+  EXPECT_THAT(m, HasSubstr("bf16: true: it means weight_dtype: bf16 but the spec sets "
+                           "weight_dtype: \"fp32\""));
+  EXPECT_THAT(m, HasSubstr("fp16: true: fp16 weights are not offered"));
+  EXPECT_THAT(m, HasSubstr("optim: \"sgd\": optim here is the block of AdamW settings"));
+  EXPECT_THAT(m, HasSubstr("lora_dropout: 0.05: this product's LoRA has no dropout"));
+  EXPECT_THAT(m, HasSubstr("dataset_text_field: \"content\": text records are read from"));
+  // A top-level key that is a nested field, or a short name: the nested field is suggested.
+  auto nested = ParseJobSpecYaml("r: 8\nlr: 0.1\n");
+  EXPECT_THAT(nested.status().message(), HasSubstr("'r' (did you mean lora.r"));
+  EXPECT_THAT(nested.status().message(), HasSubstr("'lr' (did you mean optim.lr"));
+}
+
+// Overrides: taken as typed by string fields, comma lists for list fields, one field once,
+// max_steps=-1 as transformers means it, every bad override reported at once.
+TEST(SpecNamesTest, OverridesAreTypedByTheirFieldsAndReportedTogether) {
+  auto spec = ParseJobSpecYaml("epochs: 2\n", "o.yaml",
+                               {"name=007", "lora.target_modules=q_proj, v_proj",
+                                "data.system_prompt=true", "max_steps=-1", "bf16=false"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "007");
+  ASSERT_EQ(spec->lora().target_modules_size(), 2);
+  EXPECT_EQ(spec->lora().target_modules(0), "q_proj");
+  EXPECT_EQ(spec->lora().target_modules(1), "v_proj");
+  EXPECT_EQ(spec->data().system_prompt(), "true");
+  EXPECT_EQ(spec->epochs(), 2);  // max_steps=-1: the epochs decide
+  EXPECT_EQ(spec->steps(), 0);
+  EXPECT_EQ(spec->weight_dtype(), v1::WEIGHT_DTYPE_FP32);
+  // In a file, too: a number in a string field, one string for a list.
+  auto file = ParseJobSpecYaml("name: 123\nlora:\n  target_modules: q_proj\n");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->name(), "123");
+  EXPECT_EQ(file->lora().target_modules_size(), 1);
+
+  auto bad = ParseJobSpecYaml("steps: 2\n", "o.yaml",
+                              {"learning_rate=1e-3", "optim.lr=2e-3", "stepz=1", "lorra.r=2"});
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string m(bad.status().message());
+  EXPECT_THAT(m, HasSubstr("override 'optim.lr=2e-3': optim.lr is set by an earlier override"));
+  EXPECT_THAT(m, HasSubstr("override 'stepz=1': 'stepz' names no field (did you mean steps"));
+  EXPECT_THAT(m, HasSubstr("override 'lorra.r=2': 'lorra.r' names no field (did you mean lora"));
+}
+
+// A key twice in one mapping loses one of its values: refused in YAML and JSON.
+TEST(SpecNamesTest, AKeyTwiceInOneMappingIsRefused) {
+  auto yaml = ParseJobSpecYaml("steps: 2\noptim:\n  lr: 1\n  lr: 2\n", "d.yaml");
+  EXPECT_EQ(yaml.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(yaml.status().message(), HasSubstr("the key 'lr' appears twice in one mapping"));
+  auto json = ParseJobSpecJson(R"({"steps": 2, "optim": {"lr": 1}, "steps": 3})", "d.json");
+  EXPECT_EQ(json.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(json.status().message(),
+              HasSubstr("job spec d.json: the key 'steps' appears twice in one object"));
+  // The same key in two objects is fine.
+  auto apart = ParseJobSpecJson(R"({"lora": {"r": 2}, "lsp": {"r": 2}, "steps": 1})");
+  EXPECT_TRUE(apart.ok()) << apart.status();
 }
 
 }  // namespace
