@@ -51,7 +51,8 @@ absl::Status NotAnyFormat(const JsonRecord& r) {
   }
   return Bad(r.where, absl::StrCat("keys ", Keys(r.value),
                                    " match no format; expected \"messages\" "
-                                   "(chat), \"instruction\" + \"output\" (alpaca) or \"prompt\" + "
+                                   "(chat), \"conversations\" (ShareGPT chat), \"instruction\" + "
+                                   "\"output\" (alpaca) or \"prompt\" + "
                                    "\"completion\" (prompt_completion)"));
 }
 
@@ -77,34 +78,59 @@ absl::StatusOr<std::string> StringField(const JsonRecord& r, absl::string_view k
   return s;
 }
 
-// A list of {"role", "content"} messages at r.value[key].
+// ShareGPT's speaker names ("from") for the chat roles: Axolotl's default role map of its
+// chat_template / sharegpt loaders (user: human, user; assistant: gpt, assistant, model;
+// system: system), which covers FastChat's human / gpt. Null for another name.
+const char* ShareGptRole(absl::string_view from) {
+  if (from == "human" || from == "user") return "user";
+  if (from == "gpt" || from == "assistant" || from == "model") return "assistant";
+  if (from == "system") return "system";
+  return nullptr;
+}
+
+// A list of {"role", "content"} messages at r.value[key]; for key "conversations" (ShareGPT)
+// items are {"from", "value"} with the speakers of ShareGptRole (an item with "role" is read
+// as a message).
 absl::StatusOr<std::vector<model::ChatMessage>> Messages(const JsonRecord& r,
                                                          absl::string_view key) {
   const Json& list = r.value.at(std::string(key));
+  const bool sharegpt = key == "conversations";
+  const char* shape = sharegpt ? "{\"from\", \"value\"}" : "{\"role\", \"content\"}";
   if (!list.is_array() || list.empty()) {
-    return Bad(r.where, absl::StrCat("\"", key,
-                                     "\" must be a non-empty array of {\"role\", "
-                                     "\"content\"} objects"));
+    return Bad(r.where,
+               absl::StrCat("\"", key, "\" must be a non-empty array of ", shape, " objects"));
   }
   std::vector<model::ChatMessage> out;
   for (size_t i = 0; i < list.size(); ++i) {
     const Json& m = list[i];
     const std::string at = absl::StrCat("\"", key, "\"[", i, "]");
     if (!m.is_object()) return Bad(r.where, absl::StrCat(at, " is not an object"));
-    auto role = m.find("role");
-    auto content = m.find("content");
+    const bool from_value = sharegpt && !m.contains("role");
+    const char* role_key = from_value ? "from" : "role";
+    const char* content_key = from_value ? "value" : "content";
+    auto role = m.find(role_key);
+    auto content = m.find(content_key);
     if (role == m.end() || !role->is_string()) {
-      return Bad(r.where, absl::StrCat(at, " needs a string \"role\""));
+      return Bad(r.where, absl::StrCat(at, " needs a string \"", role_key, "\""));
     }
     if (content == m.end() || !content->is_string()) {
-      return Bad(r.where, absl::StrCat(at, " needs a string \"content\"",
+      return Bad(r.where, absl::StrCat(at, " needs a string \"", content_key, "\"",
                                        content != m.end() && content->is_array()
                                            ? " (content parts lists are not supported; join "
                                              "the text parts)"
                                            : ""));
     }
-    const std::string rs = role->get<std::string>();
-    if (rs != "system" && rs != "user" && rs != "assistant") {
+    std::string rs = role->get<std::string>();
+    if (from_value) {
+      const char* mapped = ShareGptRole(rs);
+      if (mapped == nullptr) {
+        return Bad(r.where,
+                   absl::StrCat(at, " is from \"", rs,
+                                "\"; ShareGPT speakers: human or user, gpt, assistant or model, "
+                                "system"));
+      }
+      rs = mapped;
+    } else if (rs != "system" && rs != "user" && rs != "assistant") {
       return Bad(r.where, absl::StrCat(at, " has role \"", rs,
                                        "\"; supported roles: system, user, assistant"));
     }
@@ -141,7 +167,8 @@ absl::StatusOr<SftRecord> ParseRecord(const JsonRecord& r, SftFormat format) {
       break;
     }
     case SftFormat::kChat: {
-      ASSIGN_OR_RETURN(rec.messages, Messages(r, "messages"));
+      rec.sharegpt = !r.value.contains("messages");  // chat by its "conversations"
+      ASSIGN_OR_RETURN(rec.messages, Messages(r, rec.sharegpt ? "conversations" : "messages"));
       if (std::none_of(rec.messages.begin(), rec.messages.end(),
                        [](const model::ChatMessage& m) { return m.role == "assistant"; })) {
         return Bad(r.where,
@@ -207,7 +234,7 @@ std::string SftTurnName(const SftRecord& record, size_t k) {
     case SftFormat::kChat:
       break;
   }
-  return absl::StrCat("\"messages\"[", k, "]");
+  return absl::StrCat(record.sharegpt ? "\"conversations\"[" : "\"messages\"[", k, "]");
 }
 
 absl::string_view SftFormatName(SftFormat f) {

@@ -9,7 +9,11 @@
 //                      -> [user: instruction (+ "\n\n" + input when not empty),
 //                          assistant: output]
 //   chat               {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}
-//                      multi-turn; at least one assistant turn
+//                      multi-turn; at least one assistant turn. Or ShareGPT's
+//                      {"conversations": [{"from": str, "value": str}, ...]} (FastChat's
+//                      layout, Axolotl's type: sharegpt), roles mapped as Axolotl's default
+//                      role map: human / user -> user, gpt / assistant / model -> assistant,
+//                      system -> system (items with "role" / "content" are read as such).
 //   prompt_completion  {"prompt": str, "completion": str}: plain text, no chat template (as TRL
 //                      treats standard prompt-completion data): prompt ids (with the BOS when
 //                      the tokenizer adds one) ++ ids of completion + the EOS token, loss on the
@@ -65,9 +69,11 @@ struct SftRecord {
   std::string completion;
   std::string where;                    // "file:line" (or "file: record N" in a JSON array)
   SftFormat format = SftFormat::kChat;  // the file's: how errors name a turn (SftTurnName)
+  bool sharegpt = false;                // chat read from ShareGPT's "conversations" (SftTurnName)
 };
 
 // How errors name messages[k] of `record` in the file's own keys: "messages"[k] (chat),
+// "conversations"[k] (chat in ShareGPT's keys),
 // "prompt"[k] / "completion"[k - completion_from] (conversational prompt_completion), the
 // instruction (with its input) / "output" (alpaca).
 std::string SftTurnName(const SftRecord& record, size_t k);

@@ -9,12 +9,13 @@
 
 namespace lspo::runtime {
 
-// "chat" for a record with "messages", else "alpaca" with "instruction", else
-// "prompt_completion" with both "prompt" and "completion", else "" (no SFT format; a
-// {"label", "text"} record is classification data). has_key(name) -> bool tests one key.
+// "chat" for a record with "messages" or ShareGPT's "conversations", else "alpaca" with
+// "instruction", else "prompt_completion" with both "prompt" and "completion", else "" (no SFT
+// format; a {"label", "text"} record is classification data). has_key(name) -> bool tests one
+// key.
 template <typename HasKey>
 absl::string_view SftFormatOfKeys(HasKey has_key) {
-  if (has_key("messages")) return "chat";
+  if (has_key("messages") || has_key("conversations")) return "chat";
   if (has_key("instruction")) return "alpaca";
   if (has_key("prompt") && has_key("completion")) return "prompt_completion";
   return "";

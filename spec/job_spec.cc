@@ -3,12 +3,15 @@
 #include <unistd.h>
 #include <algorithm>
 #include <cmath>
-
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
 #include <set>
 #include <sstream>
+#include <string>
+#include <system_error>
+#include <utility>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
@@ -21,6 +24,7 @@
 #include "offload/training_mode.h"
 #include "runtime/allowed_roots.h"
 #include "runtime/file_io.h"
+#include "runtime/hf_cache.h"
 #include "runtime/proto_json.h"
 #include "runtime/record_keys.h"
 #include "runtime/status_macros.h"
@@ -175,6 +179,16 @@ void ResolveDefaults(JobSpec* spec) {
   if (spec->name().empty()) spec->set_name("job");
   offload::NormalizeMode(spec);
   auto* model = spec->mutable_model();
+  // A model id ("org/name") that is no path here: its snapshot in the local Hugging Face cache
+  // (runtime/hf_cache.h). Left as it is when the cache lacks it: ValidateJobSpec says why.
+  for (std::string* path : {model->mutable_path(), model->mutable_tokenizer_path()}) {
+    std::error_code ec;
+    if (runtime::LooksLikeModelId(*path) && !std::filesystem::exists(*path, ec)) {
+      if (absl::StatusOr<std::string> dir = runtime::ResolveHfCacheModel(*path); dir.ok()) {
+        *path = *std::move(dir);
+      }
+    }
+  }
   if (model->format() == v1::MODEL_FORMAT_UNSPECIFIED) {
     model->set_format(runtime::IsDirectory(model->path()) ? v1::MODEL_FORMAT_HF
                                                           : v1::MODEL_FORMAT_GGUF);
@@ -350,6 +364,18 @@ static absl::Status ValidateRun(const JobSpec& spec, bool check_files) {
 // model: its format and the files it names.
 static absl::Status ValidateModel(const JobSpec& spec) {
   const auto& model = spec.model();
+  // A model id ResolveDefaults could not find in the Hugging Face cache: the cache's reason.
+  for (const auto& [field, path] :
+       {std::pair<const char*, const std::string&>{"model.path", model.path()},
+        {"model.tokenizer_path", model.tokenizer_path()}}) {
+    std::error_code ec;
+    if (runtime::LooksLikeModelId(path) && !std::filesystem::exists(path, ec)) {
+      if (absl::StatusOr<std::string> dir = runtime::ResolveHfCacheModel(path); !dir.ok()) {
+        return absl::Status(dir.status().code(),
+                            absl::StrCat("job spec field ", field, ": ", dir.status().message()));
+      }
+    }
+  }
   if (model.format() != v1::MODEL_FORMAT_GGUF && model.format() != v1::MODEL_FORMAT_TINY_RANDOM &&
       model.format() != v1::MODEL_FORMAT_HF) {
     return Bad("model.format", runtime::EnumShortName(model.format()),

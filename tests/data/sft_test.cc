@@ -133,6 +133,58 @@ TEST(SftTest, IdsAndLossMasksEqualTransformersAndTrl) {
   EXPECT_EQ(multi_turn_masks, 3 * 16);  // the multi-turn file: two assistant turns each
 }
 
+// ShareGPT records ({"conversations": [{"from", "value"}]}) are chat records: each chat file of
+// the oracle rewritten in ShareGPT's keys and speakers (user -> human, assistant -> gpt) gives
+// the oracle's ids and loss masks, record for record.
+TEST(SftTest, ShareGptRecordsAreChatRecordsWithTheSameIdsAndMasks) {
+  std::ifstream in(kOracle);
+  ASSERT_TRUE(in.good()) << kOracle;
+  const nlohmann::json oracle = nlohmann::json::parse(in);
+  int checked = 0;
+  for (const auto& c : oracle["cases"]) {
+    if (c["format"] != "chat") continue;
+    const std::string file = c["file"].get<std::string>();
+    SCOPED_TRACE(c["tokenizer"].get<std::string>() + " / " + file);
+    std::ifstream chat(file);
+    std::string line, rewritten;
+    int k = 0;
+    while (std::getline(chat, line)) {
+      if (line.empty()) continue;
+      const nlohmann::json rec = nlohmann::json::parse(line);
+      nlohmann::json turns = nlohmann::json::array();
+      for (const auto& m : rec["messages"]) {
+        const std::string role = m["role"].get<std::string>();
+        // Both of Axolotl's spellings of each speaker, alternating over the records.
+        const std::string from = role == "user"        ? (k % 2 ? "human" : "user")
+                                 : role == "assistant" ? (k % 2 ? "gpt" : "model")
+                                                       : role;
+        turns.push_back({{"from", from}, {"value", m["content"]}});
+      }
+      rewritten += nlohmann::json{{"conversations", turns}}.dump() + "\n";
+      ++k;
+    }
+    const std::string path = TempFile("sft_sharegpt_" + std::to_string(checked) + ".jsonl", rewritten);
+    auto detected = DetectSftFormat(path);
+    ASSERT_TRUE(detected.ok()) << detected.status();
+    EXPECT_EQ(*detected, SftFormat::kChat);
+    auto recs = LoadSftRecords(path, SftFormat::kChat);
+    ASSERT_TRUE(recs.ok()) << recs.status();
+    ASSERT_GE(recs->size(), c["records"].size());
+    Family f = Load(c["tokenizer"].get<std::string>(), c["template"].get<std::string>());
+    for (size_t i = 0; i < c["records"].size(); ++i) {
+      auto ex = TokenizeSftRecord((*recs)[i], f.tok, &f.tmpl, 4096);
+      ASSERT_TRUE(ex.ok()) << ex.status();
+      EXPECT_EQ(ex->input_ids, c["records"][i]["input_ids"].get<std::vector<int32_t>>());
+      std::vector<int> mask;
+      for (int32_t l : ex->labels) mask.push_back(l != kIgnoreIndex);
+      EXPECT_EQ(mask, c["records"][i]["mask"].get<std::vector<int>>());
+    }
+    EXPECT_EQ(SftTurnName((*recs)[0], 1), "\"conversations\"[1]");
+    ++checked;
+  }
+  EXPECT_GE(checked, 6);  // the single- and multi-turn chat files, for every family
+}
+
 TEST(SftTest, DetectsTheFormatFromTheKeys) {
   auto alpaca = DetectSftFormat(std::string(kCooking) + "train.alpaca.jsonl");
   ASSERT_TRUE(alpaca.ok());
@@ -199,6 +251,16 @@ TEST(SftTest, BadRecordsAreNamedWithFileLineAndKey) {
       {"not_json", SftFormat::kChat, "{\"messages\": [", "not valid JSON"},
       {"bad_utf8", SftFormat::kChat, "{\"messages\": \"\xff\xfe\"}", "invalid UTF-8 at byte 15"},
       {"no_format", SftFormat::kChat, R"({"question": "q", "answer": "a"})", "match no format"},
+      {"sharegpt_speaker", SftFormat::kChat,
+       R"({"conversations": [{"from": "bot", "value": "q"}, {"from": "gpt", "value": "a"}]})",
+       "\"conversations\"[0] is from \"bot\"; ShareGPT speakers: human or user"},
+      {"sharegpt_value", SftFormat::kChat,
+       R"({"conversations": [{"from": "human", "text": "q"}, {"from": "gpt", "value": "a"}]})",
+       "\"conversations\"[0] needs a string \"value\""},
+      {"sharegpt_not_list", SftFormat::kChat, R"({"conversations": {"from": "human"}})",
+       "\"conversations\" must be a non-empty array of {\"from\", \"value\"} objects"},
+      {"sharegpt_no_reply", SftFormat::kChat,
+       R"({"conversations": [{"from": "human", "value": "q"}]})", "no assistant turn"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

@@ -3,6 +3,9 @@
 // nearest valid names; through the public parsers of spec/job_spec.h.
 #include "spec/spec_names.h"
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -351,6 +354,53 @@ TEST(SpecNamesTest, AKeyTwiceInOneMappingIsRefused) {
   // The same key in two objects is fine.
   auto apart = ParseJobSpecJson(R"({"lora": {"r": 2}, "lsp": {"r": 2}, "steps": 1})");
   EXPECT_TRUE(apart.ok()) << apart.status();
+}
+
+// A model id ("org/name", model_name_or_path) is read from the local Hugging Face cache as
+// transformers reads it offline: refs/main's snapshot, whose files link to blobs/ (as
+// huggingface_hub lays them out); an id the cache lacks is an error naming the cache.
+TEST(SpecNamesTest, AModelIdIsFoundInTheHuggingFaceCache) {
+  namespace fs = std::filesystem;
+  const fs::path cache = fs::path(::testing::TempDir()) / "spec_hf_cache";
+  fs::remove_all(cache);
+  const fs::path repo = cache / "models--tiny-org--llama-job";
+  const fs::path snapshot = repo / "snapshots" / "3f2a9c";
+  fs::create_directories(snapshot);
+  fs::create_directories(repo / "blobs");
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"}) {
+    fs::copy_file(fs::path("tests/oracle/data/hf_models/llama-job") / f, repo / "blobs" / f);
+    fs::create_symlink(fs::path("../../blobs") / f, snapshot / f);
+  }
+  fs::create_directories(repo / "refs");
+  std::ofstream(repo / "refs" / "main") << "3f2a9c";
+  const std::string chat = (fs::path(::testing::TempDir()) / "spec_sharegpt.jsonl").string();
+  std::ofstream(chat) << R"({"conversations": [{"from": "human", "value": "q"}, )"
+                      << R"({"from": "gpt", "value": "a"}]})" << "\n";
+  setenv("HF_HUB_CACHE", cache.c_str(), 1);
+  auto spec = ParseJobSpecYaml(absl::StrCat("model_name_or_path: tiny-org/llama-job\n",
+                                            "data: {train_path: ", chat, "}\nsteps: 1\n"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ResolveDefaults(&*spec);
+  EXPECT_EQ(spec->model().path(), snapshot.string());
+  EXPECT_EQ(spec->model().format(), v1::MODEL_FORMAT_HF);
+  EXPECT_EQ(spec->model().tokenizer_path(), snapshot.string());
+  EXPECT_EQ(spec->data().format(), v1::DATA_FORMAT_CHAT);  // ShareGPT's "conversations"
+  EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << ValidateJobSpec(*spec);
+
+  auto absent = ParseJobSpecYaml("model: {path: tiny-org/absent}\ndata: {train_path: x}\n");
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  ResolveDefaults(&*absent);
+  const absl::Status st = ValidateJobSpec(*absent);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(st.message(), HasSubstr("job spec field model.path: model 'tiny-org/absent' is not "
+                                      "in the Hugging Face cache " +
+                                      cache.string()));
+  // A relative path that exists is a path, even when it has an id's shape.
+  auto local = ParseJobSpecYaml("model: {path: tests/oracle}\ndata: {train_path: x}\n");
+  ASSERT_TRUE(local.ok());
+  ResolveDefaults(&*local);
+  EXPECT_EQ(local->model().path(), "tests/oracle");
+  unsetenv("HF_HUB_CACHE");
 }
 
 }  // namespace
