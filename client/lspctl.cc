@@ -153,6 +153,9 @@ constexpr char kUsage[] =
     "                                      write a GGUF as a Hugging Face model folder\n"
     "                                      (config.json, fp32 model.safetensors, tokenizer\n"
     "                                      files); DIR must be new or empty\n"
+    "  lspctl spec --spec=FILE [KEY=VALUE ...]\n"
+    "                                      print the spec as read (aliases resolved,\n"
+    "                                      overrides applied) as JSON; nothing runs\n"
     "  lspctl plan --spec=FILE [KEY=VALUE ...] [--device=cpu|cuda --device_memory_gb=4]\n"
     "                                      memory per mode from the model's config (no\n"
     "                                      weights read); whether the job fits, the largest\n"
@@ -196,16 +199,17 @@ int main(int argc, char** argv) {
   if (args.size() < 2) {
     std::fprintf(stderr,
                  "usage: lspctl run|submit|status|watch|cancel|list|health|metrics|generate|eval"
-                 "|convert|plan ... (--help)\n");
+                 "|convert|plan|spec ... (--help)\n");
     return 2;
   }
   const std::string cmd = args[1];
   const std::string arg = args.size() > 2 ? args[2] : "";
-  if (cmd == "run" || cmd == "submit" || cmd == "plan") {
+  if (cmd == "run" || cmd == "submit" || cmd == "plan" || cmd == "spec") {
     // Every argument after the command is a key=value override of the spec.
     lspo::lspctl::SetSpecOverrides(std::vector<std::string>(args.begin() + 2, args.end()));
   }
 
+  if (cmd == "spec") return lspo::lspctl::PrintSpec();
   if (lspo::lspctl::IsModelCommand(cmd)) return lspo::lspctl::RunModelCommand(cmd);
   if (cmd == "run") return lspo::lspctl::RunEmbedded();
   return lspo::lspctl::RunJobCommand(cmd, arg);

@@ -66,7 +66,13 @@ std::string ToJsonString(const google::protobuf::Message& m);
 // once), kInvalidArgument for a bad override (naming it and the values it takes).
 absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags();
 
-// The `key=value` arguments of run / submit / plan (`lspctl run --spec=a.yaml optim.lr=3e-4
+// lspctl spec: prints the job spec SpecFromFlags reads (aliases resolved, overrides and flags
+// applied, defaults not filled in: what `submit` sends) as JSON with proto field names and
+// short enum names (runtime/proto_json.h), for people and for programs (the Python client
+// reads specs through it). Returns the exit status: 0, or 2 with the spec's error on stderr.
+int PrintSpec();
+
+// The `key=value` arguments of run / submit / plan / spec (`lspctl run --spec=a.yaml optim.lr=3e-4
 // max_steps=50`), read by SpecFromFlags.
 void SetSpecOverrides(std::vector<std::string> overrides);
 

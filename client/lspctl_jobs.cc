@@ -321,6 +321,16 @@ absl::StatusOr<lspo::v1::JobSpec> SpecFromFlags() {
   return spec;
 }
 
+int PrintSpec() {
+  absl::StatusOr<lspo::v1::JobSpec> spec = SpecFromFlags();
+  if (!spec.ok()) {
+    std::fprintf(stderr, "lspctl: %s\n", std::string(spec.status().message()).c_str());
+    return 2;
+  }
+  std::printf("%s\n", lspo::spec::JobSpecToJson(*spec).c_str());
+  return 0;
+}
+
 namespace {
 
 // The run header: the job's mode, schedule and settings; with `in_process` (lspctl run, where

@@ -17,6 +17,7 @@
 #include "client/prometheus.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "proto/scheduler.pb.h"
 #include "proto/worker.pb.h"
 #include "proto/scheduler.grpc.pb.h"
@@ -297,6 +298,25 @@ TEST(LspctlPlanTest, SaysWhenTheWorkerWouldTurnOnActivationCheckpointing) {
   r = Lspctl(absl::StrCat("plan --spec=", spec, " --device=cuda max_steps=0"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("run at least 1 step")) << r.output;
+}
+
+// lspctl spec: the spec as read (aliases resolved, overrides applied, defaults not filled in)
+// as JSON with proto names and short enum names; a bad spec is exit status 2 with its error.
+TEST(LspctlSpecTest, PrintsTheSpecAsReadOrItsError) {
+  const std::string spec = ::testing::TempDir() + "/lspctl-spec.yaml";
+  std::ofstream(spec) << "mode: lsp\nlearning_rate: 0.001\nmax_steps: 4\n";
+  Result r = Lspctl(absl::StrCat("spec --spec=", spec, " bf16=true lora.target_modules=q_proj,v_proj"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["mode"], "lsp");
+  EXPECT_EQ(j["optim"]["lr"], 0.001);
+  EXPECT_EQ(j["steps"], 4);
+  EXPECT_EQ(j["weight_dtype"], "bf16");
+  EXPECT_EQ(j["lora"]["target_modules"], nlohmann::json({"q_proj", "v_proj"}));
+  EXPECT_FALSE(j.contains("seq_len"));  // defaults are the scheduler's to fill in
+  r = Lspctl(absl::StrCat("spec --spec=", spec, " stepz=3"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("'stepz' names no field (did you mean steps")) << r.output;
 }
 
 // Ctrl-C during `lspctl run` (embedded): the first SIGINT cancels the job through the
