@@ -115,8 +115,11 @@ ABSL_FLAG(double, temperature, 0.0, "generate: sampling temperature (0 = greedy)
 ABSL_FLAG(int64_t, top_k, 0, "generate: keep the k most likely tokens (0 = off)");
 ABSL_FLAG(double, top_p, 1.0, "generate: nucleus sampling mass (1 = off)");
 ABSL_FLAG(uint64_t, seed, 0, "generate: sampling seed");
-ABSL_FLAG(std::string, data, "", "eval: data file (.tsv/.jsonl classification, else text)");
-ABSL_FLAG(std::string, format, "", "eval: classification or text (default from the extension)");
+ABSL_FLAG(std::string, data, "",
+          "eval: data file (.tsv, .json or .jsonl records, or plain text; docs/data.md)");
+ABSL_FLAG(std::string, format, "",
+          "eval: classification, text, alpaca, chat or prompt_completion (default: from the "
+          "keys of the first record, as a job's data.format; text for other files)");
 ABSL_FLAG(int32_t, seq_len, 0, "eval: tokens per example or block (0 = 128)");
 ABSL_FLAG(int32_t, max_examples, 0, "eval: at most this many examples (0 = all)");
 ABSL_FLAG(std::string, perplexity_path, "", "eval: also measure the perplexity of this text");

@@ -191,6 +191,9 @@ absl::StatusOr<JobStatus> WatchWithProgress(lspo::v1::Scheduler::Stub* stub,
       PrintEval(e, IsClassification(s),
                 s.resumed_from_step() > 0 && e.step() <= s.resumed_from_step());
     }
+    if (!s.device().empty() && s.device() != last.device()) {
+      std::printf("%straining on %s\n", tty ? "\r\033[K" : "", s.device().c_str());
+    }
     if (s.mean_projector_error() != last.mean_projector_error()) {
       std::printf("\n  projectors fitted: mean relative estimation bias %.4f\n",
                   s.mean_projector_error());
@@ -623,7 +626,7 @@ int RunJobCommand(const std::string& cmd, const std::string& arg) {
   }
   std::fprintf(stderr,
                "lspctl: unknown command '%s' (run, submit, status, watch, cancel, list, health, "
-               "metrics, generate, eval, convert; --help)\n",
+               "metrics, generate, eval, convert, plan, spec; --help)\n",
                cmd.c_str());
   return 2;
 }

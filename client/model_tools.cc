@@ -29,6 +29,7 @@
 #include "offload/training_mode.h"
 #include "proto/job_spec.pb.h"
 #include "runtime/file_io.h"
+#include "runtime/hf_cache.h"
 #include "runtime/proto_json.h"
 #include "runtime/status_macros.h"
 #include "runtime/utf8.h"
@@ -66,6 +67,19 @@ absl::StatusOr<model::ChatMessage> Message(const nlohmann::json& m, const std::s
                      "training data, docs/data.md)"));
   }
   return model::ChatMessage{role, m["content"].get<std::string>()};
+}
+
+// `model` as given, or, for a model id ("org/name") that names nothing here, its snapshot folder
+// in the local Hugging Face cache (runtime/hf_cache.h). Errors: the cache's (kNotFound naming
+// the cache folder and the fix, kFailedPrecondition), prefixed with --model.
+absl::StatusOr<std::string> ResolveModelArg(const std::string& model) {
+  std::error_code ec;
+  if (!runtime::LooksLikeModelId(model) || std::filesystem::exists(model, ec)) return model;
+  absl::StatusOr<std::string> dir = runtime::ResolveHfCacheModel(model);
+  if (!dir.ok()) {
+    return absl::Status(dir.status().code(), absl::StrCat("--model: ", dir.status().message()));
+  }
+  return *dir;
 }
 
 // --model must be an HF folder (with config.json) or a .gguf file; says which fix applies.
@@ -193,7 +207,9 @@ absl::Status CheckNewOutputDir(const std::string& dir) {
 
 }  // namespace
 
-absl::Status RunGenerate(const GenerateCommand& cmd, std::FILE* out, std::FILE* err) {
+absl::Status RunGenerate(const GenerateCommand& given, std::FILE* out, std::FILE* err) {
+  GenerateCommand cmd = given;
+  ASSIGN_OR_RETURN(cmd.model, ResolveModelArg(given.model));
   if (cmd.prompt.empty() == cmd.chat_file.empty()) {
     return absl::InvalidArgumentError(
         "lspctl generate: give exactly one of --prompt=TEXT and --chat=FILE.jsonl");
@@ -298,7 +314,9 @@ std::string EvalFormat(const EvalCommand& cmd) {
   return "text";
 }
 
-absl::StatusOr<lspo::v1::EvalMetrics> RunEval(const EvalCommand& cmd) {
+absl::StatusOr<lspo::v1::EvalMetrics> RunEval(const EvalCommand& given) {
+  EvalCommand cmd = given;
+  ASSIGN_OR_RETURN(cmd.model, ResolveModelArg(given.model));
   RETURN_IF_ERROR(SetThreads(cmd.num_threads));
   RETURN_IF_ERROR(CheckModelPath(cmd.model));
   if (cmd.data.empty()) return absl::InvalidArgumentError("lspctl eval: give --data=FILE");

@@ -47,6 +47,8 @@ struct GenerateCommand {
 
 // Runs `cmd`: streams each reply to `out` as it is generated and a summary line per reply
 // ("[N tokens, X tokens/s, prefill Y s, stopped at eos | max_new_tokens]") to `err`.
+// `cmd.model` (here and in RunEval) may also be a model id ("org/name") in the local Hugging
+// Face cache (runtime/hf_cache.h; its errors, naming the cache, when it is not there).
 // Errors: kInvalidArgument when neither or both of prompt and chat_file are given, a
 // conversation line is malformed (file:line named), num_threads < 0, the model path is a file
 // that is not a .gguf, the tokenizer has more ids than the model's vocab_size, or a prompt

@@ -377,7 +377,7 @@ absl::StatusOr<lspo::v1::SaveReply> OptimizerCore::SaveModel(const std::string& 
   }));
   RETURN_IF_ERROR(runtime::MakeDirs(dir));
   const std::string path = dir + "/model.safetensors";
-  RETURN_IF_ERROR(offload::WriteFp32Safetensors(tensors, path));
+  RETURN_IF_ERROR(offload::WriteModelSafetensors(tensors, path, offload::SaveDtypeOf(job->spec)));
   lspo::v1::SaveReply reply;
   reply.add_files(path);
   reply.set_seconds(runtime::SecondsSince(t0));

@@ -152,7 +152,13 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(
   *reply.mutable_train_data() = job->data.train_summary;
   if (!job->data.eval.empty()) *reply.mutable_eval_data() = job->data.eval_summary;
   reply.set_trainable_parameters(trainable);
-  reply.set_device(job->device.str());
+  // The card too on CUDA, for the run header and the status (JobStatus.device).
+  std::string device = job->device.str();
+  if (job->cuda) {
+    absl::StatusOr<std::string> card = runtime::cuda::DeviceDescription(job->device.index());
+    if (card.ok()) absl::StrAppend(&device, " (", *card, ")");
+  }
+  reply.set_device(device);
   reply.set_activation_checkpointing(spec.activation_checkpointing());
   reply.set_micro_batch_size(spec.micro_batch_size());
   for (const std::string& line : chosen) reply.add_chosen_settings(line);
@@ -378,7 +384,8 @@ absl::StatusOr<lspo::v1::SaveReply> WorkerCore::SaveArtifacts(const std::string&
     if (!job->path->offloaded()) weights = job->path->ExportedTensors(job);
     ASSIGN_OR_RETURN(
         files, offload::WriteHfModelFolder(job->model->config(), *job->data.tokenizer, gen_source,
-                                           job->path->offloaded() ? nullptr : &weights, dir));
+                                           job->path->offloaded() ? nullptr : &weights, dir,
+                                           offload::SaveDtypeOf(job->spec)));
     ASSIGN_OR_RETURN(std::vector<std::string> own, job->path->WriteArtifacts(job, dir));
     files.insert(files.end(), own.begin(), own.end());
     return absl::OkStatus();

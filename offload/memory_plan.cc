@@ -293,7 +293,9 @@ absl::StatusOr<FitAnswer> FitOnDevice(const JobSpec& spec, const model::LlamaCon
   if (m.learned_projectors) {
     JobSpec s = spec;
     s.mutable_lsp()->set_d_ratio(0);
-    const int64_t widest = std::max(config.hidden_size, config.intermediate_size);
+    // Below the hidden width: from d = hidden on, every side of the attention matrices and the
+    // hidden side of the MLP's is the identity (a full update, lsp/subspace.h), not the method.
+    const int64_t widest = std::max<int64_t>(1, config.hidden_size - 1);
     a.largest_d = largest(static_cast<int32_t>(widest), [&](int32_t d) {
       s.mutable_lsp()->set_d(d);
       return fits_with(s);

@@ -143,7 +143,9 @@ struct FitAnswer {
   bool fits = false;                              // the job as specified
   int32_t largest_micro_batch = 0;                // at the spec's seq_len and checkpointing
   int32_t largest_micro_batch_checkpointing = 0;  // with activation checkpointing on
-  int32_t largest_d = 0;                          // lsp only: the largest lsp.d at the spec's batch
+  // lsp only: the largest lsp.d at the spec's batch, below the hidden width (from there on
+  // the attention matrices get full updates, lsp/subspace.h).
+  int32_t largest_d = 0;
   // lsp with bf16 weights and compensated rounding that does not fit: whether it would with
   // lsp.apply_rounding nearest (no 2-byte residual per trained weight).
   bool fits_with_nearest_rounding = false;

@@ -133,6 +133,7 @@ absl::Status JobRunner::Load() {
   }
   ASSIGN_OR_RETURN(wload_, worker_->LoadJob(load, dl_));
   loaded_ = true;
+  host_->UpdateStatus([&](v1::JobStatus* s) { s->set_device(wload_.device()); });
   if (!spec_.has_micro_batch_size()) {
     // The worker's choice (issue 42; a worker of an older version: its default, 8).
     spec_.set_micro_batch_size(wload_.micro_batch_size() > 0 ? wload_.micro_batch_size() : 8);

@@ -319,6 +319,43 @@ TEST(LspctlSpecTest, PrintsTheSpecAsReadOrItsError) {
   EXPECT_THAT(r.output, HasSubstr("'stepz' names no field (did you mean steps")) << r.output;
 }
 
+// generate and eval take a model id from the local Hugging Face cache (HF_HUB_CACHE), as a
+// job's model.path does; an id the cache lacks is refused naming the cache and the fix.
+TEST(LspctlModelIdTest, GenerateAndEvalReadAModelIdFromTheHfCache) {
+  namespace fs = std::filesystem;
+  const fs::path cache = fs::path(::testing::TempDir()) / "lspctl_hf_cache";
+  fs::remove_all(cache);
+  const fs::path snapshot = cache / "models--tiny-org--llama-job" / "snapshots" / "c0ffee";
+  fs::create_directories(snapshot);
+  for (const auto& e : fs::directory_iterator("tests/oracle/data/hf_models/llama-job")) {
+    fs::create_symlink(fs::absolute(e.path()), snapshot / e.path().filename());
+  }
+  const std::string env = absl::StrCat("HF_HUB_CACHE=", cache.string(), " ");
+  const std::string bin = LSPO_LSPCTL_BIN;
+  auto run = [&](const std::string& args) {
+    Result r;
+    FILE* p = popen(absl::StrCat(env, bin, " ", args, " 2>&1").c_str(), "r");
+    if (p == nullptr) return r;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+    const int status = pclose(p);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  };
+  Result gen = run("generate --model=tiny-org/llama-job --prompt=Call --max_new_tokens=3");
+  EXPECT_EQ(gen.exit_code, 0) << gen.output;
+  EXPECT_THAT(gen.output, HasSubstr("[3 tokens")) << gen.output;
+  Result eval = run("eval --model=tiny-org/llama-job --data=datasets/moby-dick/moby-dick.txt "
+                    "--seq_len=16 --max_examples=2");
+  EXPECT_EQ(eval.exit_code, 0) << eval.output;
+  Result absent = run("generate --model=tiny-org/absent --prompt=Call --max_new_tokens=3");
+  EXPECT_NE(absent.exit_code, 0);
+  EXPECT_THAT(absent.output, HasSubstr("--model: model 'tiny-org/absent' is not in the Hugging "
+                                       "Face cache " + cache.string()))
+      << absent.output;
+}
+
 // Ctrl-C during `lspctl run` (embedded): the first SIGINT cancels the job through the
 // scheduler, so lspctl exits 1 after the job ends CANCELLED, with the run's report.html
 // written and the output folder named; the job stopped long before its 100000 steps.

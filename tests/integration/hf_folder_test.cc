@@ -207,6 +207,55 @@ TEST(HfFolderTest, GenerateReadsConversationsAndRefusesBadInput) {
   EXPECT_NE(std::string(m.status().message()).find("--data"), std::string::npos) << m.status();
 }
 
+// save_dtype: a job on a bf16 folder writes its model in bf16 (unset: the input's dtype, as
+// transformers' save_pretrained keeps it), each tensor the fp32 master rounded to nearest even
+// once: bit for bit what torch's fp32 -> bf16 conversion gives of the same job's fp32 output
+// (save_dtype: fp32, on request).
+TEST(HfFolderTest, ABf16InputIsSavedInBf16AndFp32OnRequest) {
+  const std::string base = "tests/oracle/data/hf_models/llama-job";  // config.json: bfloat16
+  auto runtime = testing_jobs::StartEmbedded();
+  auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
+  std::string out[2];
+  for (int k = 0; k < 2; ++k) {
+    out[k] = testing_jobs::TempDir(k == 0 ? "save-bf16" : "save-fp32");
+    v1::JobSpec spec = testing_jobs::TinyMobyDickSpec(out[k], v1::MODE_LSP, 2);
+    spec.mutable_model()->clear_format();
+    spec.mutable_model()->set_path(base);
+    spec.mutable_model()->clear_tokenizer_path();
+    spec.set_skip_initial_eval(true);
+    if (k == 1) spec.set_save_dtype(v1::WEIGHT_DTYPE_FP32);
+    WatchResult w = SubmitAndWatch(stub.get(), spec);
+    ASSERT_EQ(w.last.state(), v1::SUCCEEDED) << w.last.error();
+  }
+  std::ifstream config(out[0] + "/config.json");
+  EXPECT_EQ(nlohmann::json::parse(config)["torch_dtype"], "bfloat16");
+  auto bf16 = model::SafetensorsFile::Open(out[0] + "/model.safetensors");
+  auto fp32 = model::SafetensorsFile::Open(out[1] + "/model.safetensors");
+  ASSERT_TRUE(bf16.ok() && fp32.ok()) << bf16.status() << fp32.status();
+  int tensors = 0;
+  for (const std::string& name : fp32->names()) {
+    const model::SafetensorsTensorInfo* a = bf16->Find(name);
+    const model::SafetensorsTensorInfo* b = fp32->Find(name);
+    ASSERT_NE(a, nullptr) << name;
+    EXPECT_EQ(a->dtype, "BF16") << name;
+    EXPECT_EQ(b->dtype, "F32") << name;
+    auto got = bf16->ReadF32(name);
+    auto master = fp32->ReadF32(name);
+    ASSERT_TRUE(got.ok() && master.ok()) << name;
+    const at::Tensor want =
+        torch::from_blob(master->data(), {static_cast<int64_t>(master->size())}, at::kFloat)
+            .to(at::kBFloat16)
+            .to(at::kFloat);
+    const at::Tensor have =
+        torch::from_blob(got->data(), {static_cast<int64_t>(got->size())}, at::kFloat);
+    EXPECT_TRUE(at::equal(have, want)) << name;
+    ++tensors;
+  }
+  EXPECT_GT(tensors, 10);
+  EXPECT_LT(std::filesystem::file_size(out[0] + "/model.safetensors"),
+            std::filesystem::file_size(out[1] + "/model.safetensors") * 0.51);
+}
+
 // The entries of folder `dir`, sorted.
 std::vector<std::string> Entries(const std::string& dir) {
   std::vector<std::string> names;

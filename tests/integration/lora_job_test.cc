@@ -122,6 +122,8 @@ TEST(LoraJobTest, EvalOfBasePlusAdapterEqualsTheMergedOutput) {
   spec.mutable_model()->clear_format();
   spec.mutable_model()->set_path(base);
   spec.mutable_model()->clear_tokenizer_path();
+  // The base is bf16, so is its merged output by default; fp32 keeps the comparison exact.
+  spec.set_save_dtype(v1::WEIGHT_DTYPE_FP32);
   auto runtime = testing_jobs::StartEmbedded();
   auto stub = v1::Scheduler::NewStub(runtime->scheduler_channel());
   testing_jobs::WatchResult w = testing_jobs::SubmitAndWatch(stub.get(), spec);

@@ -169,6 +169,7 @@ TEST(JobRunnerTest, TheSummarySaysTheWorkersDeviceAndWeightDtype) {
     spec.set_weight_dtype(dtype);
     ASSERT_TRUE(f.Run(spec).ok());
     EXPECT_EQ(Summary(out)["device"], "cuda:0");
+    EXPECT_EQ(f.host.status().device(), "cuda:0");  // the run header's "training on"
     EXPECT_EQ(Summary(out)["weight_dtype"], dtype == v1::WEIGHT_DTYPE_FP32 ? "fp32" : "bf16");
     fs::remove_all(out);
   }

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -401,6 +402,29 @@ TEST(SpecNamesTest, AModelIdIsFoundInTheHuggingFaceCache) {
   ResolveDefaults(&*local);
   EXPECT_EQ(local->model().path(), "tests/oracle");
   unsetenv("HF_HUB_CACHE");
+}
+
+// save_dtype unset is the input's dtype (config.json's torch_dtype / dtype bfloat16 -> bf16,
+// anything else fp32); a value given is kept.
+TEST(SpecNamesTest, TheSaveDtypeIsTheInputsUnlessGiven) {
+  for (const auto& [path, want] : std::vector<std::pair<std::string, v1::WeightDtype>>{
+           {"tests/oracle/data/hf_models/llama-bf16", v1::WEIGHT_DTYPE_BF16},
+           {"tests/oracle/data/hf_models/llama-fp32", v1::WEIGHT_DTYPE_FP32},
+           {"models/SmolLM2-135M-Instruct.Q4_1.gguf", v1::WEIGHT_DTYPE_FP32}}) {
+    auto spec = ParseJobSpecYaml(absl::StrCat("model: {path: ", path, "}\nsteps: 1\n"));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    ResolveDefaults(&*spec);
+    EXPECT_EQ(spec->save_dtype(), want) << path;
+  }
+  auto given = ParseJobSpecYaml(
+      "model: {path: tests/oracle/data/hf_models/llama-bf16}\nsave_dtype: fp32\n");
+  ASSERT_TRUE(given.ok()) << given.status();
+  ResolveDefaults(&*given);
+  EXPECT_EQ(given->save_dtype(), v1::WEIGHT_DTYPE_FP32);
+  // What is written is not what is trained: a resume may change it.
+  v1::JobSpec other = *given;
+  other.set_save_dtype(v1::WEIGHT_DTYPE_BF16);
+  EXPECT_TRUE(SameTraining(TrainingFingerprint(*given), other));
 }
 
 }  // namespace
