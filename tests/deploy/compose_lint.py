@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
 """Structural checks of the compose files (tests/deploy/compose_check.sh lint | lint-ranks).
 
-  compose_lint.py services FILE   deploy/compose/docker-compose.yml: worker, optimizer and
-                                  scheduler; shared IPC worker -> optimizer, GPU reservation,
+  compose_lint.py services FILE   deploy/compose/docker-compose.yml: worker (profile cpu),
+                                  worker-gpu (profile gpu), optimizer and scheduler; shared IPC
+                                  optimizer -> either worker; the GPU reserved by worker-gpu only,
+                                  which runs the GPU image (Dockerfile.gpu), the CPU services the
+                                  CPU image; each profile (cpu, gpu) a valid project on its own
+                                  (every depends_on / ipc target in it, no two services on one
+                                  port: self-check, copies that break it must fail);
                                   health checks via `lspctl health`, loopback binding on the host
                                   network, scheduler flags; the bearer token (issue 43): the
                                   one-shot `token` service runs the script of
@@ -111,11 +116,80 @@ def lint_token(path, svcs, need):
              f"{name}: does not depend on token: {{condition: service_completed_successfully}}")
 
 
+CPU_DOCKERFILE = "deploy/compose/Dockerfile"
+GPU_DOCKERFILE = "deploy/compose/Dockerfile.gpu"
+PROFILES = ("cpu", "gpu")
+
+
+def gpu_devices(svc):
+    return [d for d in svc.get("deploy", {}).get("resources", {}).get("reservations", {})
+            .get("devices", []) if "gpu" in d.get("capabilities", [])]
+
+
+def lint_profiles(svcs, need):
+    """Each profile is a project of its own: `docker compose --profile P` enables the services
+    without profiles and those listing P, and refuses the file ("depends on undefined service")
+    when one of them depends on, or shares the IPC namespace of, a service that P leaves out.
+    Two services of one profile must not listen on the same address (both are on the host
+    network), and each profile needs the four roles."""
+    declared = {p for s in svcs.values() for p in s.get("profiles", [])}
+    need(declared == set(PROFILES), f"profiles are {sorted(declared)}, not {list(PROFILES)}")
+    for prof in PROFILES:
+        on = {n: s for n, s in svcs.items() if not s.get("profiles") or prof in s["profiles"]}
+        for name, s in on.items():
+            refs = list(s.get("depends_on") or [])
+            ipc = str(s.get("ipc", ""))
+            if ipc.startswith("service:"):
+                refs.append(ipc[len("service:"):])
+            for ref in refs:
+                need(ref in on, f"--profile {prof}: {name} refers to {ref}, which is not in the "
+                     "profile (an invalid project: depends on undefined service)")
+        listens = {}
+        for name, s in on.items():
+            for a in s.get("command", []):
+                if str(a).startswith("--listen="):
+                    listens.setdefault(a, []).append(name)
+        for addr, names in listens.items():
+            need(len(names) == 1, f"--profile {prof}: {sorted(names)} all use {addr}")
+        binaries = {str((s.get("command") or [""])[0]) for s in on.values()}
+        for b in ("lsp_gpu_worker", "lsp_cpu_optimizer", "lsp_scheduler"):
+            need(b in binaries, f"--profile {prof}: no service runs {b}")
+
+
+def lint_images(path, svcs, need):
+    """The CPU services run the CPU image and reserve no GPU; worker-gpu runs the GPU image and
+    reserves one NVIDIA GPU."""
+    for name, s in svcs.items():
+        dockerfile = (s.get("build") or {}).get("dockerfile")
+        if name == "worker-gpu":
+            need(dockerfile == GPU_DOCKERFILE,
+                 f"{name}: built from {dockerfile}, not {GPU_DOCKERFILE}")
+            need(s.get("profiles") == ["gpu"], f"{name}: profiles {s.get('profiles')}, not [gpu]")
+            devs = gpu_devices(s)
+            need(len(devs) == 1 and devs[0].get("driver") == "nvidia" and devs[0].get("count") == 1,
+                 f"{name}: does not reserve one NVIDIA GPU: {devs}")
+        else:
+            need(dockerfile == CPU_DOCKERFILE,
+                 f"{name}: built from {dockerfile}, not {CPU_DOCKERFILE}")
+            need(not gpu_devices(s), f"{name}: reserves a GPU but runs the CPU image (Debian's CPU "
+                 "LibTorch cannot use it)")
+    if "worker-gpu" in svcs and "worker" in svcs:
+        need(svcs["worker-gpu"].get("image") != svcs["worker"].get("image"),
+             "worker-gpu: the same image name as the CPU worker")
+        need(svcs["worker"].get("profiles") == ["cpu"],
+             f"worker: profiles {svcs['worker'].get('profiles')}, not [cpu]")
+    gpu_file = os.path.normpath(os.path.join(os.path.dirname(path), "..", "..", GPU_DOCKERFILE))
+    need(os.path.isfile(gpu_file), f"no {gpu_file}")
+
+
 def lint_services(path, doc, need):
     svcs = doc.get("services", {})
-    need(set(svcs) == {"token", "worker", "optimizer", "scheduler"}, f"services are {sorted(svcs)}")
+    need(set(svcs) == {"token", "worker", "worker-gpu", "optimizer", "scheduler"},
+         f"services are {sorted(svcs)}")
     lint_token(path, svcs, need)
-    ports = {"worker": 50061, "optimizer": 50062, "scheduler": 50060}
+    lint_profiles(svcs, need)
+    lint_images(path, svcs, need)
+    ports = {"worker": 50061, "worker-gpu": 50061, "optimizer": 50062, "scheduler": 50060}
     for name, s in svcs.items():
         if name == "token":
             hardening(name, s, need)
@@ -133,19 +207,21 @@ def lint_services(path, doc, need):
         listen = [a for a in s.get("command", []) if a.startswith("--listen=")]
         need(listen == [f"--listen=127.0.0.1:{ports.get(name)}"],
              f"{name}: --listen is {listen}, not 127.0.0.1:{ports.get(name)} (non-loopback needs TLS)")
-    w, o, sch = svcs.get("worker", {}), svcs.get("optimizer", {}), svcs.get("scheduler", {})
-    need(w.get("ipc") == "shareable", "worker: ipc is not shareable")
-    need(o.get("ipc") == "service:worker", "optimizer: ipc is not service:worker")
-    need(w.get("ulimits", {}).get("memlock") == -1 and o.get("ulimits", {}).get("memlock") == -1,
-         "worker/optimizer: memlock not unlimited")
-    devs = w.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
-    need(any("gpu" in d.get("capabilities", []) for d in devs), "worker: no GPU reservation")
-    need("shm_size" in w, "worker: no shm_size (Docker's default /dev/shm is 64 MB)")
+    o, sch = svcs.get("optimizer", {}), svcs.get("scheduler", {})
+    # The arena's /dev/shm: the optimizer's IPC namespace (the service of both profiles),
+    # joined by whichever worker runs.
+    need(o.get("ipc") == "shareable", "optimizer: ipc is not shareable")
+    need("shm_size" in o, "optimizer: no shm_size (Docker's default /dev/shm is 64 MB)")
+    need(o.get("ulimits", {}).get("memlock") == -1, "optimizer: memlock not unlimited")
+    for name in ("worker", "worker-gpu"):
+        w = svcs.get(name, {})
+        need(w.get("ipc") == "service:optimizer", f"{name}: ipc is not service:optimizer")
+        need(w.get("ulimits", {}).get("memlock") == -1, f"{name}: memlock not unlimited")
     cmd = sch.get("command", [])
     for flag in (f"--state_dir={STATE}/state", f"--allowed_roots={STATE}"):
         need(flag in cmd, f"scheduler: command lacks {flag}")
     # The worker's and the optimizer's RPCs check the same roots as the scheduler (issue 43).
-    for name in ("worker", "optimizer"):
+    for name in ("worker", "worker-gpu", "optimizer"):
         need(f"--allowed_roots={STATE}" in svcs.get(name, {}).get("command", []),
              f"{name}: command lacks --allowed_roots={STATE}")
     need("state" in (doc.get("volumes") or {}), "no top-level `state` volume")
@@ -210,6 +286,38 @@ def self_check_token(path, doc, need):
             print(f"self-check: a worker {what} is caught: {caught[0]}")
 
 
+def self_check_profiles(path, doc, need):
+    """Copies of a passing file that the profile and image checks must catch: the CPU worker
+    reserving a GPU again, the CPU worker in every profile (two workers on one port under
+    --profile gpu), the scheduler waiting for the CPU worker (an invalid project under
+    --profile gpu), the GPU worker from the CPU image."""
+    def reserve(d):
+        d["services"]["worker"]["deploy"] = copy.deepcopy(d["services"]["worker-gpu"]["deploy"])
+
+    def cpu_image_for_gpu(d):
+        d["services"]["worker-gpu"]["build"] = {"context": "../..", "dockerfile": CPU_DOCKERFILE}
+
+    edits = {
+        "CPU worker reserving a GPU": (reserve, "worker:"),
+        "CPU worker in both profiles": (lambda d: d["services"]["worker"].pop("profiles"),
+                                        "--profile gpu: ['worker', 'worker-gpu'] all use"),
+        "scheduler waiting for the CPU worker": (
+            lambda d: d["services"]["scheduler"]["depends_on"].update(
+                worker={"condition": "service_healthy"}),
+            "--profile gpu: scheduler refers to worker"),
+        "GPU worker from the CPU image": (cpu_image_for_gpu, "worker-gpu: built from"),
+    }
+    for what, (edit, expect) in edits.items():
+        bad = copy.deepcopy(doc)
+        edit(bad)
+        found = []
+        lint_services(path, bad, lambda cond, msg: cond or found.append(msg))
+        caught = [m for m in found if m.startswith(expect)]
+        need(bool(caught), f"self-check: a {what} passed the lint ({found})")
+        if caught:
+            print(f"self-check: a {what} is caught: {caught[0]}")
+
+
 def main(argv):
     if len(argv) != 3 or argv[1] not in ("services", "ranks"):
         print("usage: compose_lint.py services|ranks FILE", file=sys.stderr)
@@ -226,6 +334,7 @@ def main(argv):
     what = (lint_services if argv[1] == "services" else lint_ranks)(path, doc, need)
     if argv[1] == "services" and not errors:
         self_check_token(path, doc, need)
+        self_check_profiles(path, doc, need)
     for e in errors:
         print("FAIL:", e)
     if errors:
