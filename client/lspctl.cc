@@ -100,6 +100,9 @@ ABSL_FLAG(bool, skip_memory_check, false,
           "run: train even when the job's memory plan does not fit the device (for a plan "
           "that overestimates a job known to fit; `lspctl plan` prints it)");
 ABSL_FLAG(double, timeout_seconds, 5, "health: deadline of the check, seconds");
+ABSL_FLAG(std::string, address, "",
+          "health: the address of the service to check, a scheduler, worker or optimizer "
+          "(empty = --scheduler)");
 ABSL_FLAG(std::string, adapter, "",
           "generate / eval: a PEFT LoRA adapter folder merged into --model (e.g. a lora job's "
           "OUTPUT/adapter onto its base model)");
@@ -139,9 +142,10 @@ constexpr char kUsage[] =
     "                                      Axolotl name (learning_rate, max_steps): docs/spec.md\n"
     "  lspctl submit --spec=FILE [--watch] [KEY=VALUE ...]  submit to a running lsp_scheduler\n"
     "  lspctl status JOB | watch JOB | cancel JOB | list\n"
-    "  lspctl health [SERVICE]             grpc.health.v1 check of the server at --scheduler\n"
-    "                                      (also a worker or optimizer address); exit 0 when\n"
-    "                                      SERVING, 1 otherwise\n"
+    "  lspctl health [SERVICE] [--address=HOST:PORT]\n"
+    "                                      grpc.health.v1 check of the service at --address\n"
+    "                                      (a scheduler, worker or optimizer; default\n"
+    "                                      --scheduler); exit 0 when SERVING, 1 otherwise\n"
     "  lspctl metrics                      the scheduler's jobs in Prometheus text format\n"
     "  lspctl generate --model=DIR|FILE (--prompt=TEXT | --chat=FILE.jsonl)\n"
     "                  [--max_new_tokens=256 --temperature=0 --top_k=0 --top_p=1 --seed=0\n"
@@ -168,7 +172,7 @@ constexpr char kUsage[] =
     "  rank: one lspctl run per rank, same spec) --bind_address (that rank's address)\n"
     "  --rendezvous (rank 0's host:port) --rendezvous_token_file (the job's token, mode 0600)\n"
     "  --allow_remote_rendezvous (a rendezvous address that is not loopback),\n"
-    "  --timeout_seconds (health),\n"
+    "  --timeout_seconds --address (health),\n"
     "  --auth_token_file=FILE (bearer token, mode 0600), --tls_ca=CA.pem (TLS).\n"
     "  lspctl --helpfull lists every flag.\n"
     "Exit codes: 0 success, 1 job failed/cancelled, not SERVING or RPC error, 2 usage error.";

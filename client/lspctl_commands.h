@@ -16,6 +16,7 @@
 
 ABSL_DECLARE_FLAG(std::string, spec);
 ABSL_DECLARE_FLAG(std::string, scheduler);
+ABSL_DECLARE_FLAG(std::string, address);
 ABSL_DECLARE_FLAG(int32_t, steps);
 ABSL_DECLARE_FLAG(std::string, mode);
 ABSL_DECLARE_FLAG(std::string, schedule);

@@ -576,7 +576,10 @@ int RunEmbedded() {
 }
 
 int RunJobCommand(const std::string& cmd, const std::string& arg) {
-  const std::string address = absl::GetFlag(FLAGS_scheduler);
+  // health checks any service: --address names it (--scheduler still works, as before).
+  const std::string address = cmd == "health" && !absl::GetFlag(FLAGS_address).empty()
+                                  ? absl::GetFlag(FLAGS_address)
+                                  : absl::GetFlag(FLAGS_scheduler);
   auto channel = lspo::runtime::MakeChannel(address, lspo::runtime::ChannelSecurityFromFlags());
   if (!channel.ok()) return Fail(channel.status());
   if (cmd == "health") return Health(*channel, address, arg);

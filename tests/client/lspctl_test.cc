@@ -164,6 +164,10 @@ TEST_F(LspctlTest, HealthIsZeroWhenServingAndOneOtherwise) {
   r = Lspctl("health lspo.v1.Worker " + flag);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const std::string port = flag.substr(flag.rfind(':') + 1);
+  // --address names any service's address (--scheduler then plays no part).
+  r = Lspctl("health --scheduler=127.0.0.1:1 --address=127.0.0.1:" + port);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(": SERVING"));
   server_.reset();  // Nothing listens there any more.
   r = Lspctl("health --timeout_seconds=2 --scheduler=127.0.0.1:" + port);
   EXPECT_EQ(r.exit_code, 1) << r.output;
