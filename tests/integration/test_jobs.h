@@ -5,10 +5,14 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <mutex>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "grpcpp/grpcpp.h"
@@ -44,10 +48,34 @@ inline bool HaveTinyAssets() {
          access(MobyDickPath().c_str(), R_OK) == 0;
 }
 
+// The folders TempDir made in this process, removed when it exits (each CTest case is a
+// process of its own), so that test runs do not fill /tmp (a full run left ~10 GB before).
+// LSPO_KEEP_TEST_DIRS=1 keeps them for a look after a failure.
+struct CreatedTempDirs {
+  std::mutex mu;
+  std::vector<std::string> dirs;
+  ~CreatedTempDirs() {
+    const char* keep = std::getenv("LSPO_KEEP_TEST_DIRS");
+    if (keep != nullptr && std::string(keep) == "1") return;
+    for (const std::string& d : dirs) {
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    }
+  }
+};
+inline CreatedTempDirs& TempDirsOfThisProcess() {
+  static CreatedTempDirs dirs;
+  return dirs;
+}
+
 inline std::string TempDir(const std::string& tag) {
   std::string tmpl = "/tmp/lspo-" + tag + "-XXXXXX";
   char* dir = mkdtemp(tmpl.data());
-  return dir ? std::string(dir) : "/tmp/lspo-" + tag;
+  const std::string made = dir ? std::string(dir) : "/tmp/lspo-" + tag;
+  CreatedTempDirs& all = TempDirsOfThisProcess();
+  std::lock_guard<std::mutex> lock(all.mu);
+  all.dirs.push_back(made);
+  return made;
 }
 
 // A seeded tiny random Llama (hidden 64, 2 layers; vocabulary and tokenizer of SmolLM2) on
