@@ -13,6 +13,8 @@
 //   lspctl eval --model=DIR|FILE --data=FILE [--format --adapter=DIR]
 //                                                        loss / perplexity / accuracy
 //   lspctl convert --model=FILE.gguf --output_dir=DIR    a GGUF as a Hugging Face model folder
+//   lspctl export --model=DIR --format=gguf [--outtype=auto|f32|f16|bf16|q8_0 --outfile=F]
+//                                                        an HF folder as a GGUF (llama.cpp)
 //   lspctl plan --spec=FILE [--device=cpu|cuda --device_memory_gb=4]
 //                                                        memory per mode; does it fit
 // run, submit and plan take KEY=VALUE arguments after the command: any spec field by its
@@ -107,7 +109,8 @@ ABSL_FLAG(std::string, adapter, "",
           "generate / eval: a PEFT LoRA adapter folder merged into --model (e.g. a lora job's "
           "OUTPUT/adapter onto its base model)");
 ABSL_FLAG(std::string, model, "",
-          "generate/eval: HF model folder (e.g. a job's output) or GGUF; convert: the GGUF");
+          "generate/eval: HF model folder (e.g. a job's output) or GGUF; convert: the GGUF; "
+          "export: the HF folder");
 ABSL_FLAG(std::string, prompt, "", "generate: plain-text prompt");
 ABSL_FLAG(std::string, chat, "", "generate: JSONL conversations ({\"messages\": [...]} per line)");
 ABSL_FLAG(std::string, chat_template, "",
@@ -122,7 +125,8 @@ ABSL_FLAG(std::string, data, "",
           "eval: data file (.tsv, .json or .jsonl records, or plain text; docs/data.md)");
 ABSL_FLAG(std::string, format, "",
           "eval: classification, text, alpaca, chat or prompt_completion (default: from the "
-          "keys of the first record, as a job's data.format; text for other files)");
+          "keys of the first record, as a job's data.format; text for other files); "
+          "export: gguf");
 ABSL_FLAG(int32_t, seq_len, 0, "eval: tokens per example or block (0 = 128)");
 ABSL_FLAG(int32_t, max_examples, 0, "eval: at most this many examples (0 = all)");
 ABSL_FLAG(std::string, perplexity_path, "", "eval: also measure the perplexity of this text");
@@ -132,6 +136,12 @@ ABSL_FLAG(double, device_memory_gb, 0,
           "plan: answer whether the job fits a device of this many GiB (0 = only the plan)");
 ABSL_FLAG(std::string, device, "", "plan: plan for cpu or cuda (empty = the spec's device)");
 ABSL_FLAG(int32_t, threads, 0, "generate/eval/convert: CPU threads (0 = all cores)");
+ABSL_FLAG(std::string, outtype, "auto",
+          "export: the matrices' type, auto (bf16 for a bf16 model, else f16), f32, f16, bf16 "
+          "or q8_0 (llama.cpp's names)");
+ABSL_FLAG(std::string, outfile, "",
+          "export: the GGUF file to write (must not exist; default <model name>-<TYPE>.gguf "
+          "in the current folder)");
 
 namespace {
 
@@ -160,6 +170,10 @@ constexpr char kUsage[] =
     "                                      write a GGUF as a Hugging Face model folder\n"
     "                                      (config.json, fp32 model.safetensors, tokenizer\n"
     "                                      files); DIR must be new or empty\n"
+    "  lspctl export --model=DIR --format=gguf [--outtype=auto|f32|f16|bf16|q8_0\n"
+    "                --outfile=FILE.gguf]      write an HF folder (e.g. a job's output) as a\n"
+    "                                      GGUF for llama.cpp / Ollama (Llama-architecture\n"
+    "                                      models with byte-level BPE tokenizers)\n"
     "  lspctl spec --spec=FILE [KEY=VALUE ...]\n"
     "                                      print the spec as read (aliases resolved,\n"
     "                                      overrides applied) as JSON; nothing runs\n"
@@ -206,7 +220,7 @@ int main(int argc, char** argv) {
   if (args.size() < 2) {
     std::fprintf(stderr,
                  "usage: lspctl run|submit|status|watch|cancel|list|health|metrics|generate|eval"
-                 "|convert|plan|spec ... (--help)\n");
+                 "|convert|export|plan|spec ... (--help)\n");
     return 2;
   }
   const std::string cmd = args[1];

@@ -51,6 +51,8 @@ ABSL_DECLARE_FLAG(std::string, system_prompt);
 ABSL_DECLARE_FLAG(double, device_memory_gb);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int32_t, threads);
+ABSL_DECLARE_FLAG(std::string, outtype);
+ABSL_DECLARE_FLAG(std::string, outfile);
 
 namespace lspo::lspctl {
 

@@ -629,7 +629,7 @@ int RunJobCommand(const std::string& cmd, const std::string& arg) {
   }
   std::fprintf(stderr,
                "lspctl: unknown command '%s' (run, submit, status, watch, cancel, list, health, "
-               "metrics, generate, eval, convert, plan, spec; --help)\n",
+               "metrics, generate, eval, convert, export, plan, spec; --help)\n",
                cmd.c_str());
   return 2;
 }

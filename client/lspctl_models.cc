@@ -51,7 +51,7 @@
 namespace lspo::lspctl {
 
 bool IsModelCommand(const std::string& cmd) {
-  return cmd == "plan" || cmd == "convert" || cmd == "generate" || cmd == "eval";
+  return cmd == "plan" || cmd == "convert" || cmd == "export" || cmd == "generate" || cmd == "eval";
 }
 
 namespace {
@@ -73,6 +73,28 @@ int RunPlanCommand() {
   if (st.ok()) return 0;
   Fail(st);
   return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+// lspctl export: an HF folder written as a GGUF file.
+int RunExportCommand() {
+  FLAGS_minloglevel = absl::GetFlag(FLAGS_verbose) ? 0 : 1;
+  lspo::client::ExportCommand x;
+  x.model = absl::GetFlag(FLAGS_model);
+  x.format = absl::GetFlag(FLAGS_format);
+  x.outtype = absl::GetFlag(FLAGS_outtype);
+  x.outfile = absl::GetFlag(FLAGS_outfile);
+  auto r = lspo::client::RunExport(x);
+  if (!r.ok()) {
+    Fail(r.status());
+    return r.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  for (const std::string& note : r->gguf.notes) std::printf("note: %s\n", note.c_str());
+  std::printf("wrote %s: %lld tensors, matrices %s, tokenizer pre %s, %.1f MiB\n", r->path.c_str(),
+              static_cast<long long>(r->gguf.num_tensors),
+              std::string(lspo::model::GgmlTypeName(r->gguf.matrix_type)).c_str(),
+              r->gguf.tokenizer_pre.c_str(),
+              static_cast<double>(r->gguf.file_bytes) / (1024.0 * 1024.0));
+  return 0;
 }
 
 }  // namespace
@@ -103,6 +125,8 @@ int RunModelCommand(const std::string& cmd) {
     std::printf("wrote %s: %s\n", c.output_dir.c_str(), absl::StrJoin(files, ", ").c_str());
     return 0;
   }
+
+  if (cmd == "export") return RunExportCommand();
 
   if (cmd == "generate" || cmd == "eval") {
     if (absl::GetFlag(FLAGS_model).empty()) {

@@ -1,5 +1,6 @@
 #include "client/model_tools.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "third_party/torch/torch_api.h"
@@ -13,9 +14,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "gpu_worker/worker_core.h"
 #include "model/generate.h"
@@ -417,6 +420,59 @@ absl::Status RunConvert(const ConvertCommand& cmd) {
   }
   const std::string parent = std::filesystem::path(dest).parent_path().string();
   return runtime::FsyncDir(parent.empty() ? "." : parent);
+}
+
+absl::StatusOr<ExportResult> RunExport(const ExportCommand& given) {
+  if (given.model.empty()) {
+    return absl::InvalidArgumentError(
+        "lspctl export: give --model=DIR (an HF model folder, e.g. a job's output_dir)");
+  }
+  if (!given.format.empty() && absl::AsciiStrToLower(given.format) != "gguf") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lspctl export: --format=", given.format,
+        " is not exported; --format=gguf writes a GGUF (a job's output_dir already is a "
+        "Hugging Face folder, and --adapter folders are PEFT's)"));
+  }
+  ASSIGN_OR_RETURN(offload::GgufOutType type,
+                   offload::ParseGgufOutType(given.outtype.empty() ? "auto" : given.outtype));
+  ASSIGN_OR_RETURN(std::string model, ResolveModelArg(given.model));
+  if (runtime::IsRegularFile(model)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model '", model,
+                     "' is a file; export reads a Hugging Face model folder (a GGUF "
+                     "needs no export; `lspctl convert` turns one into a folder)"));
+  }
+  if (!runtime::IsDirectory(model)) {
+    return absl::NotFoundError(absl::StrCat("--model '", model, "' does not exist"));
+  }
+  RETURN_IF_ERROR(CheckModelPath(model));
+  ExportResult r;
+  r.path = given.outfile;
+  if (r.path.empty()) {
+    // llama.cpp's default name, <model name>-<TYPE>.gguf, in the current folder (never inside
+    // the model folder, which may be a shared Hugging Face cache snapshot).
+    std::string name = std::filesystem::path(model).lexically_normal().filename().string();
+    if (name.empty()) {
+      name = std::filesystem::path(model).lexically_normal().parent_path().filename().string();
+    }
+    std::string t = absl::AsciiStrToUpper(given.outtype.empty() ? "auto" : given.outtype);
+    if (type == offload::GgufOutType::kAuto) t = "AUTO";
+    r.path = absl::StrCat(name, "-", t, ".gguf");
+  }
+  ASSIGN_OR_RETURN(r.gguf, offload::ExportGguf(model, r.path, type));
+  if (given.outfile.empty() && type == offload::GgufOutType::kAuto) {
+    // Name the file by the type auto chose, as llama.cpp does.
+    std::string named = r.path;
+    absl::StrReplaceAll(
+        {{"-AUTO.gguf", absl::StrCat("-", model::GgmlTypeName(r.gguf.matrix_type), ".gguf")}},
+        &named);
+    struct stat st;
+    if (named != r.path && ::lstat(named.c_str(), &st) != 0 &&
+        std::rename(r.path.c_str(), named.c_str()) == 0) {
+      r.path = named;
+    }
+  }
+  return r;
 }
 
 absl::Status RunPlan(const PlanCommand& cmd, std::FILE* out) {

@@ -7,6 +7,7 @@
 //             evaluation code as a job (the worker's EvaluateJob on a job that trains nothing).
 //   convert:  a Llama-architecture GGUF written as a Hugging Face model folder by the same code
 //             that writes a job's output_dir (offload/hf_export.h).
+//   export:   an HF folder written as a GGUF file for llama.cpp / Ollama (offload/gguf_export.h).
 //   plan:     the memory a job needs in every mode, from the model's config alone
 //             (offload/memory_plan.h), and whether it fits a device of a given size.
 //
@@ -20,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "offload/gguf_export.h"
 #include "proto/job_spec.pb.h"
 #include "proto/metrics.pb.h"
 
@@ -113,6 +115,26 @@ struct ConvertCommand {
 // supported), prefixed with the path; write errors (kPermissionDenied, kResourceExhausted,
 // kInternal) naming the path.
 absl::Status RunConvert(const ConvertCommand& cmd);
+
+struct ExportCommand {
+  std::string model;    // an HF model folder (e.g. a job's output_dir) or a model id in the cache
+  std::string format;   // "gguf" (or empty, meaning gguf: the one format exported)
+  std::string outtype;  // auto, f32, f16, bf16, q8_0 (offload/gguf_export.h; empty = auto)
+  std::string outfile;  // the file to write (must not exist); empty = MODEL/<name>-<type>.gguf
+};
+
+// Writes `cmd.model` as a GGUF file (offload::ExportGguf; what is written and which families
+// and tokenizers are: offload/gguf_export.h) and returns the path written with the export's
+// result. `cmd.model` may be a model id in the local Hugging Face cache (RunGenerate).
+// Errors: kInvalidArgument for an empty --model, a --format other than gguf, an unknown
+// --outtype, or a --model that is a file (a GGUF needs no export); kNotFound for a missing
+// --model; ExportGguf's (kAlreadyExists for an existing --outfile, kUnimplemented for an
+// unsupported family or tokenizer, naming it and the alternative).
+struct ExportResult {
+  std::string path;
+  lspo::offload::GgufExportResult gguf;
+};
+absl::StatusOr<ExportResult> RunExport(const ExportCommand& cmd);
 
 struct PlanCommand {
   lspo::v1::JobSpec spec;       // the job (defaults are resolved here)

@@ -241,6 +241,25 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& gguf) {
   ASSIGN_OR_RETURN(c.eos_token_id, IntOr(gguf, "tokenizer.ggml.eos_token_id", 2));
   ASSIGN_OR_RETURN(c.pad_token_id, IntOr(gguf, "tokenizer.ggml.padding_token_id", c.eos_token_id));
   c.tie_word_embeddings = gguf.FindTensor("output.weight") == nullptr;
+  // Optional attention biases (llama.cpp's llama architecture loads them when present).
+  c.qkv_bias = gguf.FindTensor("blk.0.attn_q.bias") != nullptr;
+  c.o_bias = gguf.FindTensor("blk.0.attn_output.bias") != nullptr;
+  if (gguf.HasKey("llama.rope.scaling.type")) {
+    ASSIGN_OR_RETURN(std::string type, gguf.GetString("llama.rope.scaling.type"));
+    if (type == "linear") {
+      c.rope_scaling.type = RopeScaling::Type::kLinear;
+      ASSIGN_OR_RETURN(c.rope_scaling.factor, gguf.GetFloat("llama.rope.scaling.factor"));
+    } else if (type != "none") {
+      return absl::UnimplementedError(
+          absl::StrCat("GGUF llama.rope.scaling.type is \"", type,
+                       "\"; only none and linear are read (use the model's Hugging Face folder)"));
+    }
+  }
+  if (gguf.FindTensor("rope_freqs.weight") != nullptr) {
+    return absl::UnimplementedError(
+        "the GGUF has rope_freqs.weight (per-frequency RoPE factors, e.g. Llama 3.1's llama3 "
+        "scaling), which this reader does not apply yet; use the model's Hugging Face folder");
+  }
   absl::Status valid = c.Validate();
   if (!valid.ok()) {
     return absl::InvalidArgumentError(

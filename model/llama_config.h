@@ -146,9 +146,12 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const nlohmann::json& config,
 // attention.head_count_kv (defaults to head_count when absent), rope.freq_base (default
 // 10000 when absent), attention.layer_norm_rms_epsilon, vocab_size (falls back to the length
 // of tokenizer.ggml.tokens), rope.dimension_count (head_dim; defaults to H / heads),
-// tokenizer.ggml.{bos,eos,padding}_token_id (defaults 1, 2, eos). tie_word_embeddings is true
-// iff the file has no `output.weight` tensor.
-// Errors: kUnimplemented when general.architecture is not "llama"; the accessor's code
+// tokenizer.ggml.{bos,eos,padding}_token_id (defaults 1, 2, eos), rope.scaling.type "none" or
+// "linear" with rope.scaling.factor. tie_word_embeddings is true iff the file has no
+// `output.weight` tensor; qkv_bias / o_bias iff blk.0.attn_q.bias / blk.0.attn_output.bias exist.
+// Errors: kUnimplemented when general.architecture is not "llama", for another
+// rope.scaling.type, or when the file has rope_freqs.weight (per-frequency RoPE factors, which
+// are not applied yet: refused rather than silently ignored); the accessor's code
 // (kNotFound / kInvalidArgument) for a missing or mistyped required key; kInvalidArgument when
 // the result fails Validate().
 absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& gguf);
