@@ -265,6 +265,10 @@ std::array<at::Tensor, 3> LlamaModel::RotatedQkv(const at::Tensor& a, int64_t la
   at::Tensor q = Linear(a, base + static_cast<int64_t>(LinearKind::kQ)).view({B, T, nh, hd});
   at::Tensor k = Linear(a, base + static_cast<int64_t>(LinearKind::kK)).view({B, T, nkv, hd});
   at::Tensor v = Linear(a, base + static_cast<int64_t>(LinearKind::kV)).view({B, T, nkv, hd});
+  if (config_.qk_norm) {  // Qwen3: RMSNorm over each head's hd before RoPE
+    q = RmsNorm(q, this->T(q_norm_slot_[static_cast<size_t>(layer)]));
+    k = RmsNorm(k, this->T(k_norm_slot_[static_cast<size_t>(layer)]));
+  }
   // RoPE (HF rotate_half): x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1]; the sign is
   // folded into `sin` ([-sin, sin] halves), so rotate_half(x) sin == SwapHalves(x) sin_signed.
   q = q * cos + SwapHalves(q) * sin;  // (B, T, nh, hd); cos/sin (T, 1, hd)

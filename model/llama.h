@@ -17,6 +17,8 @@
 //   out = RMSNorm_final(h) ; logits = out lm_head^T (lm_head = embed_tokens when tied).
 //   RMSNorm(x) = w * x / sqrt(mean(x^2) + eps), computed in fp32.
 //   Linears with a bias (Qwen2 q/k/v; Llama attention_bias q/k/v/o) add it: y = x W^T + b.
+//   Qwen3 (config.qk_norm): q and k are RMSNorm-ed per head over hd (weights q_norm, k_norm)
+//   before RoPE: q_h = RMSNorm(q_h) * q_norm (HF modeling_qwen3.py Qwen3Attention).
 //   RoPE: HF rotate_half convention on un-permuted q/k rows (pairs (i, i + hd/2)),
 //   angle = pos · inv_freq_i (RopeInverseFrequencies: θ^(-2i/hd), scaled per
 //   config.rope_scaling), positions 0..T-1 for every row.
@@ -341,6 +343,8 @@ class LlamaModel {
   std::vector<int64_t> bias_slot_;        // linear index -> slot of its bias, -1 = none.
   std::vector<int64_t> input_norm_slot_;  // layer -> input_layernorm slot.
   std::vector<int64_t> post_norm_slot_;   // layer -> post_attention_layernorm slot.
+  std::vector<int64_t> q_norm_slot_;      // layer -> self_attn.q_norm slot (qk_norm only).
+  std::vector<int64_t> k_norm_slot_;      // layer -> self_attn.k_norm slot (qk_norm only).
   int64_t embed_slot_ = 0;
   int64_t final_norm_slot_ = 0;
   int64_t lm_head_slot_ = 0;  // == embed_slot_ when tied.

@@ -114,6 +114,8 @@ const char* HfArchitecture(ModelFamily family) {
       return "Qwen2ForCausalLM";
     case ModelFamily::kMistral:
       return "MistralForCausalLM";
+    case ModelFamily::kQwen3:
+      return "Qwen3ForCausalLM";
     case ModelFamily::kLlama:
       break;
   }
@@ -126,6 +128,8 @@ const char* HfModelType(ModelFamily family) {
       return "qwen2";
     case ModelFamily::kMistral:
       return "mistral";
+    case ModelFamily::kQwen3:
+      return "qwen3";
     case ModelFamily::kLlama:
       break;
   }
@@ -138,7 +142,7 @@ int64_t LlamaConfig::NumParameters() const {
   const int64_t mlp = 3 * hidden_size * intermediate_size;
   const int64_t biases =
       (qkv_bias ? num_heads * head_dim + 2 * kv : 0) + (o_bias ? hidden_size : 0);
-  const int64_t per_layer = attn + mlp + 2 * hidden_size + biases;
+  const int64_t per_layer = attn + mlp + 2 * hidden_size + biases + (qk_norm ? 2 * head_dim : 0);
   int64_t total = vocab_size * hidden_size + num_layers * per_layer + hidden_size;
   if (!tie_word_embeddings) total += vocab_size * hidden_size;
   return total;
@@ -175,8 +179,12 @@ nlohmann::json LlamaConfig::ToHfConfigJson(absl::string_view torch_dtype) const 
           {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
       break;
   }
-  if (family == ModelFamily::kLlama) j["attention_bias"] = qkv_bias;
-  if (family == ModelFamily::kQwen2) j["use_sliding_window"] = false;
+  if (family == ModelFamily::kLlama || family == ModelFamily::kQwen3) {
+    j["attention_bias"] = qkv_bias;
+  }
+  if (family == ModelFamily::kQwen2 || family == ModelFamily::kQwen3) {
+    j["use_sliding_window"] = false;
+  }
   if (family == ModelFamily::kMistral) {
     j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json();
   }
@@ -367,7 +375,8 @@ class HfConfigReader {
 
 constexpr absl::string_view kSupportedArchitectures =
     "LlamaForCausalLM (model_type llama: SmolLM2, TinyLlama, Llama 2, Llama 3.x), "
-    "Qwen2ForCausalLM (qwen2: Qwen2, Qwen2.5), MistralForCausalLM (mistral)";
+    "Qwen2ForCausalLM (qwen2: Qwen2, Qwen2.5), MistralForCausalLM (mistral), Qwen3ForCausalLM "
+    "(qwen3: Qwen3 dense)";
 
 absl::StatusOr<ModelFamily> FamilyOf(const HfConfigReader& r) {
   ASSIGN_OR_RETURN(std::string model_type, r.StringOr("model_type", ""));
@@ -379,7 +388,8 @@ absl::StatusOr<ModelFamily> FamilyOf(const HfConfigReader& r) {
     }
     arch = a[0].get<std::string>();
   }
-  for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kMistral}) {
+  for (ModelFamily f :
+       {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kMistral, ModelFamily::kQwen3}) {
     const bool arch_match = arch == HfArchitecture(f);
     const bool type_match = model_type == HfModelType(f);
     if ((arch_match && (model_type.empty() || type_match)) || (arch.empty() && type_match)) {
@@ -469,8 +479,10 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const nlohmann::json& config,
   ASSIGN_OR_RETURN(c.num_layers, r.Int("num_hidden_layers"));
   ASSIGN_OR_RETURN(c.num_heads, r.Int("num_attention_heads"));
   ASSIGN_OR_RETURN(c.num_kv_heads, r.IntOr("num_key_value_heads", c.num_heads));
-  ASSIGN_OR_RETURN(c.head_dim,
-                   r.IntOr("head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0));
+  const int64_t default_head_dim = c.family == ModelFamily::kQwen3 ? 128  // Qwen3Config's
+                                   : c.num_heads > 0               ? c.hidden_size / c.num_heads
+                                                                   : 0;
+  ASSIGN_OR_RETURN(c.head_dim, r.IntOr("head_dim", default_head_dim));
   const int64_t default_positions = c.family == ModelFamily::kLlama ? 2048 : 32768;
   ASSIGN_OR_RETURN(c.max_position_embeddings,
                    r.IntOr("max_position_embeddings", default_positions));
@@ -483,14 +495,22 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const nlohmann::json& config,
       c.qkv_bias = c.o_bias = attention_bias;
       break;
     }
-    case ModelFamily::kQwen2: {
-      c.qkv_bias = true;
+    case ModelFamily::kQwen2:
+    case ModelFamily::kQwen3: {
+      if (c.family == ModelFamily::kQwen2) {
+        c.qkv_bias = true;
+      } else {
+        ASSIGN_OR_RETURN(bool attention_bias, r.BoolOr("attention_bias", false));
+        c.qkv_bias = c.o_bias = attention_bias;
+        c.qk_norm = true;
+      }
       ASSIGN_OR_RETURN(bool sliding, r.BoolOr("use_sliding_window", false));
       if (sliding) {
         return absl::UnimplementedError(absl::StrCat(
-            source,
-            ": use_sliding_window true (per-layer sliding-window attention of Qwen2) is "
-            "not supported; set it to false (the published Qwen2.5 checkpoints do)"));
+            source, ": use_sliding_window true (per-layer sliding-window attention of ",
+            HfArchitecture(c.family),
+            ") is not supported; set it to false (the published Qwen2.5 and Qwen3 checkpoints "
+            "do)"));
       }
       break;
     }

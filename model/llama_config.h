@@ -9,11 +9,17 @@
 //   Qwen2ForCausalLM / qwen2     (Qwen2, Qwen2.5): q, k and v biases always, no o bias; sliding
 //                                window only when `use_sliding_window` (refused).
 //   MistralForCausalLM / mistral (Mistral 7B): `sliding_window` (null = full causal attention).
+//   Qwen3ForCausalLM / qwen3     (Qwen3 dense: 0.6B ... 32B): an RMSNorm over each head's
+//                                query and key (q_norm, k_norm: (head_dim) weights, the
+//                                config's eps) before RoPE; explicit `head_dim` (128 when
+//                                absent, transformers' default); optional `attention_bias`;
+//                                sliding window only when `use_sliding_window` (refused).
 // Anything else (Gemma, Phi, MoE, ...) is refused by LlamaConfigFromHfJson.
 //
 // Sources: docs/formats.md §3 (GGUF `llama.*` keys -> HF names), §5 (values of
 // SmolLM2-135M-Instruct), §6 (config.json fields of a written checkpoint), §7 (HF folders);
-// transformers' configuration_{llama,qwen2,mistral}.py for the field names and defaults and
+// transformers' configuration_{llama,qwen2,mistral,qwen3}.py for the field names and defaults
+// (modeling_qwen3.py Qwen3Attention for q_norm / k_norm) and
 // modeling_rope_utils.py for the llama3 / linear RoPE frequency rules.
 //
 // Thread-safety: a plain value type.
@@ -34,11 +40,11 @@ namespace lspo::model {
 class GgufFile;
 
 // Which HF architecture a config describes (see the file comment).
-enum class ModelFamily { kLlama, kQwen2, kMistral };
+enum class ModelFamily { kLlama, kQwen2, kMistral, kQwen3 };
 
 // HF `architectures[0]` of a family: "LlamaForCausalLM", "Qwen2ForCausalLM", ...
 const char* HfArchitecture(ModelFamily family);
-// HF `model_type` of a family: "llama", "qwen2", "mistral".
+// HF `model_type` of a family: "llama", "qwen2", "mistral", "qwen3".
 const char* HfModelType(ModelFamily family);
 
 // RoPE frequency scaling (HF `rope_scaling` / `rope_parameters`). With inv_freq_i =
@@ -83,8 +89,11 @@ struct LlamaConfig {
   bool tie_word_embeddings = true;      // lm_head.weight == embed_tokens.weight.
   // q_proj/k_proj/v_proj carry a bias (Qwen2 always; Llama with attention_bias).
   bool qkv_bias = false;
-  // o_proj carries a bias (Llama with attention_bias only).
+  // o_proj carries a bias (Llama and Qwen3 with attention_bias).
   bool o_bias = false;
+  // Per-head RMSNorm of queries and keys before RoPE (Qwen3): q_norm, k_norm (head_dim) per
+  // layer.
+  bool qk_norm = false;
   // Sliding-window attention (Mistral): token t attends to positions in (t - W, t]. 0 = full
   // causal attention (also when W >= the sequence length, where the two are the same).
   int64_t sliding_window = 0;
@@ -105,13 +114,14 @@ struct LlamaConfig {
   // Returns kInvalidArgument naming the first offending field, its value and the requirement.
   absl::Status Validate() const;
 
-  // Number of parameters (embedding counted once when tied; biases included).
+  // Number of parameters (embedding counted once when tied; biases and q/k norms included).
   // 134,515,008 for SmolLM2-135M.
   int64_t NumParameters() const;
 
   // HF `config.json` (docs/formats.md §6) of this family: architectures, model_type, sizes,
   // head_dim, hidden_act "silu", rms_norm_eps, rope_theta and rope_scaling (null, or the
-  // llama3 / linear object), attention_bias (llama) / use_sliding_window false (qwen2) /
+  // llama3 / linear object), attention_bias (llama, qwen3) / use_sliding_window false (qwen2,
+  // qwen3) /
   // sliding_window (mistral, null when 0), mlp_bias false, tie_word_embeddings, bos/eos/pad
   // token ids (null when -1; eos a list when several), `torch_dtype` as given (e.g. "float32",
   // "bfloat16"), use_cache true, attention_dropout 0, initializer_range 0.02, pretraining_tp 1.
@@ -128,12 +138,14 @@ struct LlamaConfig {
 // supported family. Accepts both spellings of RoPE settings: `rope_theta` + `rope_scaling`
 // (transformers <= 4.x, and the published checkpoints) and `rope_parameters` (transformers
 // 5.x). Defaults for absent fields are those of the family's transformers config class
-// (num_key_value_heads = num_attention_heads, head_dim = hidden_size / num_attention_heads,
+// (num_key_value_heads = num_attention_heads, head_dim = hidden_size / num_attention_heads
+// (Qwen3: 128),
 // rms_norm_eps 1e-6, rope_theta 10000, tie_word_embeddings false, attention_bias false).
 // Errors:
-//   kUnimplemented: an architecture other than the three (message names it and lists the
+//   kUnimplemented: an architecture other than the four (message names it and lists the
 //     supported ones), hidden_act other than silu, mlp_bias true, a rope type other than
-//     default / linear / llama3, Qwen2 use_sliding_window true, or a `layer_types` entry other
+//     default / linear / llama3, Qwen2 / Qwen3 use_sliding_window true, or a `layer_types` entry
+//     other
 //     than full_attention (sliding_attention is accepted only for Mistral's uniform window);
 //   kInvalidArgument: a missing or mistyped required field (vocab_size, hidden_size,
 //     intermediate_size, num_hidden_layers, num_attention_heads), or a config that fails

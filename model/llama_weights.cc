@@ -53,7 +53,7 @@ LlamaModel LlamaModel::Allocate(const LlamaConfig& c) {
   const bool has_bias[kLinearsPerLayer] = {c.qkv_bias, c.qkv_bias, c.qkv_bias, c.o_bias,
                                            false,      false,      false};
   // transformers' state_dict order: input_layernorm, q, k, v, o (each weight then bias),
-  // post_attention_layernorm, gate, up, down.
+  // q_norm, k_norm (Qwen3), post_attention_layernorm, gate, up, down.
   auto add_linear = [&](const std::string& prefix, int64_t k) {
     model.linear_slot_.push_back(
         add(absl::StrCat(prefix, kLinearSuffix[k], ".weight"), linear_shapes[k]));
@@ -65,6 +65,10 @@ LlamaModel LlamaModel::Allocate(const LlamaConfig& c) {
     const std::string prefix = LayerPrefix(l);
     model.input_norm_slot_.push_back(add(prefix + "input_layernorm.weight", {H}));
     for (int64_t k = 0; k < 4; ++k) add_linear(prefix, k);
+    if (c.qk_norm) {
+      model.q_norm_slot_.push_back(add(prefix + "self_attn.q_norm.weight", {c.head_dim}));
+      model.k_norm_slot_.push_back(add(prefix + "self_attn.k_norm.weight", {c.head_dim}));
+    }
     model.post_norm_slot_.push_back(add(prefix + "post_attention_layernorm.weight", {H}));
     for (int64_t k = 4; k < kLinearsPerLayer; ++k) add_linear(prefix, k);
   }

@@ -320,12 +320,13 @@ absl::StatusOr<GgufExportResult> ExportGguf(const std::string& model_dir,
   ASSIGN_OR_RETURN(model::HfCheckpoint ckpt, model::HfCheckpoint::Open(model_dir));
   const std::string config_path = model_dir + "/config.json";
   ASSIGN_OR_RETURN(model::LlamaConfig c, model::LlamaConfigFromHfJson(ckpt.config(), config_path));
-  if (c.family == model::ModelFamily::kQwen2) {
-    return absl::UnimplementedError(absl::StrCat(
-        config_path,
-        " is a Qwen2ForCausalLM; GGUF export writes llama.cpp's \"llama\" architecture "
-        "(LlamaForCausalLM, MistralForCausalLM) and not yet its \"qwen2\" one: use llama.cpp's "
-        "convert_hf_to_gguf.py on this folder"));
+  if (c.family != model::ModelFamily::kLlama && c.family != model::ModelFamily::kMistral) {
+    return absl::UnimplementedError(
+        absl::StrCat(config_path, " is a ", model::HfArchitecture(c.family),
+                     "; GGUF export writes llama.cpp's \"llama\" architecture (LlamaForCausalLM, "
+                     "MistralForCausalLM) and not yet its \"",
+                     model::HfModelType(c.family),
+                     "\" one: use llama.cpp's convert_hf_to_gguf.py on this folder"));
   }
   ASSIGN_OR_RETURN(model::BpeTokenizer tok, model::BpeTokenizer::FromHfFolder(model_dir));
   if (tok.vocab_size() > c.vocab_size) {

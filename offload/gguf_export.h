@@ -68,7 +68,8 @@ struct GgufExportResult {
 // folder or out_path's folder is missing; the folder's config and tensor errors
 // (LlamaConfigFromHfJson, HfCheckpoint; kUnimplemented for a tensor dtype other than F32 / BF16
 // / F16); kUnimplemented, naming the family or the tokenizer part and what is supported, for
-// a Qwen2 model (llama.cpp's "qwen2" architecture is not written yet), a tokenizer that is not
+// a Qwen2 or Qwen3 model (llama.cpp's "qwen2" / "qwen3" architectures are not written yet), a
+// tokenizer that is not
 // byte-level BPE (SentencePiece-style Metaspace / byte_fallback, e.g. Llama 2's and Mistral's)
 // or whose pre-tokenizer has no llama.cpp name here; kDataLoss for a malformed
 // tokenizer.json; GgufWriter::WriteFile's write errors.

@@ -191,6 +191,8 @@ TEST(ExportTest, RefusesBadInputs) {
          "auto, f32, f16, bf16 or q8_0");
   expect(Export("tests/oracle/data/hf_models/qwen2-job", "f16", dir + "/q.gguf").status(),
          absl::StatusCode::kUnimplemented, "Qwen2ForCausalLM");
+  expect(Export("tests/oracle/data/hf_models/qwen3-job", "f16", dir + "/q3.gguf").status(),
+         absl::StatusCode::kUnimplemented, "\"qwen3\" one");
   expect(Export("tests/oracle/data/hf_models/mistral-job", "f16", dir + "/m.gguf").status(),
          absl::StatusCode::kUnimplemented, "SentencePiece-style");
   expect(Export(kLlamaJob, "f16", dir + "/no/such/dir/a.gguf").status(),

@@ -150,7 +150,8 @@ TEST_P(HfFamilyTest, KvCachedDecodingMatchesTheFullForwardAndGreedyMatchesTransf
 
 INSTANTIATE_TEST_SUITE_P(Families, HfFamilyTest,
                          ::testing::Values("llama-fp32", "llama-bf16", "qwen2-fp32",
-                                           "qwen2-bf16", "mistral-fp32", "mistral-bf16"),
+                                           "qwen2-bf16", "mistral-fp32", "mistral-bf16",
+                                           "qwen3-fp32", "qwen3-bf16"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) c = c == '-' ? '_' : c;
@@ -186,6 +187,35 @@ TEST(HfConfigTest, FamiliesAreReadWithTheirFeatures) {
   EXPECT_EQ(mistral->family, ModelFamily::kMistral);
   EXPECT_EQ(mistral->sliding_window, 8);
   EXPECT_FALSE(mistral->qkv_bias);
+
+  auto qwen3 = LlamaConfigFromHfJson(ReadJson(Folder("qwen3-fp32") + "/config.json"), "qwen3");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_EQ(qwen3->family, ModelFamily::kQwen3);
+  EXPECT_TRUE(qwen3->qk_norm);
+  EXPECT_FALSE(qwen3->qkv_bias);
+  EXPECT_FALSE(qwen3->o_bias);
+  EXPECT_EQ(qwen3->head_dim, 24);
+  EXPECT_FALSE(qwen3->tie_word_embeddings);
+  // Parameters: Qwen3's q_norm and k_norm (2 x head_dim per layer) counted, as transformers'
+  // num_parameters() counts them: V*H*2 (untied) + 2 layers x (q 64x96, k/v 64x48 x2, o 96x64,
+  // mlp 3 x 64x96, norms 2 x 64 + 2 x 24) + final norm 64.
+  EXPECT_EQ(qwen3->NumParameters(),
+            320 * 64 * 2 + 2 * (64 * 96 * 2 + 64 * 48 * 2 + 3 * 64 * 96 + 2 * 64 + 2 * 24) + 64);
+  // transformers' defaults: head_dim 128 when absent (Qwen3Config), attention_bias adds q/k/v/o
+  // biases; and the round trip through the config.json a job writes.
+  nlohmann::json j = ReadJson(Folder("qwen3-fp32") + "/config.json");
+  j.erase("head_dim");
+  j["attention_bias"] = true;
+  auto defaults = LlamaConfigFromHfJson(j, "qwen3");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->head_dim, 128);
+  EXPECT_TRUE(defaults->qkv_bias && defaults->o_bias);
+  auto again = LlamaConfigFromHfJson(qwen3->ToHfConfigJson("bfloat16"), "written");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->family, ModelFamily::kQwen3);
+  EXPECT_TRUE(again->qk_norm);
+  EXPECT_EQ(again->head_dim, 24);
+  EXPECT_EQ(again->NumParameters(), qwen3->NumParameters());
 }
 
 // The transformers 4.x spelling (rope_theta + rope_scaling with "type"), as in published
@@ -296,6 +326,11 @@ TEST(HfConfigTest, UnsupportedArchitecturesAndFeaturesAreRefusedByName) {
   c = LlamaConfigFromHfJson(q, "config.json");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << c.status();
   EXPECT_TRUE(Mentions(c.status(), "use_sliding_window")) << c.status();
+  nlohmann::json q3 = ReadJson(Folder("qwen3-fp32") + "/config.json");
+  q3["use_sliding_window"] = true;
+  c = LlamaConfigFromHfJson(q3, "config.json");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << c.status();
+  EXPECT_TRUE(Mentions(c.status(), "Qwen3ForCausalLM")) << c.status();
 
   j = base;
   j.erase("hidden_size");

@@ -41,6 +41,8 @@ CHAT_TEMPLATES = {
     "mistral-v0.1": "spm_legacy",
     "mistral-v0.3": "spm_metaspace",
     "zephyr": "spm_legacy",
+    "qwen3": "qwen2",  # Qwen3 ships the Qwen2.5 tokenizer
+    "gemma3": "spm_metaspace",  # no Gemma tokenizer here: ids of a SentencePiece-style one
 }
 
 CONVERSATIONS = [

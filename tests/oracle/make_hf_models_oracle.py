@@ -11,6 +11,8 @@ and records what transformers computes on fixed prompts:
            all three frequency bands occur), untied lm_head.
   qwen2    Qwen2ForCausalLM: q/k/v biases, tied embeddings, rope_theta 1e6.
   mistral  MistralForCausalLM: sliding_window 8 < the 24-token prompt, untied lm_head.
+  qwen3    Qwen3ForCausalLM: q_norm / k_norm, explicit head_dim (4 heads x 24 != hidden 64),
+           untied lm_head, rope_theta 1e6.
 
 Weights are drawn wider than HF's N(0, 0.02) init (std 0.15 for matrices, 0.1 for biases, 1 +
 N(0, 0.1) for norms) so that logits are far from uniform and a wrong formula shows.
@@ -28,18 +30,23 @@ Also writes tests/oracle/data/hf_models/<family>-job/: complete model folders fo
 jobs (tests/integration/hf_folder_test.cc): a random bf16 model of the family (hidden 32,
 2 layers, widened like the oracle models so that a few steps visibly lower the loss) whose vocabulary is that of the family's tokenizer trained by
 tests/oracle/make_hf_tokenizer_oracle.py (llama <- hf_tokenizers/llama3, qwen2 <- qwen2,
-mistral <- spm_metaspace), with those tokenizer files copied in.
+mistral <- spm_metaspace, qwen3 <- qwen2 with tests/oracle/data/chat_templates/qwen3.jinja as its
+chat_template.jinja), with those tokenizer files copied in.
 
 Run from the repository root (transformers 5.x, torch 2.x from PyPI; README "Tests"):
-  /tmp/o/bin/python tests/oracle/make_hf_models_oracle.py
+  /tmp/o/bin/python tests/oracle/make_hf_models_oracle.py [FAMILY ...]
+With family names (e.g. qwen3), only those families' folders and oracle entries are made anew;
+the others (folders and entries) are kept as they are.
 """
+import sys
 import json
 import os
 import shutil
 
 import torch
 import transformers
-from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config)
+from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config,
+                          Qwen3Config)
 
 OUT_DIR = "tests/oracle/data/hf_models"
 OUT = "tests/oracle/data/hf_models_oracle.json"
@@ -60,6 +67,7 @@ def configs():
                                            "rope_theta": 10000.0}),
         "qwen2": Qwen2Config(**common, tie_word_embeddings=True, rope_theta=1e6),
         "mistral": MistralConfig(**common, sliding_window=8, tie_word_embeddings=False),
+        "qwen3": Qwen3Config(**common, head_dim=24, tie_word_embeddings=False, rope_theta=1e6),
     }
 
 
@@ -93,18 +101,23 @@ def record(folder, input_ids):
     }
 
 
-JOB_TOKENIZERS = {"llama": "llama3", "qwen2": "qwen2", "mistral": "spm_metaspace"}
+JOB_TOKENIZERS = {"llama": "llama3", "qwen2": "qwen2", "mistral": "spm_metaspace",
+                  "qwen3": "qwen2"}
 
 
-def job_folders():
+def job_folders(families):
     from transformers import AutoTokenizer
     small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5)
-    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}
+    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig,
+               "qwen3": Qwen3Config}
     extra = {"llama": dict(attention_bias=True, tie_word_embeddings=True),
              "qwen2": dict(tie_word_embeddings=True, rope_theta=1e6),
-             "mistral": dict(sliding_window=16, tie_word_embeddings=False)}
+             "mistral": dict(sliding_window=16, tie_word_embeddings=False),
+             "qwen3": dict(head_dim=8, tie_word_embeddings=True, rope_theta=1e6)}
     for family, tok_dir in JOB_TOKENIZERS.items():
+        if family not in families:
+            continue
         src = os.path.join("tests/oracle/data/hf_tokenizers", tok_dir)
         tok = AutoTokenizer.from_pretrained(src)
         ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
@@ -115,24 +128,40 @@ def job_folders():
         widen(model, torch.Generator().manual_seed(99))
         model = model.to(torch.bfloat16)
         folder = os.path.join(OUT_DIR, f"{family}-job")
+        if os.path.isdir(folder):
+            shutil.rmtree(folder)
         model.save_pretrained(folder)
         for f in os.listdir(src):
             shutil.copy(os.path.join(src, f), folder)
+        if family == "qwen3":  # Qwen3 ships the Qwen2.5 tokenizer with its own chat template
+            shutil.copy("tests/oracle/data/chat_templates/qwen3.jinja",
+                        os.path.join(folder, "chat_template.jinja"))
         print(f"{folder}: vocab {len(tok)}, {sorted(os.listdir(folder))}")
 
 
 def main():
+    families = sys.argv[1:] or list(configs())
     torch.manual_seed(0)
-    if os.path.isdir(OUT_DIR):
-        shutil.rmtree(OUT_DIR)
     oracle = {"transformers": transformers.__version__, "torch": torch.__version__, "models": {}}
+    if sys.argv[1:] and os.path.exists(OUT):
+        with open(OUT) as f:
+            oracle = json.load(f)  # keep the other families' entries
     gen = torch.Generator().manual_seed(1234)
     input_ids = torch.randint(3, VOCAB, (2, T), generator=gen)
     for family, config in configs().items():
+        # llama, qwen2 and mistral draw their weights from one generator in turn (as when they
+        # were first made: make all three together to reproduce them); later families each
+        # from their own seed, so that making one alone gives the same weights.
+        if family not in ("llama", "qwen2", "mistral"):
+            gen = torch.Generator().manual_seed(1234 + sum(map(ord, family)))
+        if family not in families:
+            continue
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         widen(model, gen)
         for dtype_name, dtype, shard in (("fp32", torch.float32, None), ("bf16", torch.bfloat16, "60KB")):
             folder = os.path.join(OUT_DIR, f"{family}-{dtype_name}")
+            if os.path.isdir(folder):
+                shutil.rmtree(folder)
             m = model.to(dtype)
             kwargs = {"max_shard_size": shard} if shard else {"max_shard_size": "1GB"}
             m.save_pretrained(folder, **kwargs)
@@ -140,13 +169,14 @@ def main():
             entry = record(folder, input_ids)
             entry["folder"] = folder
             entry["input_ids"] = input_ids.tolist()
+            entry["transformers"] = transformers.__version__
             oracle["models"][f"{family}-{dtype_name}"] = entry
             print(f"{family}-{dtype_name}: loss {entry['loss']:.6f}, files {sorted(os.listdir(folder))}")
     with open(OUT, "w") as f:
         json.dump(oracle, f, separators=(",", ":"))
         f.write("\n")
     print(f"wrote {OUT} ({os.path.getsize(OUT)} bytes)")
-    job_folders()
+    job_folders(families)
 
 
 if __name__ == "__main__":
