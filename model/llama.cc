@@ -67,11 +67,12 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   }
 };
 
-at::Tensor RopeInverseFrequencies(const LlamaConfig& c, const at::Device& device) {
+at::Tensor RopeInverseFrequencies(const LlamaConfig& c, const at::Device& device, bool local) {
   const auto fopts = at::TensorOptions().dtype(at::kFloat).device(device);
   const int64_t hd = c.head_dim;
-  at::Tensor inv_freq =
-      at::pow(c.rope_theta, at::arange(0, hd, 2, fopts) / hd).reciprocal();  // (hd/2)
+  const double theta = local ? c.rope_local_theta : c.rope_theta;
+  at::Tensor inv_freq = at::pow(theta, at::arange(0, hd, 2, fopts) / hd).reciprocal();  // (hd/2)
+  if (local) return inv_freq;  // the sliding layers' RoPE is unscaled (Gemma 3)
   const RopeScaling& s = c.rope_scaling;
   switch (s.type) {
     case RopeScaling::Type::kNone:
@@ -186,6 +187,10 @@ at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) co
   // HF LlamaRMSNorm: fp32 statistics, result cast back to x's dtype, then scaled.
   at::Tensor xf = x.to(at::kFloat);  // (..., H) fp32
   at::Tensor inv = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + config_.rms_norm_eps);
+  if (config_.norm_weight_offset) {
+    // Gemma3RMSNorm: x̂ · (1 + w), the product in fp32, then cast.
+    return ((xf * inv) * (weight.to(at::kFloat) + 1.0)).to(x.scalar_type());
+  }
   return weight * (xf * inv).to(x.scalar_type());  // (..., H)
 }
 
@@ -216,12 +221,12 @@ at::Tensor LlamaModel::Linear(const at::Tensor& x, int64_t linear_index) {
 }
 
 std::pair<at::Tensor, at::Tensor> LlamaModel::RopeTables(int64_t start, int64_t T_len,
-                                                         const at::Tensor& like) const {
+                                                         const at::Tensor& like, bool local) const {
   const int64_t hd = config_.head_dim;
   const auto fopts = at::TensorOptions().dtype(at::kFloat).device(like.device());
   // RoPE tables as HF LlamaRotaryEmbedding (fp32): inv_freq_i = θ^(-2i/hd) (then scaled,
   // llama_config.h RopeScaling), angle(t, i) = t · inv_freq_i, emb = [angle, angle].
-  at::Tensor inv_freq = RopeInverseFrequencies(config_, like.device());             // (hd/2) fp32
+  at::Tensor inv_freq = RopeInverseFrequencies(config_, like.device(), local);      // (hd/2) fp32
   at::Tensor angle = at::outer(at::arange(start, start + T_len, fopts), inv_freq);  // (T, hd/2)
   at::Tensor cos_half = angle.cos(), sin_half = angle.sin();
   at::Tensor cos = at::cat({cos_half, cos_half}, -1).view({T_len, 1, hd}).to(like.scalar_type());
@@ -230,11 +235,12 @@ std::pair<at::Tensor, at::Tensor> LlamaModel::RopeTables(int64_t start, int64_t 
 }
 
 std::pair<at::Tensor, at::Tensor> LlamaModel::RopeTablesAt(const at::Tensor& positions,
-                                                           const at::Tensor& like) const {
+                                                           const at::Tensor& like,
+                                                           bool local) const {
   const int64_t hd = config_.head_dim, B = positions.size(0), T_len = positions.size(1);
   const auto fopts = at::TensorOptions().dtype(at::kFloat).device(like.device());
-  at::Tensor inv_freq = RopeInverseFrequencies(config_, like.device());  // (hd/2) fp32
-  at::Tensor angle = positions.to(fopts).unsqueeze(-1) * inv_freq;       // (B, T, hd/2)
+  at::Tensor inv_freq = RopeInverseFrequencies(config_, like.device(), local);  // (hd/2) fp32
+  at::Tensor angle = positions.to(fopts).unsqueeze(-1) * inv_freq;              // (B, T, hd/2)
   at::Tensor cos_half = angle.cos(), sin_half = angle.sin();
   at::Tensor cos = at::cat({cos_half, cos_half}, -1).view({B, T_len, 1, hd}).to(like.scalar_type());
   at::Tensor sin =
@@ -242,16 +248,14 @@ std::pair<at::Tensor, at::Tensor> LlamaModel::RopeTablesAt(const at::Tensor& pos
   return {cos, sin};
 }
 
-at::Tensor LlamaModel::PackedMask(const at::Tensor& segment_ids) const {
+at::Tensor LlamaModel::PackedMask(const at::Tensor& segment_ids, int64_t window) const {
   const int64_t B = segment_ids.size(0), T_len = segment_ids.size(1);
   const auto iopts = at::TensorOptions().dtype(at::kLong).device(segment_ids.device());
   at::Tensor query = at::arange(T_len, iopts).unsqueeze(1);                 // (T, 1)
   at::Tensor key = at::arange(T_len, iopts).unsqueeze(0);                   // (1, T)
   at::Tensor keep = segment_ids.unsqueeze(2).eq(segment_ids.unsqueeze(1));  // (B, T, T)
   keep = keep.logical_and(key.le(query));                                   // causal
-  if (config_.sliding_window > 0) {
-    keep = keep.logical_and((query - key).lt(config_.sliding_window));  // t - k < W
-  }
+  if (window > 0) keep = keep.logical_and((query - key).lt(window));        // t - k < W
   return at::zeros({B, T_len, T_len}, iopts.dtype(at::kFloat))
       .masked_fill(keep.logical_not(), -std::numeric_limits<float>::infinity())
       .view({B, 1, 1, T_len, T_len});
@@ -280,7 +284,9 @@ at::Tensor LlamaModel::Mlp(const at::Tensor& a, int64_t layer) {
   const int64_t lin = layer * kLinearsPerLayer;
   at::Tensor gate = Linear(a, lin + static_cast<int64_t>(LinearKind::kGate));  // (B, T, F)
   at::Tensor up = Linear(a, lin + static_cast<int64_t>(LinearKind::kUp));      // (B, T, F)
-  return Linear(at::silu(gate) * up, lin + static_cast<int64_t>(LinearKind::kDown));
+  at::Tensor act =
+      config_.hidden_act == Activation::kGeluTanh ? at::gelu(gate, "tanh") : at::silu(gate);
+  return Linear(act * up, lin + static_cast<int64_t>(LinearKind::kDown));
 }
 
 at::Tensor LlamaModel::Attention(const at::Tensor& a, int64_t layer, const at::Tensor& cos,
@@ -295,7 +301,8 @@ at::Tensor LlamaModel::Attention(const at::Tensor& a, int64_t layer, const at::T
   at::Tensor qg = q.transpose(1, 2).contiguous().view({B, nkv, G * T, hd});
   at::Tensor kt = k.permute({0, 2, 3, 1});  // (B, nkv, hd, T)
   at::Tensor vh = v.transpose(1, 2);        // (B, nkv, T, hd)
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const double scale =
+      1.0 / std::sqrt(config_.attn_scalar > 0 ? config_.attn_scalar : static_cast<double>(hd));
   at::Tensor scores = at::matmul(qg, kt).view({B, nkv, G, T, T});  // q k^T
   scores = at::add(causal_mask, scores, scale);  // scale · q k^T + (0 | -inf), (B,nkv,G,T,T)
   at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(vh.scalar_type());
@@ -308,25 +315,37 @@ at::Tensor LlamaModel::LmHead(const at::Tensor& h) const {
   return at::matmul(h, T(lm_head_slot_).t());  // (..., H) x (H, V) -> (..., V)
 }
 
-at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const RowLayout& layout) {
-  const int64_t T_len = input_ids.size(1);
-  at::Tensor h = at::embedding(T(embed_slot_), input_ids);  // (B, T, H)
-  const auto fopts = at::TensorOptions().dtype(at::kFloat).device(h.device());
-  at::Tensor cos, sin, mask;
+LlamaModel::LayerInputs LlamaModel::MakeLayerInputs(const at::Tensor& h, const RowLayout& layout,
+                                                    bool local) const {
+  // The window of this kind of layer: the sliding layers' (local), else the uniform window of a
+  // config without sliding_layers (Mistral; 0 = none) or none (Gemma's full layers).
+  const int64_t W = local || config_.sliding_layers.empty() ? config_.sliding_window : 0;
+  LayerInputs in;
   if (layout.packed()) {
-    std::tie(cos, sin) = RopeTablesAt(layout.positions, h);  // (B, T, 1, hd) each
-    mask = PackedMask(layout.segment_ids);                   // (B, 1, 1, T, T)
-  } else {
-    std::tie(cos, sin) = RopeTables(0, T_len, h);  // (T, 1, hd) each
-    // Additive causal mask: -inf above the diagonal, (T, T); with a sliding window W also
-    // -inf for keys at or before t - W (HF: key kept iff t - W < key <= t).
-    const float neg_inf = -std::numeric_limits<float>::infinity();
-    mask = at::full({T_len, T_len}, neg_inf, fopts).triu(1);
-    const int64_t W = config_.sliding_window;
-    if (W > 0 && T_len > W) {
-      mask = mask + at::full({T_len, T_len}, neg_inf, fopts).tril(-W);
-    }
+    std::tie(in.cos, in.sin) = RopeTablesAt(layout.positions, h, local);  // (B, T, 1, hd) each
+    in.mask = PackedMask(layout.segment_ids, W);                          // (B, 1, 1, T, T)
+    return in;
   }
+  const int64_t T_len = h.size(1);
+  const auto fopts = at::TensorOptions().dtype(at::kFloat).device(h.device());
+  std::tie(in.cos, in.sin) = RopeTables(0, T_len, h, local);  // (T, 1, hd) each
+  // Additive causal mask: -inf above the diagonal, (T, T); with a sliding window W also
+  // -inf for keys at or before t - W (HF: key kept iff t - W < key <= t).
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  in.mask = at::full({T_len, T_len}, neg_inf, fopts).triu(1);
+  if (W > 0 && T_len > W) in.mask = in.mask + at::full({T_len, T_len}, neg_inf, fopts).tril(-W);
+  return in;
+}
+
+at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const RowLayout& layout) {
+  at::Tensor h = at::embedding(T(embed_slot_), input_ids);  // (B, T, H)
+  if (config_.embed_scale != 1.0) {
+    // Gemma3TextScaledWordEmbedding: the scale cast to the embedding's dtype first.
+    h = h * at::scalar_tensor(config_.embed_scale, h.options()).item();
+  }
+  const LayerInputs full = MakeLayerInputs(h, layout, /*local=*/false);
+  const LayerInputs sliding =
+      config_.sliding_layers.empty() ? LayerInputs{} : MakeLayerInputs(h, layout, /*local=*/true);
   const bool grad = at::GradMode::is_enabled();
   if (grad && checkpointing_ && !h.requires_grad()) {
     // A checkpointed layer records a backward node only when its input needs a gradient
@@ -344,10 +363,11 @@ at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const RowLayout& layo
         return g;
       });
     }
+    const LayerInputs& in = config_.LayerUsesLocalRope(l) ? sliding : full;
     if (grad && checkpointing_) {
-      h = CheckpointedLayer::apply(h, reinterpret_cast<int64_t>(this), l, cos, sin, mask);
+      h = CheckpointedLayer::apply(h, reinterpret_cast<int64_t>(this), l, in.cos, in.sin, in.mask);
     } else {
-      h = DecoderLayer(h, l, cos, sin, mask);
+      h = DecoderLayer(h, l, in.cos, in.sin, in.mask);
     }
     hook_state_->Run(post_forward_, l);
   }
@@ -369,7 +389,8 @@ at::Tensor LlamaModel::CachedAttention(const at::Tensor& a, int64_t layer, const
   vc = vc.defined() ? at::cat({vc, vn}, 2) : vn.contiguous();
   const int64_t L = kc.size(2);  // start + t
   at::Tensor qg = q.transpose(1, 2).contiguous().view({B, nkv, G * t, hd});
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const double scale =
+      1.0 / std::sqrt(config_.attn_scalar > 0 ? config_.attn_scalar : static_cast<double>(hd));
   at::Tensor scores = at::matmul(qg, kc.transpose(2, 3)).view({B, nkv, G, t, L});
   // Query i (position start + i) sees key j iff j <= start + i and, with a window W,
   // j > start + i - W.
@@ -377,8 +398,8 @@ at::Tensor LlamaModel::CachedAttention(const at::Tensor& a, int64_t layer, const
   at::Tensor qpos = at::arange(start, start + t, iopts).unsqueeze(1);  // (t, 1)
   at::Tensor kpos = at::arange(0, L, iopts).unsqueeze(0);              // (1, L)
   at::Tensor hidden = kpos > qpos;
-  if (config_.sliding_window > 0) {
-    hidden = hidden.logical_or(kpos <= qpos - config_.sliding_window);
+  if (const int64_t W = config_.LayerWindow(layer); W > 0) {
+    hidden = hidden.logical_or(kpos <= qpos - W);
   }
   at::Tensor mask = at::zeros({t, L}, a.options().dtype(at::kFloat))
                         .masked_fill(hidden, -std::numeric_limits<float>::infinity());
@@ -406,12 +427,21 @@ absl::StatusOr<at::Tensor> LlamaModel::ForwardCached(const at::Tensor& input_ids
   try {
     const int64_t start = cache->length;
     at::Tensor h = at::embedding(T(embed_slot_), input_ids);  // (B, t, H)
-    auto [cos, sin] = RopeTables(start, t, h);                // (t, 1, hd) each
+    if (config_.embed_scale != 1.0) {
+      h = h * at::scalar_tensor(config_.embed_scale, h.options()).item();
+    }
+    auto [cos, sin] = RopeTables(start, t, h);  // (t, 1, hd) each
+    at::Tensor cos_local, sin_local;            // the sliding layers' (Gemma 3)
+    if (!config_.sliding_layers.empty()) {
+      std::tie(cos_local, sin_local) = RopeTables(start, t, h, /*local=*/true);
+    }
     for (int64_t l = 0; l < config_.num_layers; ++l) {
-      at::Tensor a = RmsNorm(h, T(input_norm_slot_[static_cast<size_t>(l)]));
-      h = h + CachedAttention(a, l, cos, sin, start, cache);
-      a = RmsNorm(h, T(post_norm_slot_[static_cast<size_t>(l)]));
-      h = h + Mlp(a, l);
+      const bool local = config_.LayerUsesLocalRope(l);
+      const size_t i = static_cast<size_t>(l);
+      at::Tensor a = RmsNorm(h, T(input_norm_slot_[i]));
+      at::Tensor o =
+          CachedAttention(a, l, local ? cos_local : cos, local ? sin_local : sin, start, cache);
+      h = BlockTail(h, o, l);
     }
     cache->length = start + t;
     at::Tensor last = h.select(1, t - 1);               // (B, H)
@@ -425,9 +455,18 @@ absl::StatusOr<at::Tensor> LlamaModel::ForwardCached(const at::Tensor& input_ids
 at::Tensor LlamaModel::DecoderLayer(const at::Tensor& h_in, int64_t l, const at::Tensor& cos,
                                     const at::Tensor& sin, const at::Tensor& mask) {
   at::Tensor a = RmsNorm(h_in, T(input_norm_slot_[static_cast<size_t>(l)]));
-  at::Tensor h = h_in + Attention(a, l, cos, sin, mask);
-  a = RmsNorm(h, T(post_norm_slot_[static_cast<size_t>(l)]));
-  return h + Mlp(a, l);
+  return BlockTail(h_in, Attention(a, l, cos, sin, mask), l);
+}
+
+at::Tensor LlamaModel::BlockTail(const at::Tensor& h_in, const at::Tensor& attn, int64_t l) {
+  const size_t i = static_cast<size_t>(l);
+  if (!config_.sandwich_norms) {
+    at::Tensor h = h_in + attn;
+    return h + Mlp(RmsNorm(h, T(post_norm_slot_[i])), l);
+  }
+  // Gemma: post_attention_layernorm on the attention output, norms around the MLP.
+  at::Tensor h = h_in + RmsNorm(attn, T(post_norm_slot_[i]));
+  return h + RmsNorm(Mlp(RmsNorm(h, T(pre_ff_norm_slot_[i])), l), T(post_ff_norm_slot_[i]));
 }
 
 void LlamaModel::HookState::Run(const LayerHook& hook, int64_t layer) {

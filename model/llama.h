@@ -19,6 +19,11 @@
 //   Linears with a bias (Qwen2 q/k/v; Llama attention_bias q/k/v/o) add it: y = x W^T + b.
 //   Qwen3 (config.qk_norm): q and k are RMSNorm-ed per head over hd (weights q_norm, k_norm)
 //   before RoPE: q_h = RMSNorm(q_h) * q_norm (HF modeling_qwen3.py Qwen3Attention).
+//   Gemma 3 (HF modeling_gemma3.py; llama_config.h): h0 = embed_tokens[ids] * sqrt(H);
+//   per layer h += N_post(attention(N_in(h))); h += N_post_ff(mlp(N_pre_ff(h))) with
+//   N(x) = x̂ (1 + w) (fp32 product), gelu-tanh GeGLU, q_norm / k_norm, scores scaled by
+//   query_pre_attn_scalar^-1/2, and per layer either a sliding window with the local RoPE
+//   base or full attention with rope_theta (config.LayerWindow / LayerUsesLocalRope).
 //   RoPE: HF rotate_half convention on un-permuted q/k rows (pairs (i, i + hd/2)),
 //   angle = pos · inv_freq_i (RopeInverseFrequencies: θ^(-2i/hd), scaled per
 //   config.rope_scaling), positions 0..T-1 for every row.
@@ -62,7 +67,10 @@ class HfCheckpoint;
 // RoPE inverse frequencies of `config`: (head_dim / 2) fp32 on `device`, inv_freq_i =
 // rope_theta^(-2i/head_dim), then the rope_scaling rule (llama_config.h RopeScaling;
 // transformers modeling_rope_utils.py), computed in fp32 as transformers does.
-at::Tensor RopeInverseFrequencies(const LlamaConfig& config, const at::Device& device);
+// `local`: the inverse frequencies of the sliding layers of a config with sliding_layers
+// (Gemma 3): base rope_local_theta, no scaling.
+at::Tensor RopeInverseFrequencies(const LlamaConfig& config, const at::Device& device,
+                                  bool local = false);
 
 // The 7 linear weights of a decoder layer. Global linear index i = layer * 7 + kind.
 enum class LinearKind : int64_t { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
@@ -289,7 +297,8 @@ class LlamaModel {
 
   // Every model tensor with its HF name, in order: embed_tokens, per layer
   // [input_layernorm, q, k, v, o (each followed by its bias when the config has one),
-  // post_attention_layernorm, gate, up, down], norm, and lm_head only when not tied (272
+  // [q_norm, k_norm], post_attention_layernorm, [pre_ / post_feedforward_layernorm], gate, up,
+  // down], norm, and lm_head only when not tied (272
   // tensors for SmolLM2-135M). The tensors alias the model's. Biases, norms and embeddings
   // stay frozen in every training mode (only the 7 linears per layer are trained).
   std::vector<std::pair<std::string, at::Tensor>> NamedTensors() const;
@@ -317,18 +326,29 @@ class LlamaModel {
   at::Tensor LmHead(const at::Tensor& h) const;
   // RoPE cos / sin tables (T_len, 1, hd) in like's dtype and device for positions
   // [start, start + T_len); the sign of rotate_half is folded into sin ([-sin, sin]).
-  std::pair<at::Tensor, at::Tensor> RopeTables(int64_t start, int64_t T_len,
-                                               const at::Tensor& like) const;
+  // `local`: the sliding layers' base (RopeInverseFrequencies).
+  std::pair<at::Tensor, at::Tensor> RopeTables(int64_t start, int64_t T_len, const at::Tensor& like,
+                                               bool local = false) const;
   // The same tables at given positions (B, T) int64: (B, T, 1, hd) each.
   std::pair<at::Tensor, at::Tensor> RopeTablesAt(const at::Tensor& positions,
-                                                 const at::Tensor& like) const;
+                                                 const at::Tensor& like, bool local = false) const;
   // Additive mask (B, 1, 1, T, T) fp32 of a packed layout's segment_ids (B, T): 0 where
-  // RowLayout lets a query attend to a key, -inf elsewhere.
-  at::Tensor PackedMask(const at::Tensor& segment_ids) const;
+  // RowLayout lets a query attend to a key (within `window` W > 0: t - k < W), -inf elsewhere.
+  at::Tensor PackedMask(const at::Tensor& segment_ids, int64_t window) const;
+  // RoPE tables and mask for the layers of one kind (Hidden): `local` = the sliding layers of a
+  // config with sliding_layers, else every other layer.
+  struct LayerInputs {
+    at::Tensor cos, sin, mask;
+  };
+  LayerInputs MakeLayerInputs(const at::Tensor& h, const RowLayout& layout, bool local) const;
   // q (B, T, nh, hd), k, v (B, T, nkv, hd) of layer `layer` from a (B, T, H), q and k rotated.
   std::array<at::Tensor, 3> RotatedQkv(const at::Tensor& a, int64_t layer, const at::Tensor& cos,
                                        const at::Tensor& sin);
-  // SwiGLU MLP of layer `layer`: a (B, T, H) -> (B, T, H).
+  // The rest of decoder layer l after its attention: h_in (B, T, H) the layer's input, attn the
+  // attention's output (B, T, H, after o_proj) -> the layer's output (the residual adds and the
+  // MLP; Gemma's sandwich norms).
+  at::Tensor BlockTail(const at::Tensor& h_in, const at::Tensor& attn, int64_t l);
+  // SwiGLU (GeGLU for Gemma) MLP of layer `layer`: a (B, T, H) -> (B, T, H).
   at::Tensor Mlp(const at::Tensor& a, int64_t layer);
   // Attention of t new rows a (B, t, H) at positions [start, start + t) against the cache of
   // `layer` (extended in place). cos/sin (t, 1, hd).
@@ -339,12 +359,14 @@ class LlamaModel {
   std::vector<std::string> names_;   // HF names, NamedTensors order.
   std::vector<at::Tensor> tensors_;  // fp32, aliases handed out by NamedTensors.
   absl::flat_hash_map<std::string, int64_t> slot_of_;
-  std::vector<int64_t> linear_slot_;      // linear index -> slot in tensors_.
-  std::vector<int64_t> bias_slot_;        // linear index -> slot of its bias, -1 = none.
-  std::vector<int64_t> input_norm_slot_;  // layer -> input_layernorm slot.
-  std::vector<int64_t> post_norm_slot_;   // layer -> post_attention_layernorm slot.
-  std::vector<int64_t> q_norm_slot_;      // layer -> self_attn.q_norm slot (qk_norm only).
-  std::vector<int64_t> k_norm_slot_;      // layer -> self_attn.k_norm slot (qk_norm only).
+  std::vector<int64_t> linear_slot_;        // linear index -> slot in tensors_.
+  std::vector<int64_t> bias_slot_;          // linear index -> slot of its bias, -1 = none.
+  std::vector<int64_t> input_norm_slot_;    // layer -> input_layernorm slot.
+  std::vector<int64_t> post_norm_slot_;     // layer -> post_attention_layernorm slot.
+  std::vector<int64_t> q_norm_slot_;        // layer -> self_attn.q_norm slot (qk_norm only).
+  std::vector<int64_t> k_norm_slot_;        // layer -> self_attn.k_norm slot (qk_norm only).
+  std::vector<int64_t> pre_ff_norm_slot_;   // layer -> pre_feedforward_layernorm (sandwich).
+  std::vector<int64_t> post_ff_norm_slot_;  // layer -> post_feedforward_layernorm (sandwich).
   int64_t embed_slot_ = 0;
   int64_t final_norm_slot_ = 0;
   int64_t lm_head_slot_ = 0;  // == embed_slot_ when tied.

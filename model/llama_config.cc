@@ -97,6 +97,16 @@ absl::Status LlamaConfig::Validate() const {
         rope_scaling.original_max_position_embeddings,
         "; expected high_freq_factor > low_freq_factor > 0 and a positive context length"));
   }
+  if (!sliding_layers.empty() && static_cast<int64_t>(sliding_layers.size()) != num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("LlamaConfig.sliding_layers has ",
+                                                   sliding_layers.size(), " entries for ",
+                                                   num_layers, " layers; expected one per layer"));
+  }
+  if (!(embed_scale > 0.0) || !(attn_scalar >= 0.0) || !(rope_local_theta > 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LlamaConfig.embed_scale (", embed_scale, "), attn_scalar (", attn_scalar,
+                     ") and rope_local_theta (", rope_local_theta, ") must be > 0, >= 0 and > 0"));
+  }
   if (sliding_window < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("LlamaConfig.sliding_window is ", sliding_window, "; expected >= 0"));
@@ -116,6 +126,8 @@ const char* HfArchitecture(ModelFamily family) {
       return "MistralForCausalLM";
     case ModelFamily::kQwen3:
       return "Qwen3ForCausalLM";
+    case ModelFamily::kGemma3:
+      return "Gemma3ForCausalLM";
     case ModelFamily::kLlama:
       break;
   }
@@ -130,6 +142,8 @@ const char* HfModelType(ModelFamily family) {
       return "mistral";
     case ModelFamily::kQwen3:
       return "qwen3";
+    case ModelFamily::kGemma3:
+      return "gemma3_text";
     case ModelFamily::kLlama:
       break;
   }
@@ -142,7 +156,8 @@ int64_t LlamaConfig::NumParameters() const {
   const int64_t mlp = 3 * hidden_size * intermediate_size;
   const int64_t biases =
       (qkv_bias ? num_heads * head_dim + 2 * kv : 0) + (o_bias ? hidden_size : 0);
-  const int64_t per_layer = attn + mlp + 2 * hidden_size + biases + (qk_norm ? 2 * head_dim : 0);
+  const int64_t norms = (sandwich_norms ? 4 : 2) * hidden_size + (qk_norm ? 2 * head_dim : 0);
+  const int64_t per_layer = attn + mlp + norms + biases;
   int64_t total = vocab_size * hidden_size + num_layers * per_layer + hidden_size;
   if (!tie_word_embeddings) total += vocab_size * hidden_size;
   return total;
@@ -160,9 +175,24 @@ nlohmann::json LlamaConfig::ToHfConfigJson(absl::string_view torch_dtype) const 
   j["num_key_value_heads"] = num_kv_heads;
   j["head_dim"] = head_dim;
   j["max_position_embeddings"] = max_position_embeddings;
-  j["hidden_act"] = "silu";
+  j["hidden_act"] = hidden_act == Activation::kGeluTanh ? "gelu_pytorch_tanh" : "silu";
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
+  if (family == ModelFamily::kGemma3) {
+    // transformers 4.x spelling (the published checkpoints'), which 5.x reads as well.
+    j["hidden_activation"] = j["hidden_act"];
+    j["rope_local_base_freq"] = rope_local_theta;
+    j["query_pre_attn_scalar"] = attn_scalar;
+    j["sliding_window"] = sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json();
+    nlohmann::json types = nlohmann::json::array();
+    for (int64_t l = 0; l < num_layers; ++l) {
+      types.push_back(LayerUsesLocalRope(l) ? "sliding_attention" : "full_attention");
+    }
+    j["layer_types"] = types;
+    j["final_logit_softcapping"] = nullptr;
+    j["attn_logit_softcapping"] = nullptr;
+    j["attention_bias"] = qkv_bias;
+  }
   switch (rope_scaling.type) {
     case RopeScaling::Type::kNone:
       j["rope_scaling"] = nullptr;
@@ -376,7 +406,7 @@ class HfConfigReader {
 constexpr absl::string_view kSupportedArchitectures =
     "LlamaForCausalLM (model_type llama: SmolLM2, TinyLlama, Llama 2, Llama 3.x), "
     "Qwen2ForCausalLM (qwen2: Qwen2, Qwen2.5), MistralForCausalLM (mistral), Qwen3ForCausalLM "
-    "(qwen3: Qwen3 dense)";
+    "(qwen3: Qwen3 dense), Gemma3ForCausalLM (gemma3_text: Gemma 3 270M, 1B)";
 
 absl::StatusOr<ModelFamily> FamilyOf(const HfConfigReader& r) {
   ASSIGN_OR_RETURN(std::string model_type, r.StringOr("model_type", ""));
@@ -388,8 +418,8 @@ absl::StatusOr<ModelFamily> FamilyOf(const HfConfigReader& r) {
     }
     arch = a[0].get<std::string>();
   }
-  for (ModelFamily f :
-       {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kMistral, ModelFamily::kQwen3}) {
+  for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kMistral,
+                        ModelFamily::kQwen3, ModelFamily::kGemma3}) {
     const bool arch_match = arch == HfArchitecture(f);
     const bool type_match = model_type == HfModelType(f);
     if ((arch_match && (model_type.empty() || type_match)) || (arch.empty() && type_match)) {
@@ -398,7 +428,11 @@ absl::StatusOr<ModelFamily> FamilyOf(const HfConfigReader& r) {
   }
   return absl::UnimplementedError(absl::StrCat(
       r.source(), ": architecture \"", arch.empty() ? "(none)" : arch, "\" (model_type \"",
-      model_type, "\") is not supported; supported: ", kSupportedArchitectures));
+      model_type, "\") is not supported; supported: ", kSupportedArchitectures,
+      arch == "Gemma3ForConditionalGeneration"
+          ? " (this Gemma 3 checkpoint is multimodal; its language model alone is not read yet: "
+            "use a text-only Gemma 3, 270M or 1B)"
+          : ""));
 }
 
 // rope_theta and the scaling rule from `rope_parameters` (transformers 5) or
@@ -452,6 +486,84 @@ absl::Status ReadRope(const HfConfigReader& r, LlamaConfig* c) {
                    "\" is not supported; supported: default, linear, llama3"));
 }
 
+// Gemma 3's settings (llama_config.h): the norm and embedding conventions, the attention
+// scale, the per-layer sliding / full attention with their RoPE bases, and the refusals (logit
+// soft-capping, bidirectional attention). RoPE: transformers 5's rope_parameters keyed by
+// layer type ({"full_attention": {...}, "sliding_attention": {...}}), or the 4.x spelling
+// rope_theta (default 1e6) + rope_scaling (full layers) + rope_local_base_freq (default 1e4).
+// Defaults are Gemma3TextConfig's.
+absl::Status ReadGemma3(const HfConfigReader& r, LlamaConfig* c) {
+  const nlohmann::json& j = r.json();
+  c->hidden_act = Activation::kGeluTanh;
+  c->norm_weight_offset = true;
+  c->sandwich_norms = true;
+  c->qk_norm = true;
+  c->embed_scale = std::sqrt(static_cast<double>(c->hidden_size));
+  ASSIGN_OR_RETURN(bool attention_bias, r.BoolOr("attention_bias", false));
+  c->qkv_bias = c->o_bias = attention_bias;
+  ASSIGN_OR_RETURN(c->attn_scalar, r.NumberOr(j, "query_pre_attn_scalar", 256.0));
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+    if (r.Has(key)) {
+      return absl::UnimplementedError(absl::StrCat(
+          r.source(), ": ", key, " is set; logit soft-capping (Gemma 2) is not supported"));
+    }
+  }
+  ASSIGN_OR_RETURN(bool bidirectional, r.BoolOr("use_bidirectional_attention", false));
+  if (bidirectional) {
+    return absl::UnimplementedError(absl::StrCat(
+        r.source(), ": use_bidirectional_attention true (an encoder) is not supported"));
+  }
+  ASSIGN_OR_RETURN(c->sliding_window, r.IntOr("sliding_window", 4096));
+  c->sliding_layers.assign(static_cast<size_t>(std::max<int64_t>(c->num_layers, 0)), 0);
+  if (r.Has("layer_types")) {
+    const nlohmann::json& types = j["layer_types"];
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != c->num_layers) {
+      return r.Mistyped("layer_types", types, "a list with one entry per layer");
+    }
+    for (size_t l = 0; l < types.size(); ++l) {
+      if (types[l] != "sliding_attention" && types[l] != "full_attention") {
+        return absl::UnimplementedError(
+            absl::StrCat(r.source(), ": layer_types entry ", runtime::JsonForMessage(types[l]),
+                         " is not supported; expected sliding_attention or full_attention"));
+      }
+      c->sliding_layers[l] = types[l] == "sliding_attention" ? 1 : 0;
+    }
+  } else {
+    ASSIGN_OR_RETURN(int64_t pattern, r.IntOr("sliding_window_pattern", 6));
+    if (pattern < 1)
+      return r.Mistyped("sliding_window_pattern", j["sliding_window_pattern"], ">= 1");
+    for (size_t l = 0; l < c->sliding_layers.size(); ++l) {
+      c->sliding_layers[l] = (static_cast<int64_t>(l) + 1) % pattern != 0 ? 1 : 0;
+    }
+  }
+  // RoPE: full layers through the common reader (a flat rope_parameters / rope_scaling), the
+  // sliding layers' base from their own entry.
+  if (r.Has("rope_parameters") && j["rope_parameters"].is_object() &&
+      j["rope_parameters"].contains("full_attention")) {
+    nlohmann::json flat = j;
+    flat["rope_parameters"] = j["rope_parameters"]["full_attention"];
+    HfConfigReader full(flat, r.source());
+    RETURN_IF_ERROR(ReadRope(full, c));
+    const nlohmann::json& local = j["rope_parameters"].value("sliding_attention", nlohmann::json());
+    if (local.is_object()) {
+      ASSIGN_OR_RETURN(c->rope_local_theta, r.NumberOr(local, "rope_theta", 10000.0));
+      const std::string type = local.value("rope_type", std::string("default"));
+      if (type != "default") {
+        return absl::UnimplementedError(
+            absl::StrCat(r.source(), ": rope_parameters.sliding_attention.rope_type \"", type,
+                         "\" is not supported; the sliding layers' RoPE is unscaled in Gemma 3"));
+      }
+    }
+  } else {
+    nlohmann::json flat = j;
+    if (!r.Has("rope_parameters") && !r.Has("rope_theta")) flat["rope_theta"] = 1000000.0;
+    HfConfigReader full(flat, r.source());
+    RETURN_IF_ERROR(ReadRope(full, c));
+    ASSIGN_OR_RETURN(c->rope_local_theta, r.NumberOr(j, "rope_local_base_freq", 10000.0));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const nlohmann::json& config,
@@ -463,10 +575,15 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const nlohmann::json& config,
   HfConfigReader r(config, source);
   LlamaConfig c;
   ASSIGN_OR_RETURN(c.family, FamilyOf(r));
-  ASSIGN_OR_RETURN(std::string act, r.StringOr("hidden_act", "silu"));
-  if (act != "silu") {
-    return absl::UnimplementedError(
-        absl::StrCat(source, ": hidden_act \"", act, "\" is not supported; only silu (SwiGLU)"));
+  const bool gemma = c.family == ModelFamily::kGemma3;
+  // Gemma's configs name it hidden_activation (hidden_act in older ones).
+  const char* act_key = gemma && r.Has("hidden_activation") ? "hidden_activation" : "hidden_act";
+  ASSIGN_OR_RETURN(std::string act, r.StringOr(act_key, gemma ? "gelu_pytorch_tanh" : "silu"));
+  const std::string want_act = gemma ? "gelu_pytorch_tanh" : "silu";
+  if (act != want_act) {
+    return absl::UnimplementedError(absl::StrCat(source, ": ", act_key, " \"", act,
+                                                 "\" is not supported; ", HfArchitecture(c.family),
+                                                 " uses ", want_act));
   }
   ASSIGN_OR_RETURN(bool mlp_bias, r.BoolOr("mlp_bias", false));
   if (mlp_bias) {
@@ -479,16 +596,17 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const nlohmann::json& config,
   ASSIGN_OR_RETURN(c.num_layers, r.Int("num_hidden_layers"));
   ASSIGN_OR_RETURN(c.num_heads, r.Int("num_attention_heads"));
   ASSIGN_OR_RETURN(c.num_kv_heads, r.IntOr("num_key_value_heads", c.num_heads));
-  const int64_t default_head_dim = c.family == ModelFamily::kQwen3 ? 128  // Qwen3Config's
-                                   : c.num_heads > 0               ? c.hidden_size / c.num_heads
-                                                                   : 0;
+  const int64_t default_head_dim = gemma                             ? 256  // Gemma3TextConfig's
+                                   : c.family == ModelFamily::kQwen3 ? 128  // Qwen3Config's
+                                   : c.num_heads > 0                 ? c.hidden_size / c.num_heads
+                                                                     : 0;
   ASSIGN_OR_RETURN(c.head_dim, r.IntOr("head_dim", default_head_dim));
-  const int64_t default_positions = c.family == ModelFamily::kLlama ? 2048 : 32768;
+  const int64_t default_positions = c.family == ModelFamily::kLlama ? 2048 : gemma ? 131072 : 32768;
   ASSIGN_OR_RETURN(c.max_position_embeddings,
                    r.IntOr("max_position_embeddings", default_positions));
   ASSIGN_OR_RETURN(c.rms_norm_eps, r.NumberOr(config, "rms_norm_eps", 1e-6));
-  RETURN_IF_ERROR(ReadRope(r, &c));
-  ASSIGN_OR_RETURN(c.tie_word_embeddings, r.BoolOr("tie_word_embeddings", false));
+  if (!gemma) RETURN_IF_ERROR(ReadRope(r, &c));
+  ASSIGN_OR_RETURN(c.tie_word_embeddings, r.BoolOr("tie_word_embeddings", gemma));
   switch (c.family) {
     case ModelFamily::kLlama: {
       ASSIGN_OR_RETURN(bool attention_bias, r.BoolOr("attention_bias", false));
@@ -514,11 +632,15 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const nlohmann::json& config,
       }
       break;
     }
-    case ModelFamily::kMistral:
+    case ModelFamily::kMistral: {
       ASSIGN_OR_RETURN(c.sliding_window, r.IntOr("sliding_window", 0));
       break;
+    }
+    case ModelFamily::kGemma3:
+      RETURN_IF_ERROR(ReadGemma3(r, &c));
+      break;
   }
-  if (r.Has("layer_types")) {
+  if (!gemma && r.Has("layer_types")) {
     const nlohmann::json& types = config["layer_types"];
     if (!types.is_array()) return r.Mistyped("layer_types", types, "a list");
     for (const auto& t : types) {

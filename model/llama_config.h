@@ -14,7 +14,16 @@
 //                                config's eps) before RoPE; explicit `head_dim` (128 when
 //                                absent, transformers' default); optional `attention_bias`;
 //                                sliding window only when `use_sliding_window` (refused).
-// Anything else (Gemma, Phi, MoE, ...) is refused by LlamaConfigFromHfJson.
+//   Gemma3ForCausalLM / gemma3_text (Gemma 3 text models: 270M, 1B, and the language model of
+//                                the larger ones): RMSNorm as x̂ · (1 + w) with the product in
+//                                fp32; "sandwich" norms (post_attention_layernorm on the
+//                                attention output, pre_ / post_feedforward_layernorm around the
+//                                MLP); q_norm / k_norm; GeGLU (gelu tanh); embeddings scaled by
+//                                sqrt(hidden); attention scaled by query_pre_attn_scalar^-1/2;
+//                                `layer_types` mixing sliding-window layers (RoPE base
+//                                rope_local_base_freq, no scaling) and full layers (rope_theta
+//                                and its scaling). Logit soft-capping (Gemma 2) is refused.
+// Anything else (Gemma 1/2, Phi, MoE, ...) is refused by LlamaConfigFromHfJson.
 //
 // Sources: docs/formats.md §3 (GGUF `llama.*` keys -> HF names), §5 (values of
 // SmolLM2-135M-Instruct), §6 (config.json fields of a written checkpoint), §7 (HF folders);
@@ -40,11 +49,15 @@ namespace lspo::model {
 class GgufFile;
 
 // Which HF architecture a config describes (see the file comment).
-enum class ModelFamily { kLlama, kQwen2, kMistral, kQwen3 };
+enum class ModelFamily { kLlama, kQwen2, kMistral, kQwen3, kGemma3 };
+
+// The MLP's gate activation: SwiGLU (silu) or GeGLU with the tanh approximation of GELU
+// (transformers "gelu_pytorch_tanh": 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))).
+enum class Activation { kSilu, kGeluTanh };
 
 // HF `architectures[0]` of a family: "LlamaForCausalLM", "Qwen2ForCausalLM", ...
 const char* HfArchitecture(ModelFamily family);
-// HF `model_type` of a family: "llama", "qwen2", "mistral", "qwen3".
+// HF `model_type` of a family: "llama", "qwen2", "mistral", "qwen3", "gemma3_text".
 const char* HfModelType(ModelFamily family);
 
 // RoPE frequency scaling (HF `rope_scaling` / `rope_parameters`). With inv_freq_i =
@@ -94,6 +107,23 @@ struct LlamaConfig {
   // Per-head RMSNorm of queries and keys before RoPE (Qwen3): q_norm, k_norm (head_dim) per
   // layer.
   bool qk_norm = false;
+  // Gemma 3 (each false / neutral for the other families):
+  Activation hidden_act = Activation::kSilu;
+  // RMSNorm weights are offsets: y = x̂ · (1 + w), x̂ and the product in fp32.
+  bool norm_weight_offset = false;
+  // post_attention_layernorm normalises the attention output, and pre_feedforward_layernorm /
+  // post_feedforward_layernorm sit before / after the MLP (h += N_post(attn(N_in(h)));
+  // h += N_post_ff(mlp(N_pre_ff(h)))).
+  bool sandwich_norms = false;
+  // Embedding rows are multiplied by this (Gemma: sqrt(hidden_size)); 1 = none.
+  double embed_scale = 1.0;
+  // Attention scores are scaled by attn_scalar^-1/2; 0 = head_dim (every other family).
+  double attn_scalar = 0.0;
+  // Per layer: 1 = a sliding-window layer (window sliding_window, RoPE base rope_local_theta
+  // without scaling), 0 = full attention (rope_theta with rope_scaling). Empty = every layer
+  // uses sliding_window and rope_theta (Mistral's uniform window, or none).
+  std::vector<uint8_t> sliding_layers;
+  double rope_local_theta = 10000.0;  // RoPE base of the sliding layers (Gemma 3)
   // Sliding-window attention (Mistral): token t attends to positions in (t - W, t]. 0 = full
   // causal attention (also when W >= the sequence length, where the two are the same).
   int64_t sliding_window = 0;
@@ -113,6 +143,16 @@ struct LlamaConfig {
   // are -1 or lie in [0, vocab_size).
   // Returns kInvalidArgument naming the first offending field, its value and the requirement.
   absl::Status Validate() const;
+
+  // The sliding window of layer l (0 = full causal attention) and whether it uses the local
+  // RoPE base (sliding_layers, else sliding_window for every layer).
+  int64_t LayerWindow(int64_t layer) const {
+    if (sliding_layers.empty()) return sliding_window;
+    return sliding_layers[static_cast<size_t>(layer)] != 0 ? sliding_window : 0;
+  }
+  bool LayerUsesLocalRope(int64_t layer) const {
+    return !sliding_layers.empty() && sliding_layers[static_cast<size_t>(layer)] != 0;
+  }
 
   // Number of parameters (embedding counted once when tied; biases and q/k norms included).
   // 134,515,008 for SmolLM2-135M.

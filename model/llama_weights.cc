@@ -70,6 +70,10 @@ LlamaModel LlamaModel::Allocate(const LlamaConfig& c) {
       model.k_norm_slot_.push_back(add(prefix + "self_attn.k_norm.weight", {c.head_dim}));
     }
     model.post_norm_slot_.push_back(add(prefix + "post_attention_layernorm.weight", {H}));
+    if (c.sandwich_norms) {
+      model.pre_ff_norm_slot_.push_back(add(prefix + "pre_feedforward_layernorm.weight", {H}));
+      model.post_ff_norm_slot_.push_back(add(prefix + "post_feedforward_layernorm.weight", {H}));
+    }
     for (int64_t k = 4; k < kLinearsPerLayer; ++k) add_linear(prefix, k);
   }
   model.final_norm_slot_ = add("model.norm.weight", {H});
@@ -90,7 +94,7 @@ absl::StatusOr<LlamaModel> LlamaModel::RandomInit(const LlamaConfig& config, uin
       if (absl::EndsWith(model.names_[slot], ".bias")) {
         t.zero_();
       } else if (t.dim() == 1) {
-        t.fill_(1.0);  // RMSNorm weights
+        t.fill_(config.norm_weight_offset ? 0.0 : 1.0);  // RMSNorm weights: the identity
       } else {
         t.normal_(0.0, 0.02, gen);
       }

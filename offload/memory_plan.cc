@@ -52,9 +52,11 @@ int64_t LayerSavedFloats(const model::LlamaConfig& c, int64_t B, int64_t T,
   // matmuls), mid-layer residual (post norm), gate / silu(gate) / up (SwiGLU), two RMS
   // statistics; the softmax probabilities (B, nh, T, T).
   int64_t per_token = H + qd + 2 * kvd + H + 3 * F + 2;
-  // Qwen3's q_norm / k_norm keep their inputs (q, k before the norm) and one RMS statistic per
-  // head.
+  // Qwen3's and Gemma's q_norm / k_norm keep their inputs (q, k before the norm) and one RMS
+  // statistic per head.
   if (c.qk_norm) per_token += qd + kvd + c.num_heads + c.num_kv_heads;
+  // Gemma's sandwich norms keep two more inputs (the attention and MLP outputs) and statistics.
+  if (c.sandwich_norms) per_token += 2 * H + 2;
   // Inputs kept by the linears that keep them: the input norm's output (q, k, v), the o_proj
   // input, the post norm's output (gate, up), the down_proj input.
   if (saves_input[0] || saves_input[1] || saves_input[2]) per_token += H;

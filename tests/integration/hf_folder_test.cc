@@ -415,7 +415,7 @@ TEST_P(HfFamilyJobTest, FineTunesAnHfFolderEndToEnd) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfFamilyJobTest,
-                         ::testing::Values("llama", "qwen2", "mistral", "qwen3"),
+                         ::testing::Values("llama", "qwen2", "mistral", "qwen3", "gemma3"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

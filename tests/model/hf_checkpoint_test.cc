@@ -151,7 +151,8 @@ TEST_P(HfFamilyTest, KvCachedDecodingMatchesTheFullForwardAndGreedyMatchesTransf
 INSTANTIATE_TEST_SUITE_P(Families, HfFamilyTest,
                          ::testing::Values("llama-fp32", "llama-bf16", "qwen2-fp32",
                                            "qwen2-bf16", "mistral-fp32", "mistral-bf16",
-                                           "qwen3-fp32", "qwen3-bf16"),
+                                           "qwen3-fp32", "qwen3-bf16", "gemma3-fp32",
+                                           "gemma3-bf16"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) c = c == '-' ? '_' : c;
@@ -216,6 +217,50 @@ TEST(HfConfigTest, FamiliesAreReadWithTheirFeatures) {
   EXPECT_TRUE(again->qk_norm);
   EXPECT_EQ(again->head_dim, 24);
   EXPECT_EQ(again->NumParameters(), qwen3->NumParameters());
+
+  // Gemma 3: per-layer attention kinds and RoPE bases, the norm / embedding / attention-scale
+  // conventions, 4 norms per layer plus q/k norms, and the round trip through the config.json a
+  // job writes (the transformers 4.x spelling).
+  auto gemma = LlamaConfigFromHfJson(ReadJson(Folder("gemma3-fp32") + "/config.json"), "gemma3");
+  ASSERT_TRUE(gemma.ok()) << gemma.status();
+  EXPECT_EQ(gemma->family, ModelFamily::kGemma3);
+  EXPECT_EQ(gemma->sliding_layers, (std::vector<uint8_t>{1, 0, 1}));
+  EXPECT_EQ(gemma->LayerWindow(0), 8);
+  EXPECT_EQ(gemma->LayerWindow(1), 0);
+  EXPECT_TRUE(gemma->LayerUsesLocalRope(2));
+  EXPECT_DOUBLE_EQ(gemma->rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(gemma->rope_local_theta, 1e4);
+  EXPECT_EQ(gemma->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_DOUBLE_EQ(gemma->rope_scaling.factor, 2.0);
+  EXPECT_DOUBLE_EQ(gemma->attn_scalar, 20.0);
+  EXPECT_DOUBLE_EQ(gemma->embed_scale, 8.0);  // sqrt(64)
+  EXPECT_TRUE(gemma->norm_weight_offset && gemma->sandwich_norms && gemma->qk_norm);
+  EXPECT_EQ(gemma->hidden_act, Activation::kGeluTanh);
+  EXPECT_TRUE(gemma->tie_word_embeddings);
+  EXPECT_EQ(gemma->NumParameters(),
+            320 * 64 + 3 * (64 * 96 * 2 + 64 * 48 * 2 + 3 * 64 * 96 + 4 * 64 + 2 * 24) + 64);
+  auto gemma_again = LlamaConfigFromHfJson(gemma->ToHfConfigJson("float32"), "written");
+  ASSERT_TRUE(gemma_again.ok()) << gemma_again.status();
+  EXPECT_EQ(gemma_again->sliding_layers, gemma->sliding_layers);
+  EXPECT_DOUBLE_EQ(gemma_again->rope_local_theta, 1e4);
+  EXPECT_EQ(gemma_again->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_DOUBLE_EQ(gemma_again->attn_scalar, 20.0);
+  EXPECT_EQ(gemma_again->NumParameters(), gemma->NumParameters());
+  // Without layer_types: transformers' pattern (every 6th layer full), Gemma3TextConfig's
+  // defaults for the rest.
+  nlohmann::json g = ReadJson(Folder("gemma3-fp32") + "/config.json");
+  g.erase("layer_types");
+  g.erase("rope_parameters");
+  g.erase("query_pre_attn_scalar");
+  g.erase("head_dim");
+  g["num_hidden_layers"] = 7;
+  auto pattern = LlamaConfigFromHfJson(g, "gemma3");
+  ASSERT_TRUE(pattern.ok()) << pattern.status();
+  EXPECT_EQ(pattern->sliding_layers, (std::vector<uint8_t>{1, 1, 1, 1, 1, 0, 1}));
+  EXPECT_EQ(pattern->head_dim, 256);
+  EXPECT_DOUBLE_EQ(pattern->attn_scalar, 256.0);
+  EXPECT_DOUBLE_EQ(pattern->rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(pattern->rope_local_theta, 1e4);
 }
 
 // The transformers 4.x spelling (rope_theta + rope_scaling with "type"), as in published
@@ -326,6 +371,24 @@ TEST(HfConfigTest, UnsupportedArchitecturesAndFeaturesAreRefusedByName) {
   c = LlamaConfigFromHfJson(q, "config.json");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << c.status();
   EXPECT_TRUE(Mentions(c.status(), "use_sliding_window")) << c.status();
+  // Gemma 2's logit soft-capping, the multimodal Gemma 3 and another activation are refused,
+  // naming what.
+  nlohmann::json g2 = ReadJson(Folder("gemma3-fp32") + "/config.json");
+  g2["final_logit_softcapping"] = 30.0;
+  c = LlamaConfigFromHfJson(g2, "config.json");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << c.status();
+  EXPECT_TRUE(Mentions(c.status(), "soft-capping")) << c.status();
+  g2 = ReadJson(Folder("gemma3-fp32") + "/config.json");
+  g2["architectures"] = {"Gemma3ForConditionalGeneration"};
+  g2["model_type"] = "gemma3";
+  c = LlamaConfigFromHfJson(g2, "config.json");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << c.status();
+  EXPECT_TRUE(Mentions(c.status(), "multimodal")) << c.status();
+  g2 = ReadJson(Folder("gemma3-fp32") + "/config.json");
+  g2["hidden_activation"] = "silu";
+  c = LlamaConfigFromHfJson(g2, "config.json");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << c.status();
+  EXPECT_TRUE(Mentions(c.status(), "gelu_pytorch_tanh")) << c.status();
   nlohmann::json q3 = ReadJson(Folder("qwen3-fp32") + "/config.json");
   q3["use_sliding_window"] = true;
   c = LlamaConfigFromHfJson(q3, "config.json");

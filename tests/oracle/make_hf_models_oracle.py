@@ -13,6 +13,9 @@ and records what transformers computes on fixed prompts:
   mistral  MistralForCausalLM: sliding_window 8 < the 24-token prompt, untied lm_head.
   qwen3    Qwen3ForCausalLM: q_norm / k_norm, explicit head_dim (4 heads x 24 != hidden 64),
            untied lm_head, rope_theta 1e6.
+  gemma3   Gemma3ForCausalLM (Gemma3TextConfig): 3 layers (sliding, full, sliding) with a window
+           of 8 < the 24-token prompt, local RoPE base 1e4 and global 1e6 with linear scaling 2,
+           query_pre_attn_scalar 20 != head_dim 24, tied embeddings (scaled by sqrt(64)).
 
 Weights are drawn wider than HF's N(0, 0.02) init (std 0.15 for matrices, 0.1 for biases, 1 +
 N(0, 0.1) for norms) so that logits are far from uniform and a wrong formula shows.
@@ -30,8 +33,9 @@ Also writes tests/oracle/data/hf_models/<family>-job/: complete model folders fo
 jobs (tests/integration/hf_folder_test.cc): a random bf16 model of the family (hidden 32,
 2 layers, widened like the oracle models so that a few steps visibly lower the loss) whose vocabulary is that of the family's tokenizer trained by
 tests/oracle/make_hf_tokenizer_oracle.py (llama <- hf_tokenizers/llama3, qwen2 <- qwen2,
-mistral <- spm_metaspace, qwen3 <- qwen2 with tests/oracle/data/chat_templates/qwen3.jinja as its
-chat_template.jinja), with those tokenizer files copied in.
+mistral <- spm_metaspace, qwen3 <- qwen2 and gemma3 <- spm_metaspace (no Gemma tokenizer here),
+those two with tests/oracle/data/chat_templates/<family>.jinja as chat_template.jinja), with
+those tokenizer files copied in.
 
 Run from the repository root (transformers 5.x, torch 2.x from PyPI; README "Tests"):
   /tmp/o/bin/python tests/oracle/make_hf_models_oracle.py [FAMILY ...]
@@ -45,8 +49,8 @@ import shutil
 
 import torch
 import transformers
-from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config,
-                          Qwen3Config)
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig,
+                          Qwen2Config, Qwen3Config)
 
 OUT_DIR = "tests/oracle/data/hf_models"
 OUT = "tests/oracle/data/hf_models_oracle.json"
@@ -68,14 +72,23 @@ def configs():
         "qwen2": Qwen2Config(**common, tie_word_embeddings=True, rope_theta=1e6),
         "mistral": MistralConfig(**common, sliding_window=8, tie_word_embeddings=False),
         "qwen3": Qwen3Config(**common, head_dim=24, tie_word_embeddings=False, rope_theta=1e6),
+        "gemma3": Gemma3TextConfig(
+            **{**common, "num_hidden_layers": 3}, head_dim=24, query_pre_attn_scalar=20,
+            sliding_window=8, tie_word_embeddings=True,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
     }
 
 
 def widen(model, gen):
+    # Gemma's RMSNorm multiplies by (1 + w): its weights are drawn around 0 (the same scales).
+    offset = 0.0 if model.config.model_type.startswith("gemma") else 1.0
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
+                p.copy_(offset + 0.1 * torch.randn(p.shape, generator=gen))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
             else:
@@ -102,7 +115,7 @@ def record(folder, input_ids):
 
 
 JOB_TOKENIZERS = {"llama": "llama3", "qwen2": "qwen2", "mistral": "spm_metaspace",
-                  "qwen3": "qwen2"}
+                  "qwen3": "qwen2", "gemma3": "spm_metaspace"}
 
 
 def job_folders(families):
@@ -110,11 +123,14 @@ def job_folders(families):
     small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5)
     classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig,
-               "qwen3": Qwen3Config}
+               "qwen3": Qwen3Config, "gemma3": Gemma3TextConfig}
     extra = {"llama": dict(attention_bias=True, tie_word_embeddings=True),
              "qwen2": dict(tie_word_embeddings=True, rope_theta=1e6),
              "mistral": dict(sliding_window=16, tie_word_embeddings=False),
-             "qwen3": dict(head_dim=8, tie_word_embeddings=True, rope_theta=1e6)}
+             "qwen3": dict(head_dim=8, tie_word_embeddings=True, rope_theta=1e6),
+             "gemma3": dict(head_dim=8, tie_word_embeddings=True, sliding_window=16,
+                            query_pre_attn_scalar=8,
+                            layer_types=["sliding_attention", "full_attention"])}
     for family, tok_dir in JOB_TOKENIZERS.items():
         if family not in families:
             continue
@@ -133,8 +149,8 @@ def job_folders(families):
         model.save_pretrained(folder)
         for f in os.listdir(src):
             shutil.copy(os.path.join(src, f), folder)
-        if family == "qwen3":  # Qwen3 ships the Qwen2.5 tokenizer with its own chat template
-            shutil.copy("tests/oracle/data/chat_templates/qwen3.jinja",
+        if family in ("qwen3", "gemma3"):  # the family's own chat template
+            shutil.copy(f"tests/oracle/data/chat_templates/{family}.jinja",
                         os.path.join(folder, "chat_template.jinja"))
         print(f"{folder}: vocab {len(tok)}, {sorted(os.listdir(folder))}")
 
