@@ -133,7 +133,9 @@ ABSL_FLAG(std::string, perplexity_path, "", "eval: also measure the perplexity o
 ABSL_FLAG(std::string, question, "", "eval: classification question (default: the job's)");
 ABSL_FLAG(std::string, system_prompt, "", "eval: classification system prompt");
 ABSL_FLAG(double, device_memory_gb, 0,
-          "plan: answer whether the job fits a device of this many GiB (0 = only the plan)");
+          "plan: answer whether the job fits a device of this many GiB (0 = only the plan); "
+          "also spelled --device_memory_gib");
+ABSL_FLAG(double, device_memory_gib, 0, "plan: the same as --device_memory_gb (GiB)");
 ABSL_FLAG(std::string, device, "", "plan: plan for cpu or cuda (empty = the spec's device)");
 ABSL_FLAG(int32_t, threads, 0, "generate/eval/convert: CPU threads (0 = all cores)");
 ABSL_FLAG(std::string, outtype, "auto",
@@ -177,7 +179,7 @@ constexpr char kUsage[] =
     "  lspctl spec --spec=FILE [KEY=VALUE ...]\n"
     "                                      print the spec as read (aliases resolved,\n"
     "                                      overrides applied) as JSON; nothing runs\n"
-    "  lspctl plan --spec=FILE [KEY=VALUE ...] [--device=cpu|cuda --device_memory_gb=4]\n"
+    "  lspctl plan --spec=FILE [KEY=VALUE ...] [--device=cpu|cuda --device_memory_gib=4]\n"
     "                                      memory per mode from the model's config (no\n"
     "                                      weights read); whether the job fits, the largest\n"
     "                                      micro-batch and lsp d that do\n"

@@ -49,6 +49,7 @@ ABSL_DECLARE_FLAG(std::string, perplexity_path);
 ABSL_DECLARE_FLAG(std::string, question);
 ABSL_DECLARE_FLAG(std::string, system_prompt);
 ABSL_DECLARE_FLAG(double, device_memory_gb);
+ABSL_DECLARE_FLAG(double, device_memory_gib);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int32_t, threads);
 ABSL_DECLARE_FLAG(std::string, outtype);

@@ -68,7 +68,16 @@ int RunPlanCommand() {
   lspo::client::PlanCommand p;
   p.spec = *spec;
   p.device = absl::GetFlag(FLAGS_device);
-  p.device_memory_gb = absl::GetFlag(FLAGS_device_memory_gb);
+  const double gb = absl::GetFlag(FLAGS_device_memory_gb);
+  const double gib = absl::GetFlag(FLAGS_device_memory_gib);
+  if (gb != 0 && gib != 0 && gb != gib) {
+    std::fprintf(stderr,
+                 "lspctl plan: --device_memory_gb=%g and --device_memory_gib=%g disagree (both "
+                 "are GiB); give one\n",
+                 gb, gib);
+    return 2;
+  }
+  p.device_memory_gb = gib != 0 ? gib : gb;
   absl::Status st = lspo::client::RunPlan(p, stdout);
   if (st.ok()) return 0;
   Fail(st);

@@ -60,6 +60,11 @@ constexpr SpecAlias kAliases[] = {
     {"lora_alpha", "lora.alpha", "Axolotl"},
     {"lora_target_modules", "lora.target_modules", "Axolotl"},
     {"packing", "data.packing", "TRL"},
+    // This project's clearer spellings of its own fields, whose first names read as something
+    // else (lsp.alpha is no LoRA alpha) or say GB / MB for GiB / MiB; the old names still work.
+    {"lsp.refit_threshold", "lsp.alpha", "this project"},
+    {"lsp.calibration_memory_mib", "lsp.calibration_memory_mb", "this project"},
+    {"device_memory_limit_mib", "device_memory_limit_mb", "this project"},
 };
 
 const SpecAlias* FindAlias(absl::string_view key) {
@@ -245,7 +250,7 @@ Json ScheduleValue(const Json& v) {
 absl::Status SetPath(const std::string& path, Json value, absl::string_view what, Json* root,
                      const std::string* raw = nullptr) {
   std::vector<std::string> parts = absl::StrSplit(path, '.');
-  if (const SpecAlias* a = FindAlias(parts[0]); a != nullptr && parts.size() == 1) {
+  if (const SpecAlias* a = FindAlias(path); a != nullptr) {  // learning_rate, lsp.refit_threshold
     parts = absl::StrSplit(a->field, '.');
     if (a->field == "optim.schedule") value = ScheduleValue(value);
   }
@@ -308,10 +313,19 @@ const Json* GetPath(const Json& root, absl::string_view field) {
 // disagreement (an alias and its field, or two aliases of one field) is appended to `errors`.
 void ResolveAliases(Json* root, std::vector<std::string>* errors) {
   for (const SpecAlias& a : kAliases) {
-    auto it = root->find(std::string(a.alias));
-    if (it == root->end()) continue;
+    // A dotted alias (lsp.refit_threshold) is a key of its parent mapping (lsp:).
+    Json* parent = root;
+    absl::string_view key = a.alias;
+    if (const size_t dot = key.rfind('.'); dot != absl::string_view::npos) {
+      auto p = root->find(std::string(key.substr(0, dot)));
+      if (p == root->end() || !p->is_object()) continue;
+      parent = &*p;
+      key = key.substr(dot + 1);
+    }
+    auto it = parent->find(std::string(key));
+    if (it == parent->end()) continue;
     Json value = *it;
-    root->erase(it);
+    parent->erase(it);
     if (a.field == "steps" && value.is_number() && value.get<double>() < 0) continue;
     if (a.field == "optim.schedule") value = ScheduleValue(value);
     // Two aliases of one field (max_length and max_seq_length) or an alias beside its field.

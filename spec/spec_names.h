@@ -35,7 +35,10 @@ nlohmann::json YamlToJson(const YAML::Node& node);
 struct SpecAlias {
   absl::string_view alias;  // "learning_rate"
   absl::string_view field;  // "optim.lr"
-  absl::string_view where;  // Whose name it is: "transformers", "TRL", "Axolotl".
+  absl::string_view where;  // Whose name it is: "transformers", "TRL", "Axolotl", or "this
+                            // project" (a clearer spelling of its own field, e.g.
+                            // lsp.refit_threshold for lsp.alpha; dotted aliases live in their
+                            // parent mapping).
 };
 
 // Every alias, in the order docs/spec.md lists them (sources: transformers

@@ -284,6 +284,17 @@ TEST(LspctlPlanTest, SaysWhenTheWorkerWouldTurnOnActivationCheckpointing) {
   r = Lspctl(absl::StrCat("plan --spec=", spec, " --device=cuda --device_memory_gb=80"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, Not(HasSubstr("the worker would choose"))) << r.output;
+  // The MiB / GiB spellings: device_memory_limit_mib in the spec, --device_memory_gib (which
+  // must agree with --device_memory_gb when both are given).
+  write("device_memory_limit_mib: 8192\n");
+  r = Lspctl(absl::StrCat("plan --spec=", spec, " --device=cuda --device_memory_gib=80"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("the worker would choose: activation checkpointing: on"))
+      << r.output;
+  r = Lspctl(absl::StrCat("plan --spec=", spec,
+                          " --device=cuda --device_memory_gib=80 --device_memory_gb=40"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("disagree")) << r.output;
   // micro_batch_size unset: the largest power of two that fits the 8 GiB cap is chosen too.
   std::ofstream(spec) << "name: p\nmode: lsp\nmodel: {path: " << dir << "}\n"
                       << "data: {format: text, train_path: x.txt}\n"

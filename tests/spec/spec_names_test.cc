@@ -79,10 +79,40 @@ lora_target_modules: [q_proj, v_proj]
   ASSERT_TRUE(json.ok()) << json.status();
   EXPECT_EQ(json->optim().lr(), 0.001);
   EXPECT_EQ(json->seq_len(), 32);
-  // Every alias names a real field.
+  // Every alias names a real field (a dotted one inside its parent mapping).
   for (const SpecAlias& a : SpecAliases()) {
-    EXPECT_TRUE(ParseJobSpecYaml(absl::StrCat(a.alias, ": null\n")).ok()) << a.alias;
+    const size_t dot = a.alias.rfind('.');
+    const std::string yaml =
+        dot == absl::string_view::npos
+            ? absl::StrCat(a.alias, ": null\n")
+            : absl::StrCat(a.alias.substr(0, dot), ":\n  ", a.alias.substr(dot + 1), ": null\n");
+    EXPECT_TRUE(ParseJobSpecYaml(yaml).ok()) << a.alias;
   }
+}
+
+// This project's clearer names of its own fields: lsp.refit_threshold for lsp.alpha (a refit
+// threshold, not a LoRA alpha), the MiB spellings of the _mb fields; in the file, as overrides,
+// and refused when they disagree with the old name.
+TEST(SpecNamesTest, ClearerNamesOfOwnFieldsKeepTheOldOnesWorking) {
+  auto spec = ParseJobSpecYaml(
+      "lsp:\n  refit_threshold: 0.5\n  calibration_memory_mib: 256\n"
+      "device_memory_limit_mib: 4096\nlora:\n  alpha: 16\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_DOUBLE_EQ(spec->lsp().alpha(), 0.5);
+  EXPECT_EQ(spec->lsp().calibration_memory_mb(), 256);
+  EXPECT_EQ(spec->device_memory_limit_mb(), 4096u);
+  EXPECT_DOUBLE_EQ(spec->lora().alpha(), 16.0);
+  auto old = ParseJobSpecYaml("lsp:\n  alpha: 0.5\ndevice_memory_limit_mb: 4096\n");
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_DOUBLE_EQ(old->lsp().alpha(), 0.5);
+  auto both = ParseJobSpecYaml("lsp:\n  alpha: 0.5\n  refit_threshold: 0.7\n", "b.yaml");
+  EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(both.status().message(), HasSubstr("lsp.refit_threshold"));
+  auto over = ParseJobSpecYaml("steps: 1\n", "o.yaml",
+                               {"lsp.refit_threshold=0.6", "device_memory_limit_mib=2048"});
+  ASSERT_TRUE(over.ok()) << over.status();
+  EXPECT_DOUBLE_EQ(over->lsp().alpha(), 0.6);
+  EXPECT_EQ(over->device_memory_limit_mb(), 2048u);
 }
 
 TEST(SpecNamesTest, ScheduleValuesAndTheUnsetMaxStepsOfTransformers) {
