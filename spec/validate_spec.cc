@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "offload/training_mode.h"
@@ -210,6 +211,26 @@ static absl::Status ValidateModel(const JobSpec& spec) {
 }
 
 // data: its format and the files it names.
+// Parquet / Arrow files and saved Hugging Face datasets (a save_to_disk folder) are the common
+// forms of data people have; a job reads JSONL / JSON / TSV / text. Refused by name with the
+// one-line conversion (the Python client's lspo.to_jsonl, docs/python.md) rather than read as
+// text.
+static absl::Status RefuseDatasetFile(absl::string_view field, const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
+  const bool columnar = absl::EndsWith(path, ".parquet") || absl::EndsWith(path, ".arrow");
+  const bool saved = Readable(path + "/dataset_info.json") || Readable(path + "/state.json");
+  if (!columnar && !saved) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "job spec field ", field, ": '", path, "' is ",
+      columnar ? "a parquet / Arrow file" : "a saved Hugging Face dataset (save_to_disk)",
+      "; a job reads JSONL, JSON, TSV or text: convert it once with the Python client, e.g. "
+      "python -c \"import lspo; lspo.to_jsonl(",
+      columnar ? absl::StrCat("'", path, "'")
+               : absl::StrCat("__import__('datasets').load_from_disk('", path, "')"),
+      ", 'train.jsonl')\" (docs/python.md; a parquet with none of the recognised columns is "
+      "refused there, naming them)"));
+}
+
 static absl::Status ValidateData(const JobSpec& spec, bool check_files) {
   const auto& data = spec.data();
   if (data.format() == v1::DATA_FORMAT_UNSPECIFIED || !v1::DataFormat_IsValid(data.format())) {
@@ -219,6 +240,8 @@ static absl::Status ValidateData(const JobSpec& spec, bool check_files) {
   if (data.train_path().empty()) {
     return Bad("data.train_path", "\"\"", "give a training data file");
   }
+  RETURN_IF_ERROR(RefuseDatasetFile("data.train_path", data.train_path()));
+  RETURN_IF_ERROR(RefuseDatasetFile("data.eval_path", data.eval_path()));
   if (check_files && !Readable(data.train_path())) {
     return absl::NotFoundError(absl::StrCat("job spec field data.train_path: file '",
                                             data.train_path(),

@@ -458,4 +458,28 @@ TEST(SpecNamesTest, TheSaveDtypeIsTheInputsUnlessGiven) {
 }
 
 }  // namespace
+// Data in the forms people have but a job does not read -- parquet / Arrow files, a saved
+// Hugging Face dataset folder -- is refused by name with the conversion, never read as text.
+TEST(SpecNamesTest, ParquetAndSavedDatasetsAreRefusedWithTheConversion) {
+  auto job = LoadJobSpecFile("examples/tiny-moby-dick.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  ResolveDefaults(&*job);
+  v1::JobSpec parquet = *job;
+  parquet.mutable_data()->set_train_path("train-00000-of-00001.parquet");
+  absl::Status st = ValidateJobSpec(parquet, /*check_data_files=*/false);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(), HasSubstr("data.train_path"));
+  EXPECT_THAT(st.message(), HasSubstr("lspo.to_jsonl('train-00000-of-00001.parquet'"));
+  const std::string saved = ::testing::TempDir() + "/saved-dataset";
+  std::filesystem::create_directories(saved);
+  std::ofstream(saved + "/dataset_info.json") << "{}";
+  v1::JobSpec folder = *job;
+  folder.mutable_data()->set_eval_path(saved);
+  st = ValidateJobSpec(folder, /*check_data_files=*/false);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(), HasSubstr("data.eval_path"));
+  EXPECT_THAT(st.message(), HasSubstr("load_from_disk"));
+  std::filesystem::remove_all(saved);
+}
+
 }  // namespace lspo::spec
