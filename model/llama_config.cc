@@ -37,17 +37,6 @@ absl::Status TokenId(const char* field, int64_t value, int64_t vocab_size) {
                                                  vocab_size, ")"));
 }
 
-// Optional integer key: `fallback` when absent, the accessor's error when mistyped.
-absl::StatusOr<int64_t> IntOr(const GgufFile& gguf, const std::string& key, int64_t fallback) {
-  if (!gguf.HasKey(key)) return fallback;
-  return gguf.GetInt(key);
-}
-
-absl::StatusOr<double> FloatOr(const GgufFile& gguf, const std::string& key, double fallback) {
-  if (!gguf.HasKey(key)) return fallback;
-  return gguf.GetFloat(key);
-}
-
 }  // namespace
 
 absl::Status LlamaConfig::Validate() const {
@@ -244,66 +233,6 @@ nlohmann::json LlamaConfig::ToHfGenerationConfigJson() const {
   }
   if (pad_token_id >= 0) j["pad_token_id"] = pad_token_id;
   return j;
-}
-
-absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& gguf) {
-  ASSIGN_OR_RETURN(std::string arch, gguf.GetString("general.architecture"));
-  if (arch != "llama") {
-    return absl::UnimplementedError(absl::StrCat(
-        "GGUF general.architecture is \"", arch,
-        "\"; only \"llama\" is supported by LlamaConfigFromGguf (convert a Llama-family model)"));
-  }
-  LlamaConfig c;
-  ASSIGN_OR_RETURN(c.max_position_embeddings, gguf.GetInt("llama.context_length"));
-  ASSIGN_OR_RETURN(c.hidden_size, gguf.GetInt("llama.embedding_length"));
-  ASSIGN_OR_RETURN(c.num_layers, gguf.GetInt("llama.block_count"));
-  ASSIGN_OR_RETURN(c.intermediate_size, gguf.GetInt("llama.feed_forward_length"));
-  ASSIGN_OR_RETURN(c.num_heads, gguf.GetInt("llama.attention.head_count"));
-  ASSIGN_OR_RETURN(c.num_kv_heads, IntOr(gguf, "llama.attention.head_count_kv", c.num_heads));
-  ASSIGN_OR_RETURN(c.rope_theta, FloatOr(gguf, "llama.rope.freq_base", 10000.0));
-  ASSIGN_OR_RETURN(c.rms_norm_eps, gguf.GetFloat("llama.attention.layer_norm_rms_epsilon"));
-  if (gguf.HasKey("llama.vocab_size")) {
-    ASSIGN_OR_RETURN(c.vocab_size, gguf.GetInt("llama.vocab_size"));
-  } else {
-    const GgufValue* tokens = gguf.FindKey("tokenizer.ggml.tokens");
-    if (tokens == nullptr) {
-      return absl::NotFoundError(
-          "GGUF has neither llama.vocab_size nor tokenizer.ggml.tokens; cannot tell the "
-          "vocabulary size (re-convert the model with llama.cpp's convert_hf_to_gguf.py)");
-    }
-    c.vocab_size = static_cast<int64_t>(tokens->size());
-  }
-  const int64_t default_head_dim = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
-  ASSIGN_OR_RETURN(c.head_dim, IntOr(gguf, "llama.rope.dimension_count", default_head_dim));
-  ASSIGN_OR_RETURN(c.bos_token_id, IntOr(gguf, "tokenizer.ggml.bos_token_id", 1));
-  ASSIGN_OR_RETURN(c.eos_token_id, IntOr(gguf, "tokenizer.ggml.eos_token_id", 2));
-  ASSIGN_OR_RETURN(c.pad_token_id, IntOr(gguf, "tokenizer.ggml.padding_token_id", c.eos_token_id));
-  c.tie_word_embeddings = gguf.FindTensor("output.weight") == nullptr;
-  // Optional attention biases (llama.cpp's llama architecture loads them when present).
-  c.qkv_bias = gguf.FindTensor("blk.0.attn_q.bias") != nullptr;
-  c.o_bias = gguf.FindTensor("blk.0.attn_output.bias") != nullptr;
-  if (gguf.HasKey("llama.rope.scaling.type")) {
-    ASSIGN_OR_RETURN(std::string type, gguf.GetString("llama.rope.scaling.type"));
-    if (type == "linear") {
-      c.rope_scaling.type = RopeScaling::Type::kLinear;
-      ASSIGN_OR_RETURN(c.rope_scaling.factor, gguf.GetFloat("llama.rope.scaling.factor"));
-    } else if (type != "none") {
-      return absl::UnimplementedError(
-          absl::StrCat("GGUF llama.rope.scaling.type is \"", type,
-                       "\"; only none and linear are read (use the model's Hugging Face folder)"));
-    }
-  }
-  if (gguf.FindTensor("rope_freqs.weight") != nullptr) {
-    return absl::UnimplementedError(
-        "the GGUF has rope_freqs.weight (per-frequency RoPE factors, e.g. Llama 3.1's llama3 "
-        "scaling), which this reader does not apply yet; use the model's Hugging Face folder");
-  }
-  absl::Status valid = c.Validate();
-  if (!valid.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GGUF llama hyperparameters are inconsistent: ", valid.message()));
-  }
-  return c;
 }
 
 namespace {

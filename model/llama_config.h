@@ -201,9 +201,12 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromHfJson(const nlohmann::json& config,
 // tokenizer.ggml.{bos,eos,padding}_token_id (defaults 1, 2, eos), rope.scaling.type "none" or
 // "linear" with rope.scaling.factor. tie_word_embeddings is true iff the file has no
 // `output.weight` tensor; qkv_bias / o_bias iff blk.0.attn_q.bias / blk.0.attn_output.bias exist.
+// rope_freqs.weight (llama.cpp's per-frequency divisors of Llama 3.1+) is read back as the llama3
+// scaling that gives them (factor = the largest, low_freq_factor 1, high_freq_factor 2 / 4 / 8,
+// a power-of-two original context; 1e-4 relative).
 // Errors: kUnimplemented when general.architecture is not "llama", for another
-// rope.scaling.type, or when the file has rope_freqs.weight (per-frequency RoPE factors, which
-// are not applied yet: refused rather than silently ignored); the accessor's code
+// rope.scaling.type, or rope_freqs.weight that no such llama3 setting gives (refused rather than
+// silently ignored); the accessor's code
 // (kNotFound / kInvalidArgument) for a missing or mistyped required key; kInvalidArgument when
 // the result fails Validate().
 absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& gguf);

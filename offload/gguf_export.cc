@@ -26,15 +26,6 @@ namespace {
 using model::GgmlType;
 using nlohmann::json;
 
-// The split regexes of tokenizer.json pre-tokenizers llama.cpp names (llama.cpp
-// convert_hf_to_gguf.py get_vocab_base_pre; the published Llama 3 and Qwen2 tokenizer.json).
-constexpr absl::string_view kLlama3Regex =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
-    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-constexpr absl::string_view kQwen2Regex =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
-    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-
 bool IsType(const json& j, absl::string_view type) {
   return j.is_object() && j.contains("type") && j["type"].is_string() &&
          j["type"].get<std::string>() == type;
@@ -64,8 +55,9 @@ absl::StatusOr<std::string> PreTokenizerName(const json& pre, const std::string&
         a["pattern"].is_object() && a["pattern"].contains("Regex") &&
         a["pattern"]["Regex"].is_string()) {
       const std::string re = a["pattern"]["Regex"].get<std::string>();
-      if (re == kLlama3Regex) return std::string("llama-bpe");
-      if (re == kQwen2Regex) return std::string("qwen2");
+      for (const char* name : {"llama-bpe", "qwen2"}) {
+        if (re == model::GgufPreTokenizerRegex(name)) return std::string(name);
+      }
     }
   }
   return absl::UnimplementedError(absl::StrCat(
@@ -104,6 +96,21 @@ absl::StatusOr<GgufVocab> VocabOf(const std::string& dir, const model::BpeTokeni
   GgufVocab v;
   ASSIGN_OR_RETURN(
       v.pre, PreTokenizerName(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json(), path));
+  // llama.cpp fixes these by the pre name (Llama 3 ignores merges for whole-vocabulary words,
+  // Qwen2 normalizes NFC); a tokenizer.json that says otherwise would tokenize differently there.
+  const bool ignore_merges = BoolField(m, "ignore_merges", false);
+  const json normalizer = j.contains("normalizer") ? j["normalizer"] : json();
+  const bool nfc = IsType(normalizer, "NFC");
+  if (ignore_merges != model::GgufPreIgnoresMerges(v.pre) ||
+      !(normalizer.is_null() || (nfc && model::GgufPreUsesNfc(v.pre)))) {
+    return absl::UnimplementedError(
+        absl::StrCat(path, ": model.ignore_merges ", ignore_merges ? "true" : "false",
+                     " and normalizer ", normalizer.dump().substr(0, 80),
+                     " differ from what llama.cpp assumes for the pre-tokenizer '", v.pre,
+                     "' (ignore_merges ", model::GgufPreIgnoresMerges(v.pre) ? "true" : "false",
+                     model::GgufPreUsesNfc(v.pre) ? ", NFC" : ", no normalizer",
+                     "): the GGUF would tokenize differently; not written"));
+  }
   absl::flat_hash_set<int32_t> added_plain;  // added tokens that are not special
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
     for (const json& a : j["added_tokens"]) {

@@ -294,68 +294,6 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::Create(BpeTokenizerSpec spec) {
   return t;
 }
 
-absl::StatusOr<BpeTokenizer> BpeTokenizer::FromGguf(const GgufFile& gguf) {
-  ASSIGN_OR_RETURN(std::string model, gguf.GetString("tokenizer.ggml.model"));
-  if (model != "gpt2") {
-    return absl::UnimplementedError(absl::StrCat(
-        "GGUF tokenizer.ggml.model is '", model,
-        "'; only 'gpt2' (byte-level BPE) is supported; convert the model with a BPE tokenizer"));
-  }
-  BpeTokenizerSpec spec;
-  std::string pre = "default";
-  if (gguf.HasKey("tokenizer.ggml.pre")) {
-    ASSIGN_OR_RETURN(pre, gguf.GetString("tokenizer.ggml.pre"));
-  }
-  if (pre == "smollm") {
-    spec.pre_tokenizer = PreTokenizerKind::kSmolLm;
-  } else if (pre == "gpt2" || pre == "default") {
-    spec.pre_tokenizer = PreTokenizerKind::kGpt2;
-  } else {
-    return absl::UnimplementedError(
-        absl::StrCat("GGUF tokenizer.ggml.pre is '", pre,
-                     "'; supported pre-tokenizers are 'smollm', 'gpt2' and 'default'"));
-  }
-  ASSIGN_OR_RETURN(spec.tokens, gguf.GetStringArray("tokenizer.ggml.tokens"));
-  if (gguf.HasKey("tokenizer.ggml.token_type")) {
-    ASSIGN_OR_RETURN(auto types, gguf.GetIntArray("tokenizer.ggml.token_type"));
-    spec.token_types.assign(types.begin(), types.end());
-  }
-  ASSIGN_OR_RETURN(spec.merges, gguf.GetStringArray("tokenizer.ggml.merges"));
-  struct IdKey {
-    const char* key;
-    int32_t* dst;
-  };
-  for (IdKey k : {IdKey{"tokenizer.ggml.bos_token_id", &spec.bos_id},
-                  IdKey{"tokenizer.ggml.eos_token_id", &spec.eos_id},
-                  IdKey{"tokenizer.ggml.unknown_token_id", &spec.unk_id},
-                  IdKey{"tokenizer.ggml.padding_token_id", &spec.pad_id}}) {
-    if (!gguf.HasKey(k.key)) continue;
-    ASSIGN_OR_RETURN(int64_t v, gguf.GetInt(k.key));
-    if (v < 0 || v >= static_cast<int64_t>(spec.tokens.size())) {
-      return absl::DataLossError(
-          absl::StrCat("GGUF ", k.key, " = ", v, " is outside [0, ", spec.tokens.size(), ")"));
-    }
-    *k.dst = static_cast<int32_t>(v);
-  }
-  if (gguf.HasKey("tokenizer.chat_template")) {
-    ASSIGN_OR_RETURN(spec.chat_template, gguf.GetString("tokenizer.chat_template"));
-  }
-  if (gguf.HasKey("general.architecture")) {
-    ASSIGN_OR_RETURN(std::string arch, gguf.GetString("general.architecture"));
-    std::string ctx_key = absl::StrCat(arch, ".context_length");
-    if (gguf.HasKey(ctx_key)) {
-      ASSIGN_OR_RETURN(int64_t ctx, gguf.GetInt(ctx_key));
-      if (ctx > 0) spec.model_max_length = ctx;
-    }
-  }
-  auto tok = Create(std::move(spec));
-  if (!tok.ok() && absl::IsInvalidArgument(tok.status())) {
-    return absl::DataLossError(
-        absl::StrCat("GGUF tokenizer data is inconsistent: ", tok.status().message()));
-  }
-  return tok;
-}
-
 absl::StatusOr<BpeTokenizer> BpeTokenizer::FromGpt2Files(const std::string& vocab_json_path,
                                                          const std::string& merges_txt_path) {
   ASSIGN_OR_RETURN(std::string vocab_text,

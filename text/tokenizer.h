@@ -86,6 +86,16 @@ enum TokenType : int32_t {
   kTokenByte = 6,
 };
 
+// The split regex of a GGUF tokenizer.ggml.pre that llama.cpp names by its regex (llama.cpp
+// llama-vocab.cpp; the published tokenizer.json files): "llama-bpe" (Llama 3: digits in runs of
+// up to 3), "qwen2" (Qwen2 / Qwen2.5 / Qwen3: single digits); "" for any other name. Their
+// tokenizer.json pre-tokenizer is Sequence[Split(this regex, Isolated), ByteLevel(no regex)];
+// llama-bpe also ignores merges for whole-vocabulary words (BPE ignore_merges) and qwen2
+// NFC-normalizes (GgufPreUsesNfc), as those tokenizer.json files do.
+absl::string_view GgufPreTokenizerRegex(absl::string_view pre);
+bool GgufPreIgnoresMerges(absl::string_view pre);
+bool GgufPreUsesNfc(absl::string_view pre);
+
 // Splits `text` (UTF-8, no special tokens) into pre-tokens as described in the file comment.
 // Returns views into `text`; their concatenation equals `text`. Never fails.
 std::vector<absl::string_view> PreTokenize(absl::string_view text, PreTokenizerKind kind);
@@ -113,11 +123,15 @@ class BpeTokenizer {
   static absl::StatusOr<BpeTokenizer> Create(BpeTokenizerSpec spec);
 
   // Reads tokenizer.ggml.{model,pre,tokens,token_type,merges,bos_token_id,eos_token_id,
-  // unknown_token_id,padding_token_id} and tokenizer.chat_template from a GGUF file.
-  // Errors: kUnimplemented if tokenizer.ggml.model != "gpt2" or pre is not "smollm", "gpt2" or
-  // "default"; kNotFound / kInvalidArgument from the GGUF accessors for a missing or mistyped
-  // key; kDataLoss if the stored vocabulary is inconsistent (Create's kInvalidArgument is
-  // reported as kDataLoss since the file is at fault).
+  // unknown_token_id,padding_token_id} and tokenizer.chat_template from a GGUF file. The pre
+  // "llama-bpe" and "qwen2" are read through FromHfJson of the tokenizer.json they stand for
+  // (GgufPreTokenizerRegex; control (3) and user-defined (4) tokens as added tokens, special
+  // for 3; add_bos_token as a TemplateProcessing post-processor), so they tokenize as that
+  // file does; from_hf_json() is then true and WriteHfFiles writes that tokenizer.json.
+  // Errors: kUnimplemented if tokenizer.ggml.model != "gpt2" or pre is not "smollm", "gpt2",
+  // "default", "llama-bpe" or "qwen2"; kNotFound / kInvalidArgument from the GGUF accessors for a
+  // missing or mistyped key; kDataLoss if the stored vocabulary is inconsistent (Create's
+  // kInvalidArgument is reported as kDataLoss since the file is at fault).
   static absl::StatusOr<BpeTokenizer> FromGguf(const GgufFile& gguf);
 
   // Reads the Hugging Face GPT-2 files: vocab.json ({"token": id}) and merges.txt ("A B" per

@@ -4,8 +4,10 @@
 // tests/integration/gguf_export_oracle.py.)
 #include "third_party/torch/torch_api.h"
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -154,14 +156,26 @@ TEST(ExportTest, AutoKeepsBf16AndBiasesRoundTrip) {
   auto f = model::GgufFile::Open(path);
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(*f->GetString("tokenizer.ggml.pre"), "llama-bpe");
-  EXPECT_EQ(model::BpeTokenizer::FromGguf(*f).status().code(), absl::StatusCode::kUnimplemented);
+  // The Llama 3 tokenizer read back from the GGUF encodes as the folder's tokenizer.json.
+  auto tok = model::BpeTokenizer::FromGguf(*f);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  auto tok_hf = model::BpeTokenizer::FromHfFolder(kLlamaJob);
+  ASSERT_TRUE(tok_hf.ok()) << tok_hf.status();
+  for (const std::string sample : {"Call me Ishmael, 1851 or 12345678 times.\n\n  It's   fine",
+                                   "<|begin_of_text|>naïve café 日本語 🙂\tand\r\n"}) {
+    EXPECT_EQ(tok->Encode(sample), tok_hf->Encode(sample)) << sample;
+  }
+  EXPECT_EQ(tok->adds_bos(), tok_hf->adds_bos());
+  EXPECT_EQ(tok->bos_id(), tok_hf->bos_id());
+  EXPECT_EQ(tok->eos_id(), tok_hf->eos_id());
+  EXPECT_EQ(tok->chat_template(), tok_hf->chat_template());
 }
 
 // The refusals, each naming the input and the way out: an existing --outfile (kept), a GGUF or a
 // missing path as --model, a folder that is not a model, --format other than gguf, an unknown
 // --outtype, a Qwen2 model, a SentencePiece-style tokenizer (Mistral's), a missing folder for
-// --outfile; and a llama3-scaled RoPE model whose export this reader refuses to read rather than
-// ignore its rope_freqs.
+// --outfile; and a llama3-scaled RoPE model's rope_freqs read back as its scaling (or refused when
+// no llama3 setting gives them).
 TEST(ExportTest, RefusesBadInputs) {
   const std::string dir = testing_jobs::TempDir("export-bad");
   const std::string existing = dir + "/there.gguf";
@@ -200,8 +214,9 @@ TEST(ExportTest, RefusesBadInputs) {
 
   // llama3 RoPE scaling (the Llama job's folder with rope_scaling added to its config.json):
   // written with rope_freqs.weight as llama.cpp's converter writes it, each entry the unscaled
-  // over the scaled inverse frequency (1 for the high band, `factor` for the low band); this
-  // product's reader refuses such a file instead of running it without the factors.
+  // over the scaled inverse frequency (1 for the high band, `factor` for the low band), and read
+  // back as the same llama3 setting: logits equal to the folder's. Divisors that no llama3
+  // setting gives are refused, not ignored.
   const std::string scaled = dir + "/scaled";
   std::filesystem::copy(kLlamaJob, scaled);
   nlohmann::json config = nlohmann::json::parse(std::ifstream(scaled + "/config.json"));
@@ -222,7 +237,32 @@ TEST(ExportTest, RefusesBadInputs) {
   ASSERT_EQ(static_cast<int64_t>(freqs->size()), hd / 2);
   EXPECT_FLOAT_EQ(freqs->front(), 1.0f);  // highest frequency: wavelength 2 pi < 32 / 4
   EXPECT_FLOAT_EQ(freqs->back(), 8.0f);   // lowest: wavelength > 32
-  expect(model::LlamaModel::FromGguf(*f).status(), absl::StatusCode::kUnimplemented, "rope_freqs");
+  model::LlamaModel scaled_back = LoadGguf(dir + "/scaled.gguf");
+  const model::RopeScaling& rs = scaled_back.config().rope_scaling;
+  EXPECT_EQ(rs.type, model::RopeScaling::Type::kLlama3);
+  EXPECT_DOUBLE_EQ(rs.factor, 8.0);
+  EXPECT_DOUBLE_EQ(rs.high_freq_factor, 4.0);
+  EXPECT_EQ(rs.original_max_position_embeddings, 32);
+  {
+    model::LlamaModel scaled_hf = LoadFolder(scaled);
+    at::NoGradGuard no_grad;
+    const at::Tensor ids = at::arange(3, 60, at::kLong).view({1, 57});
+    EXPECT_TRUE(at::allclose(scaled_hf.Logits(ids), scaled_back.Logits(ids), 0, 1e-5));
+  }
+  // Divisors no llama3 setting gives: the bytes of rope_freqs.weight edited in a copy.
+  {
+    std::ifstream src(dir + "/scaled.gguf", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(src)), std::istreambuf_iterator<char>());
+    const model::GgufTensorInfo* info = f->FindTensor("rope_freqs.weight");
+    ASSERT_NE(info, nullptr);
+    const float odd = 3.3f;
+    std::memcpy(bytes.data() + f->data_start() + info->offset + 4, &odd, 4);
+    std::ofstream(dir + "/odd.gguf", std::ios::binary) << bytes;
+    auto g = model::GgufFile::Open(dir + "/odd.gguf");
+    ASSERT_TRUE(g.ok()) << g.status();
+    expect(model::LlamaModel::FromGguf(*g).status(), absl::StatusCode::kUnimplemented,
+           "matches no llama3 scaling");
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -370,12 +370,13 @@ TEST(BpeTokenizerTest, FromGgufRejectsUnsupportedTokenizers) {
   {
     GgufBuilder b;
     b.AddString("tokenizer.ggml.model", "gpt2");
-    b.AddString("tokenizer.ggml.pre", "qwen2");
-    auto gguf = GgufFile::FromBytes(b.Build(), "qwen.gguf");
+    b.AddString("tokenizer.ggml.pre", "deepseek-coder");  // a llama.cpp name not read here
+    auto gguf = GgufFile::FromBytes(b.Build(), "ds.gguf");
     ASSERT_TRUE(gguf.ok()) << gguf.status();
     auto t = BpeTokenizer::FromGguf(*gguf);
     EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented);
-    EXPECT_THAT(std::string(t.status().message()), HasSubstr("qwen2"));
+    EXPECT_THAT(std::string(t.status().message()), HasSubstr("deepseek-coder"));
+    EXPECT_THAT(std::string(t.status().message()), HasSubstr("llama-bpe"));
   }
   {
     GgufBuilder b;
