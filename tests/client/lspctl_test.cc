@@ -86,9 +86,10 @@ struct Result {
   std::string output;  // stdout and stderr.
 };
 
-Result Lspctl(const std::string& args) {
+// Runs the lspctl binary with `args` (and `env`, "NAME=value " assignments put before it).
+Result Lspctl(const std::string& args, const std::string& env = "") {
   Result r;
-  const std::string cmd = absl::StrCat(LSPO_LSPCTL_BIN, " ", args, " 2>&1");
+  const std::string cmd = absl::StrCat(env, LSPO_LSPCTL_BIN, " ", args, " 2>&1");
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
   char buf[4096];
@@ -346,18 +347,7 @@ TEST(LspctlModelIdTest, GenerateAndEvalReadAModelIdFromTheHfCache) {
     fs::create_symlink(fs::absolute(e.path()), snapshot / e.path().filename());
   }
   const std::string env = absl::StrCat("HF_HUB_CACHE=", cache.string(), " ");
-  const std::string bin = LSPO_LSPCTL_BIN;
-  auto run = [&](const std::string& args) {
-    Result r;
-    FILE* p = popen(absl::StrCat(env, bin, " ", args, " 2>&1").c_str(), "r");
-    if (p == nullptr) return r;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-    const int status = pclose(p);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
-  };
+  auto run = [&](const std::string& args) { return Lspctl(args, env); };
   Result gen = run("generate --model=tiny-org/llama-job --prompt=Call --max_new_tokens=3");
   EXPECT_EQ(gen.exit_code, 0) << gen.output;
   EXPECT_THAT(gen.output, HasSubstr("[3 tokens")) << gen.output;
