@@ -97,12 +97,11 @@ int RunExportCommand() {
     Fail(r.status());
     return r.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  for (const std::string& note : r->gguf.notes) std::printf("note: %s\n", note.c_str());
+  for (const std::string& note : r->notes) std::printf("note: %s\n", note.c_str());
   std::printf("wrote %s: %lld tensors, matrices %s, tokenizer pre %s, %.1f MiB\n", r->path.c_str(),
-              static_cast<long long>(r->gguf.num_tensors),
-              std::string(lspo::model::GgmlTypeName(r->gguf.matrix_type)).c_str(),
-              r->gguf.tokenizer_pre.c_str(),
-              static_cast<double>(r->gguf.file_bytes) / (1024.0 * 1024.0));
+              static_cast<long long>(r->num_tensors),
+              std::string(lspo::model::GgmlTypeName(r->matrix_type)).c_str(),
+              r->tokenizer_pre.c_str(), static_cast<double>(r->file_bytes) / (1024.0 * 1024.0));
   return 0;
 }
 

@@ -1,6 +1,5 @@
 #include "client/model_tools.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "third_party/torch/torch_api.h"
@@ -18,7 +17,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "gpu_worker/worker_core.h"
 #include "model/generate.h"
@@ -422,7 +420,7 @@ absl::Status RunConvert(const ConvertCommand& cmd) {
   return runtime::FsyncDir(parent.empty() ? "." : parent);
 }
 
-absl::StatusOr<ExportResult> RunExport(const ExportCommand& given) {
+absl::StatusOr<offload::GgufExportResult> RunExport(const ExportCommand& given) {
   if (given.model.empty()) {
     return absl::InvalidArgumentError(
         "lspctl export: give --model=DIR (an HF model folder, e.g. a job's output_dir)");
@@ -446,33 +444,7 @@ absl::StatusOr<ExportResult> RunExport(const ExportCommand& given) {
     return absl::NotFoundError(absl::StrCat("--model '", model, "' does not exist"));
   }
   RETURN_IF_ERROR(CheckModelPath(model));
-  ExportResult r;
-  r.path = given.outfile;
-  if (r.path.empty()) {
-    // llama.cpp's default name, <model name>-<TYPE>.gguf, in the current folder (never inside
-    // the model folder, which may be a shared Hugging Face cache snapshot).
-    std::string name = std::filesystem::path(model).lexically_normal().filename().string();
-    if (name.empty()) {
-      name = std::filesystem::path(model).lexically_normal().parent_path().filename().string();
-    }
-    std::string t = absl::AsciiStrToUpper(given.outtype.empty() ? "auto" : given.outtype);
-    if (type == offload::GgufOutType::kAuto) t = "AUTO";
-    r.path = absl::StrCat(name, "-", t, ".gguf");
-  }
-  ASSIGN_OR_RETURN(r.gguf, offload::ExportGguf(model, r.path, type));
-  if (given.outfile.empty() && type == offload::GgufOutType::kAuto) {
-    // Name the file by the type auto chose, as llama.cpp does.
-    std::string named = r.path;
-    absl::StrReplaceAll(
-        {{"-AUTO.gguf", absl::StrCat("-", model::GgmlTypeName(r.gguf.matrix_type), ".gguf")}},
-        &named);
-    struct stat st;
-    if (named != r.path && ::lstat(named.c_str(), &st) != 0 &&
-        std::rename(r.path.c_str(), named.c_str()) == 0) {
-      r.path = named;
-    }
-  }
-  return r;
+  return offload::ExportGguf(model, given.outfile, type);
 }
 
 absl::Status RunPlan(const PlanCommand& cmd, std::FILE* out) {

@@ -124,17 +124,13 @@ struct ExportCommand {
 };
 
 // Writes `cmd.model` as a GGUF file (offload::ExportGguf; what is written and which families
-// and tokenizers are: offload/gguf_export.h) and returns the path written with the export's
-// result. `cmd.model` may be a model id in the local Hugging Face cache (RunGenerate).
+// and tokenizers are: offload/gguf_export.h) and returns its result (the path written
+// included). `cmd.model` may be a model id in the local Hugging Face cache (RunGenerate).
 // Errors: kInvalidArgument for an empty --model, a --format other than gguf, an unknown
 // --outtype, or a --model that is a file (a GGUF needs no export); kNotFound for a missing
 // --model; ExportGguf's (kAlreadyExists for an existing --outfile, kUnimplemented for an
 // unsupported family or tokenizer, naming it and the alternative).
-struct ExportResult {
-  std::string path;
-  lspo::offload::GgufExportResult gguf;
-};
-absl::StatusOr<ExportResult> RunExport(const ExportCommand& cmd);
+absl::StatusOr<lspo::offload::GgufExportResult> RunExport(const ExportCommand& cmd);
 
 struct PlanCommand {
   lspo::v1::JobSpec spec;       // the job (defaults are resolved here)

@@ -313,17 +313,6 @@ absl::StatusOr<GgufExportResult> ExportGguf(const std::string& model_dir,
         "' is not a Hugging Face model folder (config.json + safetensors); export reads one, "
         "e.g. a job's output_dir"));
   }
-  struct stat st;
-  if (::lstat(out_path.c_str(), &st) == 0) {
-    return absl::AlreadyExistsError(absl::StrCat("--outfile '", out_path,
-                                                 "' exists; export never overwrites a file "
-                                                 "(remove it or choose another name)"));
-  }
-  const std::string parent = std::filesystem::path(out_path).parent_path().string();
-  if (!parent.empty() && !runtime::IsDirectory(parent)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--outfile '", out_path, "': the folder '", parent, "' does not exist"));
-  }
   ASSIGN_OR_RETURN(model::HfCheckpoint ckpt, model::HfCheckpoint::Open(model_dir));
   const std::string config_path = model_dir + "/config.json";
   ASSIGN_OR_RETURN(model::LlamaConfig c, model::LlamaConfigFromHfJson(ckpt.config(), config_path));
@@ -356,11 +345,28 @@ absl::StatusOr<GgufExportResult> ExportGguf(const std::string& model_dir,
         c.sliding_window, " tokens attend to every earlier token there"));
   }
 
-  model::GgufWriter w;
   std::string name = std::filesystem::path(model_dir).lexically_normal().filename().string();
   if (name.empty() || name == ".") {
     name = std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
   }
+  // llama.cpp's default name, in the current folder (never inside the model folder, which may
+  // be a shared Hugging Face cache snapshot).
+  result.path = out_path.empty()
+                    ? absl::StrCat(name, "-", model::GgmlTypeName(result.matrix_type), ".gguf")
+                    : out_path;
+  struct stat st;
+  if (::lstat(result.path.c_str(), &st) == 0) {
+    return absl::AlreadyExistsError(absl::StrCat("--outfile '", result.path,
+                                                 "' exists; export never overwrites a file "
+                                                 "(remove it or choose another name)"));
+  }
+  const std::string parent = std::filesystem::path(result.path).parent_path().string();
+  if (!parent.empty() && !runtime::IsDirectory(parent)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--outfile '", result.path, "': the folder '", parent, "' does not exist"));
+  }
+
+  model::GgufWriter w;
   SetMetadata(c, tok, std::move(vocab), name, result.matrix_type, &w);
 
   std::vector<Source> sources;
@@ -370,7 +376,7 @@ absl::StatusOr<GgufExportResult> ExportGguf(const std::string& model_dir,
 
   std::vector<float> buffer;
   absl::Status written =
-      w.WriteFile(out_path, [&](size_t i, std::vector<float>* v) -> absl::Status {
+      w.WriteFile(result.path, [&](size_t i, std::vector<float>* v) -> absl::Status {
         const Source& s = sources[i];
         if (s.hf_name.empty()) {
           *v = rope_freqs;
@@ -391,7 +397,7 @@ absl::StatusOr<GgufExportResult> ExportGguf(const std::string& model_dir,
       });
   RETURN_IF_ERROR(written);
   std::error_code ec;
-  result.file_bytes = std::filesystem::file_size(out_path, ec);
+  result.file_bytes = std::filesystem::file_size(result.path, ec);
   return result;
 }
 

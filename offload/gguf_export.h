@@ -53,6 +53,7 @@ enum class GgufOutType { kAuto, kF32, kF16, kBF16, kQ8_0 };
 absl::StatusOr<GgufOutType> ParseGgufOutType(absl::string_view name);
 
 struct GgufExportResult {
+  std::string path;                                     // the file written
   model::GgmlType matrix_type = model::GgmlType::kF16;  // what kAuto resolved to, or the choice
   int64_t num_tensors = 0;
   uint64_t file_bytes = 0;
@@ -62,8 +63,9 @@ struct GgufExportResult {
 
 // Writes the HF model folder `model_dir` as the GGUF file `out_path` (see the file comment).
 // kAuto = BF16 when config.json's torch_dtype (or dtype) is "bfloat16", else F16 (llama.cpp's
-// default). The file is written as out_path.partial and renamed when complete; an existing
-// `out_path` is refused, never overwritten.
+// default). An empty `out_path` means llama.cpp's default name, <folder name>-<TYPE>.gguf (e.g.
+// smol-Q8_0.gguf), in the current folder. The file is written as PATH.partial and renamed when
+// complete; an existing file is refused, never overwritten.
 // Errors: kAlreadyExists when out_path exists; kInvalidArgument when model_dir is not an HF model
 // folder or out_path's folder is missing; the folder's config and tensor errors
 // (LlamaConfigFromHfJson, HfCheckpoint; kUnimplemented for a tensor dtype other than F32 / BF16

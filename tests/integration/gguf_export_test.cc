@@ -32,8 +32,9 @@ int64_t HeadDimOf(const nlohmann::json& c) {
   return c["hidden_size"].get<int64_t>() / c["num_attention_heads"].get<int64_t>();
 }
 
-absl::StatusOr<client::ExportResult> Export(const std::string& model, const std::string& outtype,
-                                            const std::string& outfile) {
+absl::StatusOr<offload::GgufExportResult> Export(const std::string& model,
+                                                 const std::string& outtype,
+                                                 const std::string& outfile) {
   client::ExportCommand cmd;
   cmd.model = model;
   cmd.format = "gguf";
@@ -93,9 +94,9 @@ TEST(ExportTest, SmolLm2FolderRoundTripsThroughGguf) {
     auto r = Export(dir + "/smol", type, path);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->path, path);
-    EXPECT_EQ(r->gguf.tokenizer_pre, "smollm");
-    EXPECT_EQ(r->gguf.num_tensors, 2 + 9 * 30);  // embed, 30 x (7 linears + 2 norms), norm
-    EXPECT_TRUE(r->gguf.notes.empty());
+    EXPECT_EQ(r->tokenizer_pre, "smollm");
+    EXPECT_EQ(r->num_tensors, 2 + 9 * 30);  // embed, 30 x (7 linears + 2 norms), norm
+    EXPECT_TRUE(r->notes.empty());
     model::LlamaModel back = LoadGguf(path);
     EXPECT_EQ(back.config().NumParameters(), 134515008);
     const auto a = hf.NamedTensors(), b = back.NamedTensors();
@@ -146,8 +147,19 @@ TEST(ExportTest, AutoKeepsBf16AndBiasesRoundTrip) {
   const std::string path = dir + "/llama.gguf";
   auto r = Export(kLlamaJob, "auto", path);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->gguf.matrix_type, model::GgmlType::kBF16);
-  EXPECT_EQ(r->gguf.tokenizer_pre, "llama-bpe");
+  EXPECT_EQ(r->matrix_type, model::GgmlType::kBF16);
+  {
+    // No --outfile: llama.cpp's default name, by the type auto chose, in the current folder.
+    const std::string folder = std::filesystem::absolute(kLlamaJob).string();
+    const std::filesystem::path cwd = std::filesystem::current_path();
+    std::filesystem::current_path(dir);
+    auto named = Export(folder, "auto", "");
+    std::filesystem::current_path(cwd);
+    ASSERT_TRUE(named.ok()) << named.status();
+    EXPECT_EQ(named->path, "llama-job-BF16.gguf");
+    EXPECT_TRUE(std::filesystem::exists(dir + "/llama-job-BF16.gguf"));
+  }
+  EXPECT_EQ(r->tokenizer_pre, "llama-bpe");
   model::LlamaModel hf = LoadFolder(kLlamaJob);
   model::LlamaModel back = LoadGguf(path);
   EXPECT_TRUE(back.config().qkv_bias);
