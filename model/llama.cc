@@ -337,12 +337,18 @@ LlamaModel::LayerInputs LlamaModel::MakeLayerInputs(const at::Tensor& h, const R
   return in;
 }
 
-at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const RowLayout& layout) {
+at::Tensor LlamaModel::Embed(const at::Tensor& input_ids) const {
   at::Tensor h = at::embedding(T(embed_slot_), input_ids);  // (B, T, H)
-  if (config_.embed_scale != 1.0) {
-    // Gemma3TextScaledWordEmbedding: the scale cast to the embedding's dtype first.
-    h = h * at::scalar_tensor(config_.embed_scale, h.options()).item();
-  }
+  if (config_.embed_scale == 1.0) return h;
+  // Gemma3TextScaledWordEmbedding: the scale rounded to the embedding's dtype first (on the
+  // host: no device round trip per forward).
+  const at::Scalar scale =
+      at::scalar_tensor(config_.embed_scale, at::TensorOptions().dtype(h.scalar_type())).item();
+  return h * scale;
+}
+
+at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const RowLayout& layout) {
+  at::Tensor h = Embed(input_ids);  // (B, T, H)
   const LayerInputs full = MakeLayerInputs(h, layout, /*local=*/false);
   const LayerInputs sliding =
       config_.sliding_layers.empty() ? LayerInputs{} : MakeLayerInputs(h, layout, /*local=*/true);
@@ -426,10 +432,7 @@ absl::StatusOr<at::Tensor> LlamaModel::ForwardCached(const at::Tensor& input_ids
   }
   try {
     const int64_t start = cache->length;
-    at::Tensor h = at::embedding(T(embed_slot_), input_ids);  // (B, t, H)
-    if (config_.embed_scale != 1.0) {
-      h = h * at::scalar_tensor(config_.embed_scale, h.options()).item();
-    }
+    at::Tensor h = Embed(input_ids);            // (B, t, H)
     auto [cos, sin] = RopeTables(start, t, h);  // (t, 1, hd) each
     at::Tensor cos_local, sin_local;            // the sliding layers' (Gemma 3)
     if (!config_.sliding_layers.empty()) {

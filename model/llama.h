@@ -324,6 +324,8 @@ class LlamaModel {
   at::Tensor Attention(const at::Tensor& a, int64_t layer, const at::Tensor& cos,
                        const at::Tensor& sin, const at::Tensor& causal_mask);
   at::Tensor LmHead(const at::Tensor& h) const;
+  // embed_tokens rows of input_ids (B, T) int64 -> (B, T, H), times config.embed_scale.
+  at::Tensor Embed(const at::Tensor& input_ids) const;
   // RoPE cos / sin tables (T_len, 1, hd) in like's dtype and device for positions
   // [start, start + T_len); the sign of rotate_half is folded into sin ([-sin, sin]).
   // `local`: the sliding layers' base (RopeInverseFrequencies).
