@@ -9,11 +9,14 @@ Subcommands (each prints what it did; exit 0 on success, 1 on failure, 2 on usag
       enough for model.format "tiny-random", which only reads the tokenizer.
 
   specs --out DIR --device cpu|cuda [--smoke] --data FILE --tokenizer GGUF [--gguf MODEL]
-      Writes DIR/specs/<run>.yaml (one lspctl job per model x mode) and DIR/manifest.json
-      (what the runs are, their shapes and weights for the time budget), and prints one line
-      per run, in execution order (the ~1.1B model first; native, lsp, zero+overlap, zero):
-      "name<TAB>weight<TAB>spec path<TAB>output dir<TAB>arena bytes (estimate)". Sizes come from environment
-      variables (LSPO_DC_*; scripts/device-check's header lists them).
+        [--lspctl LSPCTL --card-mib MIB --lib-path DIR]
+      Writes DIR/specs/<run>.yaml (one lspctl job per model x mode, and the headline runs of
+      scripts/device_check_headline.py, planned with LSPCTL for a card of MIB) and
+      DIR/manifest.json (what the runs are, their shapes, plans and weights for the time
+      budget), and prints one line per run to execute, in execution order (the ~1.1B model's
+      native and lsp, the headline runs, its other modes, the 135M model): "name<TAB>weight
+      <TAB>spec path<TAB>output dir<TAB>arena bytes (estimate)<TAB>cap MiB". Sizes come from
+      environment variables (LSPO_DC_*; scripts/device-check's header lists them).
 
   cuda-targets BUILD_DIR
       Prints the CMake targets that build the CUDA tests, one per line: the aggregate target
@@ -34,8 +37,9 @@ Subcommands (each prints what it did; exit 0 on success, 1 on failure, 2 on usag
       DIR/peers-<model>.json and the CUDA test and build status files, writes RESULTS (default
       DIR/../../results.json, i.e. OUT_DIR) and prints a table: per model x mode the mean step
       seconds (step 1 excluded), tokens/s, peak GPU memory, PCIe GB/s both directions; the
-      peers' steps; and the ratios of the GPU-speed issue's targets (lsp/native, lsp/plain
-      PyTorch, torchao/lsp, zero+overlap/lsp).
+      peers' steps; the ratios of the GPU-speed issue's targets (lsp/native, lsp/plain
+      PyTorch, torchao/lsp, zero+overlap/lsp); and the headline table and targets
+      (device_check_headline.report).
 """
 import datetime
 import json
@@ -44,6 +48,7 @@ import os
 import re
 import sys
 
+import device_check_headline as headline  # noqa: E402  (scripts/device_check_headline.py)
 from gguf_metadata import tokenizer_gguf  # noqa: E402  (scripts/gguf_metadata.py)
 
 # ------------------------------------------------------------------------------------------
@@ -56,21 +61,23 @@ SHAPES = {
     "llama-1.1b": (2048, 5632, 22, 32, 8),  # TinyLlama-1.1B-like, GQA 4:1
 }
 VOCAB = 49152  # SmolLM2 tokenizer
-# Execution order (the table keeps MODES order): the ~1.1B model first, since the targets are
-# stated for it at d = 256, and within a model the runs the targets compare first.
+# Execution order, by priority (the table keeps MODES order): the ~1.1B model first, since the
+# targets are stated for it at d = 256, and within a model the runs the targets compare first;
+# the headline runs (device_check_headline.py) right after the ~1.1B model's native and lsp.
 RUN_ORDER = {"llama-1.1b": 0, "smollm2-135m": 1, "tiny": 2}
 MODES_ORDER = ["native", "lsp", "zero-overlap", "lsp-dense", "lsp-custom", "zero", "lsp-cap",
                "native-cap", "zero-cap"]
 # The capacity check (issue 18): the ~1.1B model under a device memory cap (job spec field
 # device_memory_limit_mb, LSPO_DC_CAP_MB, default 4096 = the paper's 4 GB laptop GPU), micro-batch
 # 1 with activation checkpointing. lsp is expected to fit; native and zero, which keep full
-# gradients (and native the AdamW moments) on the device, to fail as CUDA out of memory.
+# gradients (and native the AdamW moments) on the device, to be refused by the worker's plan.
+# Not in the default list since the headline runs (device_check_headline.py) measure capacity.
 CAP_MODES = [  # name, TrainingMode, schedule
     ("lsp-cap", "MODE_LSP", "overlap"),
     ("native-cap", "MODE_NATIVE", ""),
     ("zero-cap", "MODE_ZERO", "overlap"),
 ]
-DEFAULT_MODES = ("native,lsp,zero-overlap,lsp-dense,lsp-custom,lsp-cap,native-cap,zero-cap")
+DEFAULT_MODES = "native,lsp,zero-overlap,lsp-dense,lsp-custom"
 MODES = [  # name, TrainingMode, schedule, lsp.kernels
     ("native", "MODE_NATIVE", "", ""),
     ("zero", "MODE_ZERO", "serial", ""),
@@ -105,6 +112,11 @@ def _yaml(value, indent=0):
         else:
             lines.append(f"{pad}{k}: {json.dumps(str(v))}")
     return "\n".join(lines)
+
+
+def _write_spec(path, header, spec):
+    with open(path, "w") as f:
+        f.write(f"# scripts/device-check: {header}\n" + _yaml(spec) + "\n")
 
 
 def matrices(shape):
@@ -237,14 +249,12 @@ def make_specs(args):
                 spec["device_memory_limit_mb"] = cap
                 spec["activation_checkpointing"] = True
                 if enum == "MODE_LSP":
-                    # The paper's setting: 16-bit weights alone on the device. The default
-                    # compensated rounding adds a bf16 residual per trained weight (2 B each),
-                    # which put the 1.1B model over 4 GB on the H200 (docs/gpu.md, Results).
+                    # The paper's setting: 16-bit weights alone on the device. Compensated
+                    # rounding (the default until 2026-12-07) adds a bf16 residual per trained
+                    # weight (2 B each), which put the 1.1B model over 4 GB on the H200.
                     spec["lsp"]["apply_rounding"] = "nearest"
             path = os.path.join(spec_dir, name + ".yaml")
-            with open(path, "w") as f:
-                f.write(f"# scripts/device-check: {m['label']}, mode {mode}\n")
-                f.write(_yaml(spec) + "\n")
+            _write_spec(path, f"{m['label']}, mode {mode}", spec)
             manifest["runs"].append(dict(name=name, model=m["key"], model_label=m["label"],
                                          mode=mode, spec=path, output_dir=run_dir,
                                          shape=dict(zip(["hidden_size", "intermediate_size",
@@ -255,14 +265,19 @@ def make_specs(args):
                                          seq_len=seq_len, steps=steps, weight=m["weight"],
                                          device_memory_limit_mb=cap,
                                          apply_rounding=spec["lsp"].get("apply_rounding",
-                                                                        "compensated")))
+                                                                        "stochastic")))
             lines.append((RUN_ORDER.get(m["key"], 9), MODES_ORDER.index(mode),
                           f"{name}\t{m['weight']}\t{path}\t{run_dir}\t"
-                          f"{arena_bytes(shape, enum, m['d'], r)}"))
+                          f"{arena_bytes(shape, enum, m['d'], r)}\t{cap}"))
+    hl_runs, hl_lines = headline.make_specs(dict(
+        args, spec_dir=spec_dir, fit_iters=fit_iters, calib=calib, calib_mb=calib_mb,
+        card_mib=headline.card_mib(args.get("card-mib")), write_spec=_write_spec))
+    manifest["runs"] += hl_runs
+    lines += [(RUN_ORDER["llama-1.1b"], MODES_ORDER.index("lsp") + 0.5) + hl for hl in hl_lines]
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     for line in sorted(lines):
-        print(line[2])
+        print(line[-1])
 
 
 # ------------------------------------------------------------------------------------------
@@ -379,8 +394,8 @@ def memory_model(run):
     """Static part of the lsp peak-memory formula (docs/gpu.md), bytes.
 
     bf16 trained matrices (2 bytes each), fp32 embedding/norms (4 bytes), the bf16
-    compensation residuals (2 bytes per trained element, lsp.apply_rounding compensated, the
-    default; none for nearest), projectors on the device as int64 positions + fp32 values
+    compensation residuals (2 bytes per trained element, lsp.apply_rounding compensated; none
+    for stochastic, the default since 2026-12-07, or nearest), projectors on the device as int64 positions + fp32 values
     ((m + n) r (8 + 4)), one fp32 S accumulator (d, d) per matrix, and kStagingSlots = 4
     upload staging buffers of d^2 fp32.
     """
@@ -451,8 +466,8 @@ def aggregate(detail, results_path):
     state = _read_kv(os.path.join(detail, "state.txt"))
     runs = []
     for run in manifest["runs"]:
-        st = status.get(run["name"], {"status": "not run", "rc": None, "wall_seconds": None,
-                                      "timeout_seconds": None})
+        st = status.get(run["name"], {"status": run.get("status_without_run", "not run"),
+                                      "rc": None, "wall_seconds": None, "timeout_seconds": None})
         res = {k: run[k] for k in ("name", "model", "model_label", "mode", "d", "r",
                                    "micro_batch_size", "seq_len", "steps")}
         res.update(st)
@@ -466,12 +481,17 @@ def aggregate(detail, results_path):
                     except ValueError:
                         pass
         res.update(summarise_run(rows))
+        res["process_max_rss_bytes"] = headline.read_rusage(run["output_dir"])
         cap = run.get("device_memory_limit_mb", 0)
         res["device_memory_limit_mb"] = cap
         if st["status"] != "ok":
             res["log_tail"] = _tail(os.path.join(run["output_dir"], "lspctl.log"))
-            if cap and "out of memory" in res["log_tail"]:
+            if cap and "will not fit" in res["log_tail"]:
+                res["status"] = "refused by plan"  # the worker's check, before loading
+            elif cap and "out of memory" in res["log_tail"]:
                 res["status"] = "oom at cap"
+        if run.get("group") == "headline":
+            headline.annotate(res, run)
         if run["mode"].startswith("lsp"):
             mm = memory_model(run)
             peak = res.get("peak_gpu_allocated_bytes")
@@ -480,16 +500,18 @@ def aggregate(detail, results_path):
                 peak - mm["static_bytes"] if peak is not None else None)
             res["memory_model"] = mm
         runs.append(res)
+    speed = [r for r in runs if not r.get("group")]  # the headline runs have their own table
+    hl_section, hl_lines = headline.report([r for r in runs if r.get("group") == "headline"])
     peers = {}
-    for model in dict.fromkeys(r["model"] for r in runs):
+    for model in dict.fromkeys(r["model"] for r in speed):
         try:
             with open(os.path.join(detail, f"peers-{model}.json")) as f:
                 peers[model] = json.load(f)
         except (OSError, ValueError):
             pass
     comparisons = {}
-    for model in dict.fromkeys(r["model"] for r in runs):
-        by = {r["mode"]: r for r in runs if r["model"] == model and r["status"] == "ok"}
+    for model in dict.fromkeys(r["model"] for r in speed):
+        by = {r["mode"]: r for r in speed if r["model"] == model and r["status"] == "ok"}
         t = {m: by[m]["mean_step_seconds"] if m in by else None
              for m in ("native", "zero", "zero-overlap", "lsp", "lsp-custom", "lsp-dense")}
         pt = {k: v.get("step_s") for k, v in peers.get(model, {}).get("peers", {}).items()
@@ -504,7 +526,7 @@ def aggregate(detail, results_path):
              "lsp_over_transformers_step": _ratio(t["lsp"], pt.get("hf")),
              "torchao_offload_over_lsp_step": _ratio(pt.get("torchao"), t["lsp"]),
              "native_over_plain_pytorch_step": _ratio(t["native"], pt.get("torch"))}
-        d = next((r["d"] for r in runs if r["model"] == model), None)
+        d = next((r["d"] for r in speed if r["model"] == model), None)
 
         def met(v, ok):
             return ok(v) if v is not None else None
@@ -545,6 +567,7 @@ def aggregate(detail, results_path):
         "runs": runs,
         "peers": peers,
         "comparisons": comparisons,
+        "headline": hl_section,
     }
     tmp = results_path + ".partial"
     with open(tmp, "w") as f:
@@ -554,14 +577,14 @@ def aggregate(detail, results_path):
     head = ["model", "mode", "status", "step s", "tok/s", "peak alloc GiB", "used GiB",
             "D2H GB/s", "H2D GB/s"]
     table = [head]
-    for r in runs:
+    for r in speed:
         table.append([r["model"], r["mode"], r["status"], _num(r["mean_step_seconds"], ".3f"),
                       _num(r["tokens_per_second"], ".0f"), _gib(r["peak_gpu_allocated_bytes"]),
                       _gib(r["peak_gpu_memory_used_bytes"]), _num(r["d2h_gbps"], ".1f"),
                       _num(r["h2d_gbps"], ".1f")])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
-    for r in runs:
+    for r in speed:
         ph = r.get("mean_device_phase_seconds") or {}
         if ph:
             lines.append(f"device time {r['model']} {r['mode']}: " + ", ".join(
@@ -585,13 +608,14 @@ def aggregate(detail, results_path):
                      f" (>= 2.5), zero/lsp {_num(c['zero_over_lsp_step'], '.2f')}x,"
                      f" lsp-dense/lsp {_num(c['lsp_dense_over_lsp_step'], '.2f')}x,"
                      f" lsp-custom/lsp {_num(c['lsp_custom_over_lsp_step'], '.2f')}x")
-    capped = [r for r in runs if r["device_memory_limit_mb"]]
+    capped = [r for r in speed if r["device_memory_limit_mb"]]
     if capped:
         lines.append(f"under a {capped[0]['device_memory_limit_mb']} MiB device cap (micro-batch 1,"
                      " activation checkpointing): " + ", ".join(
                          f"{r['model']} {r['mode']} {r['status']}"
                          + (f" (peak {_gib(r['peak_gpu_allocated_bytes'])} GiB)"
                             if r["status"] == "ok" else "") for r in capped))
+    lines += hl_lines
     lines.append(f"build: {results['build']}; CUDA tests: {results['cuda_tests']['status']}"
                  f" {results['cuda_tests']['summary']}".rstrip())
     lines.append(f"results: {results_path}")
@@ -611,13 +635,14 @@ def peers_args(detail):
 
 
 def _parse_specs_args(argv):
-    args = {"smoke": False, "gguf": ""}
+    args = {"smoke": False, "gguf": "", "lspctl": "", "lib_path": ""}
     it = iter(argv)
     for a in it:
         if a == "--smoke":
             args["smoke"] = True
-        elif a in ("--out", "--device", "--data", "--tokenizer", "--gguf"):
-            args[a[2:]] = next(it)
+        elif a in ("--out", "--device", "--data", "--tokenizer", "--gguf", "--lspctl",
+                   "--card-mib", "--lib-path"):
+            args[a[2:].replace("lib-path", "lib_path")] = next(it)
         else:
             raise SystemExit(f"device_check specs: unknown argument {a}")
     for k in ("out", "device", "data", "tokenizer"):
