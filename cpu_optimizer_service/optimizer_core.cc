@@ -21,6 +21,7 @@
 #include "offload/arena_tensors.h"
 #include "offload/hf_export.h"
 #include "offload/job_assets.h"
+#include "offload/memory_plan.h"
 #include "offload/spec_paths.h"
 #include "offload/state_file.h"
 #include "offload/torch_call.h"
@@ -234,6 +235,15 @@ absl::StatusOr<lspo::v1::LoadJobReply> OptimizerCore::LoadJob(const std::string&
                      lspo::v1::TrainingMode_Name(layout.mode()), " but the job spec's mode is ",
                      lspo::v1::TrainingMode_Name(spec_mode),
                      ": load the job on the worker and the optimizer with the same spec"));
+  }
+  {
+    // A host without the memory for the fp32 master and the optimizer state is refused
+    // before a weight is read (issue 42). A config that cannot be read is left to
+    // LoadJobModel below, which names the problem.
+    absl::StatusOr<model::LlamaConfig> config = offload::LoadJobModelConfig(spec);
+    if (config.ok()) {
+      RETURN_IF_ERROR(offload::CheckOptimizerHostMemory(spec, *config, spec_mode, layout.bytes()));
+    }
   }
   auto t0 = std::chrono::steady_clock::now();
   at::set_num_threads(spec.num_threads());

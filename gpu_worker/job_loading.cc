@@ -229,8 +229,7 @@ absl::StatusOr<std::vector<at::Tensor>> PlaceModel(WorkerJob* job, bool use_cuda
   const JobSpec& spec = job->spec;
   auto& model = *job->model;
   std::vector<at::Tensor> residuals;  // per linear (m, n) bf16, CPU
-  if (spec.weight_dtype() == lspo::v1::WEIGHT_DTYPE_BF16 ||
-      (use_cuda && spec.weight_dtype() == lspo::v1::WEIGHT_DTYPE_UNSPECIFIED)) {
+  if (offload::SixteenBitWorkerWeights(spec, use_cuda)) {
     if (offload::ModeOf(spec).keeps_residual(spec)) {
       RETURN_IF_ERROR(offload::TorchCall("compensation residuals", [&]() -> absl::Status {
         at::NoGradGuard no_grad;
@@ -242,6 +241,9 @@ absl::StatusOr<std::vector<at::Tensor>> PlaceModel(WorkerJob* job, bool use_cuda
       }));
     }
     RETURN_IF_ERROR(model.SetLinearStorageDtype(at::kBFloat16));
+    // On a GPU the frozen embedding, head and norms too (fp32 masters stay on the host with
+    // the optimizer or in the input file); the CPU keeps them fp32, whose bf16 GEMMs are slow.
+    if (use_cuda) RETURN_IF_ERROR(model.SetFrozenStorageDtype(at::kBFloat16));
   }
   if (!use_cuda) {
     // Undo a previous CUDA job's TF32 setting (process-wide): CPU jobs keep exact fp32.

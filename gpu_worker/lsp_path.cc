@@ -91,7 +91,11 @@ absl::Status LspPath::AttachGradients(WorkerJob* job) {
       s_accum_[i] = s;  // a fresh (d_p, d_q) fp32 tensor of this backward (lsp_linear.h)
     }
     if (job->progress.publish_step > 0 && !job->progress.publish_failed) {
-      PublishGradient(job, i, s_accum_[i], job->progress.publish_step);
+      const bool sent = PublishGradient(job, i, s_accum_[i], job->progress.publish_step);
+      // Overlap schedule, one micro-batch: nothing reads this S again once it is on its way
+      // (the copy holds it until it lands), so it is freed then instead of living, with every
+      // other matrix's, until the next step (issue 42: the S memory of a few layers, not all).
+      if (sent && !persistent_s_) s_accum_[i] = at::Tensor();
     }
   });
   return absl::OkStatus();
@@ -167,7 +171,8 @@ absl::Status LspPath::Land(WorkerJob* job, int64_t i, uint32_t step, at::Tensor&
     lsp::ApplyStepFused(w, &comp_[i], p_[i], d, q_[i], decay, lsp::Rounding::kCompensated, 0,
                         kernels_);
   } else {
-    const bool stochastic = job->spec.lsp().apply_rounding() == lspo::v1::APPLY_ROUNDING_STOCHASTIC;
+    const bool stochastic =
+        offload::LspApplyRounding(job->spec) == lspo::v1::APPLY_ROUNDING_STOCHASTIC;
     // The noise depends only on the job's seed, the step and the matrix: resumes and data-
     // parallel ranks round alike.
     lsp::ApplyStepFused(w, nullptr, p_[i], d, q_[i], decay,
@@ -203,7 +208,7 @@ void LspPath::RefreshFromMaster(WorkerJob* job, int64_t i, const at::Tensor& mas
     w.copy_(master);
     return;
   }
-  comp_[i] = lsp::RoundWithResidual(w, master);
+  comp_[i] = lsp::RoundWithResidual(w, master.to(w.device()));
 }
 
 absl::Status LspPath::InstallProjectors(WorkerJob* job, int64_t i, lsp::SparseProjector p,

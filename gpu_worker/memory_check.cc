@@ -19,21 +19,6 @@ namespace lspo::worker {
 
 using lspo::v1::JobSpec;
 
-namespace {
-
-// Physical memory of this host (MemTotal of /proc/meminfo), bytes; 0 when unreadable.
-int64_t HostMemoryBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  int64_t kb = 0;
-  while (in >> key >> kb >> unit) {
-    if (key == "MemTotal:") return kb * 1024;
-  }
-  return 0;
-}
-
-}  // namespace
-
 absl::Status CheckJobFitsDevice(JobSpec* spec_in, bool cuda, bool skip,
                                 std::vector<std::string>* chosen) {
   if (skip) {
@@ -66,7 +51,7 @@ absl::Status CheckJobFitsDevice(JobSpec* spec_in, bool cuda, bool skip,
                            info->total_bytes / double(1LL << 30),
                            offload::kCudaContextBytes / double(1LL << 30));
   } else {
-    budget = HostMemoryBytes();
+    budget = offload::PhysicalHostMemoryBytes();
     what = "this host's physical memory";
     if (budget <= 0) return absl::OkStatus();
   }

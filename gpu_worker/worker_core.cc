@@ -97,6 +97,12 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(
         " caps a CUDA worker's device memory, but this job runs on the CPU: remove the field, "
         "or run with device: cuda on a GPU host"));
   }
+  if (offload::ModeOf(spec).learned_projectors && !spec.lsp().has_refresh_every()) {
+    // Resolved here, where the weights' dtype is known, before data-parallel ranks compare
+    // their specs (a resumed rank has its checkpoint's); the scheduler adopts it.
+    spec.mutable_lsp()->set_refresh_every(
+        offload::LspRefreshEvery(spec, offload::SixteenBitWorkerWeights(spec, use_cuda)));
+  }
   RETURN_IF_ERROR(CheckJobFitsDevice(&spec, use_cuda, skip_memory_check_, &chosen));
   // Unset and not chosen (the CPU, data parallel, an unreadable config, the check skipped).
   if (spec.micro_batch_size() < 1) spec.set_micro_batch_size(offload::kDefaultMicroBatchSize);
@@ -161,6 +167,7 @@ absl::StatusOr<lspo::v1::LoadJobReply> WorkerCore::LoadJob(
   reply.set_device(device);
   reply.set_activation_checkpointing(spec.activation_checkpointing());
   reply.set_micro_batch_size(spec.micro_batch_size());
+  reply.set_refresh_every(spec.lsp().refresh_every());
   for (const std::string& line : chosen) reply.add_chosen_settings(line);
   reply.set_agreed_resume_step(agreed_resume_step);
   reply.set_seconds(runtime::SecondsSince(t0));
@@ -318,7 +325,14 @@ absl::StatusOr<lspo::v1::ApplyReply> WorkerCore::ApplyUpdates(
 }
 
 absl::StatusOr<lspo::v1::LayerWeightsReply> WorkerCore::ImportLayerWeights(
-    const std::string& job_id, int layer, bool measure_only) {
+    const lspo::v1::LayerWeightsRequest& request) {
+  const std::string& job_id = request.job_id();
+  const int layer = request.layer();
+  const bool measure_only = request.measure_only();
+  if (measure_only && request.skip_measure()) {
+    return absl::InvalidArgumentError(
+        "ImportLayerWeights: measure_only and skip_measure together would do nothing");
+  }
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(WorkerJob * job, slot_.Find(job_id));
   RETURN_IF_ERROR(LspPathOf(job, "ImportLayerWeights").status());
@@ -328,6 +342,25 @@ absl::StatusOr<lspo::v1::LayerWeightsReply> WorkerCore::ImportLayerWeights(
         absl::StrCat("ImportLayerWeights: layer ", layer, " is not in [0, ", num_layers, ")"));
   }
   lspo::v1::LayerWeightsReply reply;
+  if (request.skip_measure()) {
+    RETURN_IF_ERROR(offload::TorchCall("refresh layer weights", [&]() -> absl::Status {
+      RETURN_IF_ERROR(ApplyPending(job, layer));  // The other layers' updates stay deferred.
+      ASSIGN_OR_RETURN(at::Tensor staging,        // fp32, a view of the arena (host)
+                       offload::ArenaF32(job->plane.arena, job->plane.layout.staging()));
+      ASSIGN_OR_RETURN(LspPath * lsp_path, LspPathOf(job, "ImportLayerWeights"));
+      at::NoGradGuard no_grad;
+      int64_t offset = 0;
+      for (int64_t k = 0; k < model::kLinearsPerLayer; ++k) {
+        const int64_t i = layer * model::kLinearsPerLayer + k;
+        const at::Tensor& w = job->model->LinearWeight(i);
+        // (m, n) fp32 on the host: copied into w's dtype and device by RefreshFromMaster.
+        lsp_path->RefreshFromMaster(job, i, staging.narrow(0, offset, w.numel()).view(w.sizes()));
+        offset += w.numel();
+      }
+      return absl::OkStatus();
+    }));
+    return reply;
+  }
   RETURN_IF_ERROR(offload::TorchCall("import layer weights", [&]() -> absl::Status {
     RETURN_IF_ERROR(ApplyPending(job, -1));
     // (largest layer's sum of m n) fp32, a view of the arena.

@@ -115,13 +115,18 @@ class WorkerCore {
   absl::StatusOr<lspo::v1::SaveReply> SaveArtifacts(const std::string& job_id,
                                                     const std::string& dir);
 
-  // Master-weight refresh (MODE_LSP): copies decoder layer `layer`'s 7 matrices from the
-  // arena staging region (fp32, linear order, written by the optimizer's
-  // ExportLayerWeights) into the model, after flushing pending updates. reply.max_abs_change
-  // = max |W_worker - W_master| before the copy; `measure_only` skips the copy (drift
-  // report). Errors: kInvalidArgument (bad layer), kFailedPrecondition (not MODE_LSP).
-  absl::StatusOr<lspo::v1::LayerWeightsReply> ImportLayerWeights(const std::string& job_id,
-                                                                 int layer, bool measure_only);
+  // Master-weight refresh (MODE_LSP): copies decoder layer `request.layer`'s 7 matrices from
+  // the arena staging region (fp32, linear order, written by the optimizer's
+  // ExportLayerWeights) into the model (rounded to the stored dtype; compensated rounding
+  // resets its residuals), after flushing pending updates. reply.max_abs_change
+  // = max |W_worker - W_master| before the copy, max_abs_drift / max_drift_ulps the drift
+  // beyond one rounding; `measure_only` skips the copy (drift report); `skip_measure` copies
+  // without measuring (the rolling refresh: only this layer's pending updates are flushed, the
+  // fp32 weights are converted on the host, reply all 0).
+  // Errors: kInvalidArgument (bad layer; measure_only with skip_measure),
+  // kFailedPrecondition (not MODE_LSP), kNotFound (no such job).
+  absl::StatusOr<lspo::v1::LayerWeightsReply> ImportLayerWeights(
+      const lspo::v1::LayerWeightsRequest& request);
 
   // Checkpoint (exact resume): flushes pending updates, then writes
   // `dir`/worker_state.safetensors: every trained matrix as stored (fp32 or bf16, HF names),

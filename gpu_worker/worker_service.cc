@@ -42,8 +42,7 @@ grpc::Status WorkerService::SaveArtifacts(grpc::ServerContext*, const lspo::v1::
 grpc::Status WorkerService::ImportLayerWeights(grpc::ServerContext*,
                                                const lspo::v1::LayerWeightsRequest* req,
                                                lspo::v1::LayerWeightsReply* out) {
-  return rpc::Reply(core_->ImportLayerWeights(req->job_id(), req->layer(), req->measure_only()),
-                    out);
+  return rpc::Reply(core_->ImportLayerWeights(*req), out);
 }
 grpc::Status WorkerService::AbortStep(grpc::ServerContext*, const lspo::v1::AbortStepRequest* req,
                                       lspo::v1::AbortStepReply*) {

@@ -312,7 +312,11 @@ at::Tensor LlamaModel::Attention(const at::Tensor& a, int64_t layer, const at::T
 }
 
 at::Tensor LlamaModel::LmHead(const at::Tensor& h) const {
-  return at::matmul(h, T(lm_head_slot_).t());  // (..., H) x (H, V) -> (..., V)
+  const at::Tensor& w = T(lm_head_slot_);                               // (V, H)
+  if (w.scalar_type() == h.scalar_type()) return at::matmul(h, w.t());  // (..., V)
+  // A 16-bit head (SetFrozenStorageDtype): the GEMM in its dtype (fp32 accumulation), as
+  // autocast runs it, instead of a (V, H) upcast copy per call; logits in h's dtype.
+  return at::matmul(h.to(w.scalar_type()), w.t()).to(h.scalar_type());  // (..., V)
 }
 
 LlamaModel::LayerInputs LlamaModel::MakeLayerInputs(const at::Tensor& h, const RowLayout& layout,
@@ -338,13 +342,16 @@ LlamaModel::LayerInputs LlamaModel::MakeLayerInputs(const at::Tensor& h, const R
 }
 
 at::Tensor LlamaModel::Embed(const at::Tensor& input_ids) const {
-  at::Tensor h = at::embedding(T(embed_slot_), input_ids);  // (B, T, H)
-  if (config_.embed_scale == 1.0) return h;
-  // Gemma3TextScaledWordEmbedding: the scale rounded to the embedding's dtype first (on the
-  // host: no device round trip per forward).
-  const at::Scalar scale =
-      at::scalar_tensor(config_.embed_scale, at::TensorOptions().dtype(h.scalar_type())).item();
-  return h * scale;
+  at::Tensor h = at::embedding(T(embed_slot_), input_ids);  // (B, T, H) embedding's dtype
+  if (config_.embed_scale != 1.0) {
+    // Gemma3TextScaledWordEmbedding: the scale rounded to the embedding's dtype first (on the
+    // host: no device round trip per forward), the product in that dtype.
+    const at::Scalar scale =
+        at::scalar_tensor(config_.embed_scale, at::TensorOptions().dtype(h.scalar_type())).item();
+    h = h * scale;
+  }
+  // A 16-bit embedding (SetFrozenStorageDtype): the residual stream stays fp32.
+  return h.scalar_type() == at::kFloat ? h : h.to(at::kFloat);
 }
 
 at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const RowLayout& layout) {

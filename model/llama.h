@@ -279,6 +279,16 @@ class LlamaModel {
   // bf16) on CPUs without fast bf16 matmul. kInvalidArgument for other dtypes.
   absl::Status SetLinearStorageDtype(at::ScalarType dtype);
 
+  // Storage dtype of the frozen tensors that are not linears: the embedding, an untied lm_head
+  // and every norm weight (biases stay fp32), at::kFloat or at::kBFloat16; a tensor that
+  // requires a gradient (a test training a tied embedding) is left as it is. Compute stays
+  // fp32: the embedding's rows are upcast after Gemma's scale, a norm multiplies its fp32
+  // statistics by the weight's exact value, and the head's GEMMs run in its dtype with fp32
+  // output (LmHead; the loss's LinearCrossEntropySum, as autocast runs a bf16 head). A CUDA
+  // worker stores them in bf16 (issue 42: 2 bytes per parameter less). kInvalidArgument for
+  // other dtypes.
+  absl::Status SetFrozenStorageDtype(at::ScalarType dtype);
+
   // Moves every model tensor and the LinearImpl's tensors to `device` (e.g. cuda:0),
   // keeping dtypes and requires_grad flags; references from LinearWeight() taken before the
   // call are stale afterwards (re-fetch them; optimizers and hooks must be set up after).

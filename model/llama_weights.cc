@@ -195,6 +195,25 @@ absl::Status LlamaModel::SetLinearStorageDtype(at::ScalarType dtype) {
   return absl::OkStatus();
 }
 
+absl::Status LlamaModel::SetFrozenStorageDtype(at::ScalarType dtype) {
+  if (dtype != at::kFloat && dtype != at::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frozen tensor storage dtype must be fp32 or bf16, got ",
+                     std::string(c10::toString(dtype))));
+  }
+  std::vector<bool> keep(tensors_.size(), false);  // linears and biases keep theirs
+  for (int64_t s : linear_slot_) keep[static_cast<size_t>(s)] = true;
+  for (int64_t s : bias_slot_) {
+    if (s >= 0) keep[static_cast<size_t>(s)] = true;
+  }
+  for (size_t s = 0; s < tensors_.size(); ++s) {
+    at::Tensor& t = tensors_[s];
+    if (keep[s] || t.requires_grad() || t.scalar_type() == dtype) continue;
+    t = t.detach().to(dtype);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LlamaModel::To(const at::Device& device) {
   try {
     std::vector<at::Tensor> moved;

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "model/loss_blocks.h"
 #include "offload/arena_layout.h"
 #include "offload/mode_plans.h"
@@ -107,8 +109,7 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
   plan.tokens = B * T;
   plan.checkpointing = spec.activation_checkpointing();
   // worker_core.cc LoadJob: bf16 storage when asked, or on CUDA unless fp32 is asked.
-  const bool bf16 = spec.weight_dtype() == lspo::v1::WEIGHT_DTYPE_BF16 ||
-                    (cuda && spec.weight_dtype() == lspo::v1::WEIGHT_DTYPE_UNSPECIFIED);
+  const bool bf16 = SixteenBitWorkerWeights(spec, cuda);
   const int64_t w = bf16 ? 2 : 4;
   plan.weight_bytes = w;
   const char* wname = bf16 ? "bf16" : "fp32";
@@ -125,10 +126,21 @@ absl::StatusOr<MemoryPlan> PlanJobMemory(const JobSpec& spec, const model::Llama
   plan.trained_parameters = p_lin;
   plan.trained_matrices = static_cast<int64_t>(linears.size());
 
-  // Static device memory: model/llama.cc keeps the trained matrices in the storage dtype and
-  // the embedding, norms and biases in fp32 (SetLinearStorageDtype).
+  // Static device memory: model/llama.cc keeps the trained matrices in the storage dtype
+  // (SetLinearStorageDtype); a CUDA worker with 16-bit weights keeps the embedding, head and
+  // norms in bf16 too (SetFrozenStorageDtype, worker job_loading.cc PlaceModel), the biases
+  // in fp32; otherwise all three in fp32.
   AddPlanTerm(&plan.device_static, absl::StrCat("trained weights (", wname, ")"), w * p_lin);
-  AddPlanTerm(&plan.device_static, "embedding, norms (fp32)", 4 * p_rest);
+  const int64_t p_bias =
+      c.num_layers *
+      ((c.qkv_bias ? c.num_heads * c.head_dim + 2 * c.num_kv_heads * c.head_dim : 0) +
+       (c.o_bias ? H : 0));
+  if (cuda && bf16) {
+    AddPlanTerm(&plan.device_static, "embedding, norms (bf16)", 2 * (p_rest - p_bias));
+    if (p_bias > 0) AddPlanTerm(&plan.device_static, "biases (fp32)", 4 * p_bias);
+  } else {
+    AddPlanTerm(&plan.device_static, "embedding, norms (fp32)", 4 * p_rest);
+  }
 
   ModePlanContext mc{spec, linears, cuda, bf16, w, wname, max_mn, p_lin, p_total, &plan};
   mc.summed = p_lin;
@@ -250,6 +262,43 @@ absl::StatusOr<std::vector<std::string>> ChooseFittingDefaults(JobSpec* spec,
       b, kMaxChosenMicroBatch, std::string(DescriptorOf(mode).name).c_str(), peak / kGiB,
       device_bytes / kGiB, spec->activation_checkpointing() ? "on" : "off"));
   return lines;
+}
+
+int64_t PhysicalHostMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kb = 0;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemTotal:") return kb * 1024;
+  }
+  return 0;
+}
+
+absl::Status CheckOptimizerHostMemory(const JobSpec& spec, const model::LlamaConfig& config,
+                                      lspo::v1::TrainingMode mode, int64_t arena_bytes) {
+  const int64_t host = PhysicalHostMemoryBytes();
+  if (host <= 0) return absl::OkStatus();
+  // A spec the planner cannot plan (an unset seq_len of a direct caller) cannot be judged.
+  absl::StatusOr<MemoryPlan> planned = PlanJobMemory(spec, config, mode, /*cuda=*/false);
+  if (!planned.ok()) return absl::OkStatus();
+  const MemoryPlan& plan = *planned;
+  const int64_t need = plan.OptimizerHost() + arena_bytes;
+  if (need <= host) return absl::OkStatus();
+  constexpr double kGiB = 1LL << 30;
+  std::vector<PlanTerm> terms = plan.optimizer_host;
+  terms.push_back({"shared-memory arena", arena_bytes});
+  std::sort(terms.begin(), terms.end(),
+            [](const PlanTerm& a, const PlanTerm& b) { return a.bytes > b.bytes; });
+  std::vector<std::string> rows;
+  for (size_t i = 0; i < terms.size() && i < 3; ++i) {
+    rows.push_back(absl::StrFormat("%s %.2f GiB", terms[i].name, terms[i].bytes / kGiB));
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "the optimizer service needs %.2f GiB of host memory for this %s job (%s) but this host "
+      "has %.2f GiB: run the optimizer service on a host with more memory, or train a smaller "
+      "model (a smaller lsp.d shrinks the subspace state); `lspctl plan --spec=FILE` prints "
+      "the whole plan",
+      need / kGiB, std::string(DescriptorOf(mode).name), absl::StrJoin(rows, ", "), host / kGiB));
 }
 
 absl::StatusOr<FitAnswer> FitOnDevice(const JobSpec& spec, const model::LlamaConfig& config,

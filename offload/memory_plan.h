@@ -151,6 +151,18 @@ struct FitAnswer {
   bool fits_with_nearest_rounding = false;
 };
 
+// Physical memory of this host (MemTotal of /proc/meminfo), bytes; 0 when it cannot be read.
+int64_t PhysicalHostMemoryBytes();
+
+// The optimizer service's host memory for a job: PlanJobMemory's optimizer rows plus the
+// job's shared-memory arena (`arena_bytes`), against this host's physical memory. OK when it
+// fits or cannot be judged (no /proc/meminfo, a spec PlanJobMemory refuses); else
+// kResourceExhausted naming the need, its largest rows, the host's memory and the fixes
+// (issue 42: refused before a weight is read).
+absl::Status CheckOptimizerHostMemory(const lspo::v1::JobSpec& spec,
+                                      const model::LlamaConfig& config, lspo::v1::TrainingMode mode,
+                                      int64_t arena_bytes);
+
 // Searches the plan (monotone in micro-batch and d) for the largest settings whose device
 // peak is at most `device_bytes` (the allocator's budget: a card's memory minus
 // kCudaContextBytes, or a device_memory_limit_mb cap). Micro-batches are searched up to

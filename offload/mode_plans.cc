@@ -70,12 +70,25 @@ absl::Status PlanLspTerms(ModePlanContext* c) {
     AddPlanTerm(&plan->device_static, "dense projectors (lsp.compression: dense, fp32)", dense);
   }
   // gpu_worker/lsp_path.h s_accum_: accumulators for the whole job only with grad_accum
-  // > 1; with one micro-batch each S lives from its backward to its publication (counted
-  // at the end of the backward, all of them: the serial schedule's case).
+  // > 1. With one micro-batch each S lives from its backward to its publication: the serial
+  // schedule publishes them all at the end of the backward (all counted there); the overlap
+  // schedule as each is formed, freeing it once its copy has landed, so about two layers' S
+  // are alive at once (the layer whose copies are on the link and the one being formed: one
+  // layer's S is 46 MB at d = 1280, ~2 ms of PCIe against a layer's backward).
   if (spec.grad_accum() > 1) {
     AddPlanTerm(&plan->device_static, "S accumulators (fp32)", 4 * c->subspace);
-  } else {
+  } else if (spec.schedule() == lspo::v1::STEP_SCHEDULE_SERIAL) {
     c->s_transient = 4 * c->subspace;
+  } else {
+    int64_t layer_s = 0, most = 0;
+    for (size_t i = 0; i < subs.size(); ++i) {
+      layer_s += subs[i].numel();
+      if ((i + 1) % kPlanLinears == 0 || i + 1 == subs.size()) {
+        most = std::max(most, layer_s);
+        layer_s = 0;
+      }
+    }
+    c->s_transient = 4 * std::min(c->subspace, 2 * most);
   }
   // device_offload.h kStagingSlots upload buffers (CUDA).
   if (c->cuda) AddPlanTerm(&plan->device_static, "upload staging (4 slots)", 4 * 4 * max_dd);

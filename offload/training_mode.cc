@@ -36,10 +36,31 @@ absl::Status Bad(absl::string_view field, const std::string& value, absl::string
 }
 
 // ---- lsp ----
+}  // namespace
+
+lspo::v1::ApplyRounding LspApplyRounding(const JobSpec& spec) {
+  const lspo::v1::ApplyRounding r = spec.lsp().apply_rounding();
+  return r == lspo::v1::APPLY_ROUNDING_UNSPECIFIED ? lspo::v1::APPLY_ROUNDING_STOCHASTIC : r;
+}
+
+bool SixteenBitWorkerWeights(const JobSpec& spec, bool cuda) {
+  return spec.weight_dtype() == lspo::v1::WEIGHT_DTYPE_BF16 ||
+         (cuda && spec.weight_dtype() == lspo::v1::WEIGHT_DTYPE_UNSPECIFIED);
+}
+
+int32_t LspRefreshEvery(const JobSpec& spec, bool sixteen_bit_weights) {
+  if (spec.lsp().has_refresh_every()) return spec.lsp().refresh_every();
+  const bool refresh_allowed = spec.lsp().master_refresh() != lspo::v1::MASTER_REFRESH_NEVER;
+  return sixteen_bit_weights && refresh_allowed &&
+                 LspApplyRounding(spec) != lspo::v1::APPLY_ROUNDING_COMPENSATED
+             ? kDefaultRefreshEvery
+             : 0;
+}
+
+namespace {
 
 bool LspKeepsResidual(const JobSpec& spec) {
-  const lspo::v1::ApplyRounding r = spec.lsp().apply_rounding();
-  return r == lspo::v1::APPLY_ROUNDING_UNSPECIFIED || r == lspo::v1::APPLY_ROUNDING_COMPENSATED;
+  return LspApplyRounding(spec) == lspo::v1::APPLY_ROUNDING_COMPENSATED;
 }
 
 absl::StatusOr<lspo::v1::ArenaLayout> LspLayout(const std::vector<LinearShape>& linears,

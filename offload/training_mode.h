@@ -83,6 +83,25 @@ struct ModeDescriptor {
 
 // Every mode, in the order plans and help texts list them: lsp, zero, native, lora, galore,
 // galore-offload.
+// lsp.apply_rounding as the worker runs it with 16-bit weights: the spec's, and unset =
+// stochastic (proto ApplyRounding; compensated until 2026-12-07).
+lspo::v1::ApplyRounding LspApplyRounding(const lspo::v1::JobSpec& spec);
+
+// lsp.refresh_every of a job whose rounding keeps no residual on 16-bit weights: each weight
+// re-rounded from the master once every 100 steps (docs/fidelity.md: the drift this bounds
+// and what it costs).
+inline constexpr int32_t kDefaultRefreshEvery = 100;
+
+// Whether a worker stores its trained weights in 16 bits: weight_dtype bf16, or unset on a
+// CUDA worker (`cuda`); the CPU's default is fp32.
+bool SixteenBitWorkerWeights(const lspo::v1::JobSpec& spec, bool cuda);
+
+// lsp.refresh_every as the worker resolves it at LoadJob (steps; 0 = no rolling refresh): the
+// spec's when set; unset, kDefaultRefreshEvery when `sixteen_bit_weights` (the worker's storage
+// dtype is bf16 or fp16), LspApplyRounding keeps no residual and lsp.master_refresh is not never,
+// else 0.
+int32_t LspRefreshEvery(const lspo::v1::JobSpec& spec, bool sixteen_bit_weights);
+
 absl::Span<const ModeDescriptor> AllModes();
 
 // The descriptor of `mode`; MODE_UNSPECIFIED is lsp (the proto's default). A value this

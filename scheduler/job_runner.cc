@@ -111,6 +111,11 @@ absl::Status JobRunner::Load() {
   // after a scheduler restart may still be loaded there (the actors outlived the scheduler):
   // unload it first (unknown ids are ignored; a dead actor fails at LoadJob below).
   Phase("loading model and data");
+  if (lsp_ && spec_.lsp().apply_rounding() == v1::APPLY_ROUNDING_UNSPECIFIED) {
+    // Written out (after a resume took the checkpoint's), so that the job's checkpoints tell
+    // today's default from the compensated one that an unset field meant before 2026-12-07.
+    spec_.mutable_lsp()->set_apply_rounding(offload::LspApplyRounding(spec_));
+  }
   v1::UnloadJobRequest u;
   u.set_job_id(id_);
   if (optimizer_ != nullptr) (void)optimizer_->UnloadJob(u, kUnloadDeadlineSeconds);
@@ -137,6 +142,12 @@ absl::Status JobRunner::Load() {
   if (!spec_.has_micro_batch_size()) {
     // The worker's choice (issue 42; a worker of an older version: its default, 8).
     spec_.set_micro_batch_size(wload_.micro_batch_size() > 0 ? wload_.micro_batch_size() : 8);
+    *load.mutable_spec() = spec_;
+  }
+  if (lsp_ && !spec_.lsp().has_refresh_every()) {
+    // The rolling refresh the worker resolved for its weights' dtype (issue 42), written into
+    // the job so that its checkpoints say what it ran (a worker of an older version: 0).
+    spec_.mutable_lsp()->set_refresh_every(wload_.refresh_every());
     *load.mutable_spec() = spec_;
   }
   RETURN_IF_ERROR(CountEpochSteps());
@@ -219,6 +230,12 @@ void JobRunner::UnloadPeers() {
   }
 }
 
+std::string JobRunner::WorkerWeightDtype() const {
+  return spec_.weight_dtype() != lspo::v1::WEIGHT_DTYPE_UNSPECIFIED
+             ? runtime::EnumShortName(spec_.weight_dtype())
+             : (absl::StartsWith(wload_.device(), "cuda") ? "bf16" : "fp32");
+}
+
 void JobRunner::InitSummary() {
   summary_["job_id"] = id_;
   summary_["mode"] = std::string(mode_.name);
@@ -226,9 +243,7 @@ void JobRunner::InitSummary() {
   // The device the worker trains on ("cpu", "cuda:0"), and its weights' dtype: the spec's, or
   // where the spec left both unset the worker's default for its device (spec/job_spec.h).
   summary_["device"] = wload_.device();
-  summary_["weight_dtype"] = spec_.weight_dtype() != lspo::v1::WEIGHT_DTYPE_UNSPECIFIED
-                                 ? runtime::EnumShortName(spec_.weight_dtype())
-                                 : (absl::StartsWith(wload_.device(), "cuda") ? "bf16" : "fp32");
+  summary_["weight_dtype"] = WorkerWeightDtype();
   // What the worker runs with: the spec's setting or its own choice (chosen_settings).
   summary_["activation_checkpointing"] = wload_.activation_checkpointing();
   if (wload_.chosen_settings_size() > 0) {
@@ -252,10 +267,9 @@ void JobRunner::InitSummary() {
                            ? "one-sided"
                            : runtime::EnumShortName(spec_.lsp().narrow());
   // How steps land in 16-bit worker weights (proto ApplyRounding; unset = compensated).
-  summary_["apply_rounding"] = !lsp_ ? "none"
-                               : spec_.lsp().apply_rounding() == v1::APPLY_ROUNDING_UNSPECIFIED
-                                   ? "compensated"
-                                   : runtime::EnumShortName(spec_.lsp().apply_rounding());
+  summary_["apply_rounding"] =
+      !lsp_ ? "none" : runtime::EnumShortName(offload::LspApplyRounding(spec_));
+  if (lsp_) summary_["refresh_every"] = spec_.lsp().refresh_every();
   if (mode_.settings_block == "lora") {
     summary_["lora_r"] = spec_.lora().r();
     summary_["lora_alpha"] = spec_.lora().alpha();
@@ -354,64 +368,6 @@ void JobRunner::AddGenerativeScores(absl::string_view prefix, const v1::EvalMetr
   summary_[absl::StrCat(prefix, "f1")] = m.f1();
   summary_[absl::StrCat(prefix, "precision")] = m.precision();
   summary_[absl::StrCat(prefix, "recall")] = m.recall();
-}
-
-absl::Status JobRunner::Fit(int step) {
-  Phase(absl::StrCat("fitting projectors (step ", step, ")"));
-  v1::FitProjectorsRequest req;
-  req.set_job_id(id_);
-  req.set_step(step);
-  ASSIGN_OR_RETURN(v1::FitProjectorsReply rep, worker_->FitProjectors(req, dl_));
-  v1::SetProjectorsRequest sp;
-  sp.set_job_id(id_);
-  *sp.mutable_indices() = rep.refitted();
-  RETURN_IF_ERROR(optimizer_->SetProjectors(sp, dl_).status());
-  double init = 0, fin = 0;
-  int n = 0;
-  for (int k = 0; k < rep.final_error_size(); ++k) {
-    if (!std::isfinite(rep.final_error(k)) || !std::isfinite(rep.initial_error(k))) continue;
-    init += rep.initial_error(k);
-    fin += rep.final_error(k);
-    ++n;
-  }
-  n = std::max(n, 1);
-  Log({{"kind", "projector_fit"},
-       {"step", step},
-       {"refitted", rep.refitted_size()},
-       {"mean_initial_relative_bias", init / n},
-       {"mean_final_relative_bias", fin / n},
-       {"seconds", rep.seconds()}});
-  LOG(INFO) << "scheduler: " << id_ << ": projectors: " << rep.refitted_size()
-            << " refitted, mean relative estimation bias " << init / n << " -> " << fin / n << " ("
-            << rep.seconds() << " s)";
-  host_->UpdateStatus([&](v1::JobStatus* s) { s->set_mean_projector_error(fin / n); });
-  if (step == 0) {
-    summary_["projector_initial_relative_bias"] = init / n;
-    summary_["projector_fitted_relative_bias"] = fin / n;
-    summary_["projector_fit_seconds"] = rep.seconds();
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<double> JobRunner::Refresh(bool measure_only) {
-  // The optimizer writes each layer's fp32 master weights into the arena staging region and
-  // the worker copies them in (or, measure_only, reports max |W_worker - W_master| without
-  // copying). Returns that maximum over all layers.
-  double max_diff = 0;
-  last_drift_ = 0;
-  last_drift_ulps_ = 0;
-  for (int l = 0; l < num_layers_; ++l) {
-    v1::LayerWeightsRequest req;
-    req.set_job_id(id_);
-    req.set_layer(l);
-    req.set_measure_only(measure_only);
-    RETURN_IF_ERROR(optimizer_->ExportLayerWeights(req, dl_).status());
-    ASSIGN_OR_RETURN(v1::LayerWeightsReply rep, worker_->ImportLayerWeights(req, dl_));
-    max_diff = std::max(max_diff, rep.max_abs_change());
-    last_drift_ = std::max(last_drift_, rep.max_abs_drift());
-    last_drift_ulps_ = std::max(last_drift_ulps_, rep.max_drift_ulps());
-  }
-  return max_diff;
 }
 
 absl::Status JobRunner::Train() {
@@ -605,6 +561,7 @@ absl::Status JobRunner::AfterStep(int step) {
     }
     Phase("training");
   }
+  if (lsp_ && spec_.lsp().refresh_every() > 0) RETURN_IF_ERROR(RollingRefresh(step));
   if (has_eval_ && spec_.eval_every() > 0 && step % spec_.eval_every() == 0 && step < last) {
     RETURN_IF_ERROR(Evaluate(step).status());
     Phase("training");
@@ -622,6 +579,8 @@ absl::Status JobRunner::Finish() {
     summary_["final_worker_master_max_abs_diff"] = drift;
     summary_["final_worker_master_drift_beyond_rounding"] = last_drift_;
     summary_["final_worker_master_drift_ulps"] = last_drift_ulps_;
+    summary_["rolling_refresh_layers"] = rolling_refreshes_;
+    summary_["rolling_refresh_seconds"] = rolling_refresh_seconds_;
     Log({{"kind", "master_drift"},
          {"step", spec_.steps()},
          {"max_abs_diff", drift},

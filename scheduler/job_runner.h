@@ -11,6 +11,8 @@
 //   projector check  lsp: step 0 (unless resuming) and every lsp.check_freq steps before the
 //                    last; each check is followed by a master refresh when
 //                    lsp.master_refresh == "refit", and the final drift is measured at the end.
+//   rolling refresh  lsp: after every step, the layers of RollingRefreshLayers when
+//                    lsp.refresh_every > 0 (each layer once in refresh_every steps).
 //   checkpoint       every checkpoint_every steps and after the last step (when > 0).
 // Resume (resume_from: DIR or "latest"): the newest checkpoint that verifies is used ("latest"
 // skips corrupted ones; an explicit DIR must verify), its TrainingFingerprint must match, and
@@ -47,6 +49,14 @@
 #include "scheduler/step_executor.h"
 
 namespace lspo::scheduler {
+
+// The decoder layers whose weights lsp.refresh_every's rolling refresh re-rounds from the
+// master after step `step` (1-based): layer l of `num_layers` when
+// (step + floor(l * every / num_layers)) mod every == 0, ascending. Every layer comes once in
+// any `every` consecutive steps, and the layers are spread over those steps (about
+// num_layers / every a step) instead of all at once. Empty when every <= 0 or
+// num_layers <= 0.
+std::vector<int> RollingRefreshLayers(int step, int every, int num_layers);
 
 // Where a running job reports. Implemented by the scheduler core (and by tests).
 class JobHost {
@@ -95,6 +105,9 @@ class JobRunner {
   absl::Status CountEpochSteps();
   void UnloadPeers();
   void InitSummary();
+  // The worker's weight dtype ("fp32", "bf16", "fp16"): the spec's, else the worker's default
+  // for the device of its LoadJobReply (bf16 on CUDA). Valid once the worker loaded the job.
+  std::string WorkerWeightDtype() const;
   void RestoreFromCheckpoint();
   absl::StatusOr<lspo::v1::EvalMetrics> Evaluate(int step);
   // summary.json's <prefix>exact_match / f1 / precision / recall of a generative evaluation
@@ -102,6 +115,9 @@ class JobRunner {
   void AddGenerativeScores(absl::string_view prefix, const lspo::v1::EvalMetrics& m);
   absl::Status Fit(int step);
   absl::StatusOr<double> Refresh(bool measure_only);
+  // lsp.refresh_every: the layers of RollingRefreshLayers(step) copied from the master
+  // without measuring; their count and time go to the summary.
+  absl::Status RollingRefresh(int step);
   absl::Status Checkpoint(int step);
   absl::StatusOr<std::string> WriteCheckpoint(int step);
   nlohmann::json TrainerState(int step) const;
@@ -166,8 +182,10 @@ class JobRunner {
   bool has_eval_ = false;
   std::vector<lspo::v1::LayerTask> plan_tasks_;  // Deepest layer first.
   int num_layers_ = 0;
-  double last_drift_ = 0;       // max |W_worker - round(W_master)| of the last refresh.
-  double last_drift_ulps_ = 0;  // the same in ulps of round(W_master) (worker's dtype).
+  double last_drift_ = 0;               // max |W_worker - round(W_master)| of the last refresh.
+  double last_drift_ulps_ = 0;          // the same in ulps of round(W_master) (worker's dtype).
+  int64_t rolling_refreshes_ = 0;       // Layers refreshed by lsp.refresh_every.
+  double rolling_refresh_seconds_ = 0;  // Their wall time, seconds (outside the steps).
   std::optional<LayerCostModel> cost_model_;
   double last_step_end_ = -1;  // Worker clock at the end of the last step.
 };

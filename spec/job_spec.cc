@@ -323,6 +323,7 @@ std::string TrainingFingerprint(lspo::v1::JobSpec spec) {
     lsp->clear_narrow();
   }
   if (lsp->apply_rounding() == lspo::v1::APPLY_ROUNDING_COMPENSATED) lsp->clear_apply_rounding();
+  if (lsp->refresh_every() == 0) lsp->clear_refresh_every();
   if (lsp->compression() == lspo::v1::COMPRESSION_SPARSE) lsp->clear_compression();
   return runtime::ProtoToJson(spec);
 }
@@ -342,6 +343,18 @@ void TakeChosenSettingsFrom(const std::string& fingerprint, lspo::v1::JobSpec* s
   if (!spec->has_micro_batch_size() && stored.micro_batch_size() > 0) {
     spec->set_micro_batch_size(stored.micro_batch_size());
   }
+  // The rounding and the rolling refresh it trained with. A fingerprint leaves out a
+  // compensated rounding and a refresh_every of 0 (TrainingFingerprint), and before
+  // 2026-12-07 an unset rounding meant compensated: absent reads as those.
+  // The other modes' lsp block is not used (nor written out).
+  if (!offload::ModeOf(*spec).learned_projectors) return;
+  auto* lsp = spec->mutable_lsp();
+  if (lsp->apply_rounding() == lspo::v1::APPLY_ROUNDING_UNSPECIFIED) {
+    lsp->set_apply_rounding(stored.lsp().apply_rounding() == lspo::v1::APPLY_ROUNDING_UNSPECIFIED
+                                ? lspo::v1::APPLY_ROUNDING_COMPENSATED
+                                : stored.lsp().apply_rounding());
+  }
+  if (!lsp->has_refresh_every()) lsp->set_refresh_every(stored.lsp().refresh_every());
 }
 
 bool SameTraining(const std::string& fingerprint, const lspo::v1::JobSpec& spec) {

@@ -53,10 +53,12 @@ void ResolveDefaults(lspo::v1::JobSpec* spec);
 // micro_batch_size resolved (the worker's choice on CUDA).
 int StepsForEpochs(const lspo::v1::JobSpec& spec, int64_t train_rows);
 
-// For a job resumed from a checkpoint: the settings the worker chooses that `spec` leaves
-// unset (micro_batch_size) are taken from the checkpoint's training fingerprint (the spec it
-// trained with), so the resumed job trains the batch it trained before whatever device it now
-// runs on. Nothing changes when the fingerprint cannot be read (SameTraining then refuses it).
+// For a job resumed from a checkpoint: the settings chosen at load that `spec` leaves unset
+// (micro_batch_size, lsp.apply_rounding, lsp.refresh_every) are taken from the checkpoint's
+// training fingerprint (the spec it trained with), so the resumed job trains the batch and the
+// rounding it trained before whatever device it now runs on; an unset rounding in a fingerprint
+// is compensated (the default before 2026-12-07), an unset refresh_every 0. Nothing changes
+// when the fingerprint cannot be read (SameTraining then refuses it).
 void TakeChosenSettingsFrom(const std::string& fingerprint, lspo::v1::JobSpec* spec);
 
 // Checks a spec with defaults resolved: value ranges (d >= 1, 1 <= r <= d, steps >= 1, ...),

@@ -335,6 +335,15 @@ static absl::Status ValidateLsp(const JobSpec& spec) {
     return Bad("lsp.master_refresh", runtime::EnumShortName(lsp.master_refresh()),
                "use refit or never");
   }
+  if (lsp.refresh_every() < 0) {
+    return Bad(
+        "lsp.refresh_every", lsp.refresh_every(),
+        "must be >= 0 (steps between re-roundings of each weight from the master; 0 = none)");
+  }
+  if (lsp.refresh_every() > 0 && lsp.master_refresh() == v1::MASTER_REFRESH_NEVER) {
+    return Bad("lsp.refresh_every", lsp.refresh_every(),
+               "lsp.master_refresh: never asks for no refresh at all: drop one of the two");
+  }
   if (!v1::Compression_IsValid(lsp.compression())) {
     return Bad("lsp.compression", static_cast<int>(lsp.compression()),
                "use sparse, dense or leave it empty");

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -18,6 +19,8 @@
 #include "gtest/gtest.h"
 #include "lsp/projector.h"
 #include "model/safetensors.h"
+#include "absl/strings/str_format.h"
+#include "offload/memory_plan.h"
 #include "offload/state_file.h"
 #include "tests/cpu_optimizer_service/fake_worker.h"
 #include "tests/test_files.h"
@@ -444,6 +447,41 @@ TEST(UpdateRuleTest, TheRegistryMapsEachOffloadedModeToItsRule) {
   auto load = core.LoadJob("job-n", spec, layout);
   EXPECT_EQ(load.status().code(), absl::StatusCode::kInvalidArgument) << load.status();
   EXPECT_NE(load.status().message().find("MODE_NATIVE"), std::string::npos) << load.status();
+}
+
+// Issue 42: a host without the memory for the fp32 master weights and the optimizer state is
+// refused before a weight is read (the folder has no weights at all), naming the numbers.
+TEST(OptimizerCoreTest, AHostWithoutMemoryForTheMasterWeightsIsRefusedBeforeLoading) {
+  const int64_t host = offload::PhysicalHostMemoryBytes();
+  if (host <= 0) GTEST_SKIP() << "no /proc/meminfo";
+  v1::JobSpec spec = TinySpec(v1::MODE_LSP);
+  auto worker = FakeWorker::Create(&spec, "opt-host");
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  // Llama-3.1-405B's shape: 1.6 TB of fp32 master weights alone.
+  const std::string dir = testing::TempDir() + "/lspo-opt-host-405b";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json")
+      << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+             "hidden_size": 16384, "intermediate_size": 53248, "num_hidden_layers": 126,
+             "num_attention_heads": 128, "num_key_value_heads": 8, "vocab_size": 128256,
+             "hidden_act": "silu", "max_position_embeddings": 8192, "rms_norm_eps": 1e-05,
+             "rope_theta": 500000.0, "tie_word_embeddings": false})";
+  v1::JobSpec big = spec;
+  big.set_seq_len(512);  // what the scheduler's defaults give a job (the planner needs it)
+  big.mutable_model()->set_format(v1::MODEL_FORMAT_HF);
+  big.mutable_model()->set_path(dir);
+  OptimizerCore core;
+  auto load = core.LoadJob("job-405b", big, (*worker)->layout());
+  ASSERT_EQ(load.status().code(), absl::StatusCode::kResourceExhausted) << load.status();
+  const std::string m(load.status().message());
+  EXPECT_NE(m.find("GiB of host memory for this lsp job"), std::string::npos) << m;
+  EXPECT_NE(m.find("fp32"), std::string::npos) << m;  // the master weights' row, named
+  EXPECT_NE(m.find(absl::StrFormat("this host has %.2f GiB", host / double(1LL << 30))),
+            std::string::npos)
+      << m;
+  // The same spec on its own small model loads.
+  EXPECT_TRUE(core.LoadJob("job-small", spec, (*worker)->layout()).ok());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -132,6 +132,7 @@ TEST(ResumeTest, LspBf16CompensatedResumedAtStep3MatchesTheUninterruptedRunBitwi
   if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
   ExpectExactResume(v1::MODE_LSP, [](v1::JobSpec* s) {
     s->set_weight_dtype(v1::WEIGHT_DTYPE_BF16);
+    s->mutable_lsp()->set_apply_rounding(v1::APPLY_ROUNDING_COMPENSATED);
     s->mutable_optim()->set_lr(1e-4);
   });
 }
@@ -147,6 +148,22 @@ TEST(ResumeTest, LspBf16StochasticResumedAtStep3MatchesTheUninterruptedRunBitwis
     s->mutable_optim()->set_lr(1e-4);
     s->mutable_optim()->set_weight_decay(0.1);
   });
+}
+
+// The rolling refresh (lsp.refresh_every) re-rounds layers from the master after their steps
+// (compensated rounding: and resets their residuals); which layers after which step depends on
+// the step alone, so the resumed run refreshes as the uninterrupted one and is bitwise the same.
+TEST(ResumeTest, LspBf16RollingRefreshResumedAtStep3MatchesTheUninterruptedRunBitwise) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  for (auto rounding : {v1::APPLY_ROUNDING_STOCHASTIC, v1::APPLY_ROUNDING_COMPENSATED}) {
+    SCOPED_TRACE(v1::ApplyRounding_Name(rounding));
+    ExpectExactResume(v1::MODE_LSP, [rounding](v1::JobSpec* s) {
+      s->set_weight_dtype(v1::WEIGHT_DTYPE_BF16);
+      s->mutable_lsp()->set_apply_rounding(rounding);
+      s->mutable_lsp()->set_refresh_every(2);
+      s->mutable_optim()->set_lr(1e-4);
+    });
+  }
 }
 
 // A refit moves the subspace Adam moments into the new subspace (paper Alg. 1):

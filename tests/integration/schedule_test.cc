@@ -310,7 +310,7 @@ TEST(ScheduleTest, CompensatedBf16ApplyStaysWithinOneUlpOfTheMasterOver200Steps)
     s.set_skip_checkpoint(true);
     return s;
   };
-  RunResult comp = RunJob(spec("kahan-comp", v1::APPLY_ROUNDING_UNSPECIFIED));
+  RunResult comp = RunJob(spec("kahan-comp", v1::APPLY_ROUNDING_COMPENSATED));
   RunResult near = RunJob(spec("kahan-near", v1::APPLY_ROUNDING_NEAREST));
   ASSERT_EQ(comp.status.state(), v1::SUCCEEDED) << comp.status.error();
   ASSERT_EQ(near.status.state(), v1::SUCCEEDED) << near.status.error();
@@ -323,6 +323,48 @@ TEST(ScheduleTest, CompensatedBf16ApplyStaysWithinOneUlpOfTheMasterOver200Steps)
               near.summary["final_worker_master_max_abs_diff"].get<double>());
   EXPECT_LE(u_comp, 1.0);
   EXPECT_GT(u_near, 1.0);
+}
+
+// lsp.refresh_every bounds stochastic rounding's random walk: every layer is re-rounded from
+// the master once in any K steps (scheduler::RollingRefreshLayers). K = 1: every weight is the
+// rounded master after every step (drift exactly 0); K = 8: 5 refreshes of each layer in 40
+// steps and less drift than no refresh (same seed, same rounding noise up to the first refresh).
+TEST(ScheduleTest, RollingRefreshBoundsTheStochasticDrift) {
+  if (!testing_jobs::HaveModel()) GTEST_SKIP() << testing_jobs::kNoModel;
+  const auto spec = [](const std::string& tag, int every) {
+    v1::JobSpec s = Spec(tag, v1::MODE_LSP, 40, "overlap");
+    s.set_weight_dtype(v1::WEIGHT_DTYPE_BF16);
+    s.mutable_lsp()->set_apply_rounding(v1::APPLY_ROUNDING_STOCHASTIC);
+    s.mutable_lsp()->set_refresh_every(every);
+    s.mutable_optim()->set_lr(1e-4);
+    s.set_eval_every(0);
+    s.mutable_data()->set_max_eval_examples(1);
+    s.set_skip_checkpoint(true);
+    return s;
+  };
+  RunResult none = RunJob(spec("rolling-0", 0));
+  RunResult each = RunJob(spec("rolling-1", 1));
+  RunResult k8 = RunJob(spec("rolling-8", 8));
+  for (const RunResult* r : {&none, &each, &k8}) {
+    ASSERT_EQ(r->status.state(), v1::SUCCEEDED) << r->status.error();
+  }
+  // With K = 1 every layer is refreshed after each of the 40 steps: that count gives L.
+  const int64_t every_step = each.summary["rolling_refresh_layers"].get<int64_t>();
+  ASSERT_EQ(every_step % 40, 0) << every_step;
+  const int64_t layers = every_step / 40;
+  ASSERT_GE(layers, 2);
+  const auto ulps = [](const RunResult& r) {
+    return r.summary["final_worker_master_drift_ulps"].get<double>();
+  };
+  std::printf("40 stochastic steps at lr 1e-4, bf16: max drift %.3g ulp without a refresh, %.3g "
+              "with refresh_every 8, %.3g with refresh_every 1\n",
+              ulps(none), ulps(k8), ulps(each));
+  EXPECT_EQ(none.summary["rolling_refresh_layers"].get<int64_t>(), 0);
+  EXPECT_EQ(k8.summary["rolling_refresh_layers"].get<int64_t>(), 5 * layers);
+  EXPECT_EQ(ulps(each), 0.0);
+  EXPECT_EQ(each.summary["final_worker_master_drift_beyond_rounding"].get<double>(), 0.0);
+  EXPECT_GT(ulps(none), 1.0);
+  EXPECT_LT(ulps(k8), ulps(none));
 }
 
 }  // namespace

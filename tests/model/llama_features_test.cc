@@ -102,6 +102,67 @@ TEST_F(LlamaFeaturesTest, Bf16StorageEqualsFp32WeightsRoundedToBf16) {
   EXPECT_TRUE(at::equal(w.masked_select(big), before.masked_select(big)));
 }
 
+// Issue 42: a CUDA worker stores the frozen embedding, head and norms in bf16. The hidden
+// states are bitwise those of fp32 tensors holding the bf16-rounded values (rows upcast, norm
+// weights exact), the head's GEMM runs in bf16 (its logits and the loss's gradients within bf16
+// rounding of the fp32 head), linears and trainable tensors keep their dtype.
+TEST_F(LlamaFeaturesTest, Bf16FrozenTensorsComputeWithTheirRoundedValues) {
+  for (bool untied : {false, true}) {
+    SCOPED_TRACE(untied ? "untied head" : "tied head");
+    LlamaConfig cfg = TinyLlamaConfig(kVocab);
+    cfg.tie_word_embeddings = !untied;
+    auto m = LlamaModel::RandomInit(cfg, 42);
+    auto ref = LlamaModel::RandomInit(cfg, 42);
+    ASSERT_TRUE(m.ok() && ref.ok());
+    int64_t frozen = 0;
+    for (auto& [name, t] : ref->NamedTensors()) {
+      const bool linear_or_bias = name.find("_proj.") != std::string::npos;
+      if (linear_or_bias) continue;
+      at::NoGradGuard no_grad;
+      t.copy_(t.to(at::kBFloat16).to(at::kFloat));
+      ++frozen;
+    }
+    ASSERT_TRUE(m->SetFrozenStorageDtype(at::kBFloat16).ok());
+    int64_t bf16 = 0;
+    for (const auto& [name, t] : m->NamedTensors()) {
+      const bool linear_or_bias = name.find("_proj.") != std::string::npos;
+      EXPECT_EQ(t.scalar_type(), linear_or_bias ? at::kFloat : at::kBFloat16) << name;
+      bf16 += t.scalar_type() == at::kBFloat16;
+    }
+    EXPECT_EQ(bf16, frozen);
+    EXPECT_GE(bf16, 2 * cfg.num_layers + 2);  // two norms a layer, the final norm, embedding
+    {
+      at::NoGradGuard no_grad;
+      EXPECT_TRUE(at::equal(m->Hidden(ids_), ref->Hidden(ids_)));
+      const at::Tensor logits = m->Logits(ids_), want = ref->Logits(ids_);  // (B, T, V) fp32
+      EXPECT_EQ(logits.scalar_type(), at::kFloat);
+      const double rel = ((logits - want).norm() / want.norm()).item<double>();
+      EXPECT_LT(rel, 1e-2);
+      EXPECT_GT(rel, 0.0);  // the head's GEMM did run in bf16
+    }
+    // Backward through the bf16 head: dense linear gradients within bf16 rounding.
+    for (LlamaModel* x : {&*m, &*ref}) {
+      x->SetLinearMode(LinearMode::kDense);
+      x->ZeroLinearGrads();
+      x->CausalLmLoss(ids_, ids_).backward();
+    }
+    for (int64_t i = 0; i < m->num_linears(); ++i) {
+      const at::Tensor g = m->LinearWeight(i).grad(), want = ref->LinearWeight(i).grad();
+      EXPECT_LT(((g - want).norm() / want.norm()).item<double>(), 2e-2) << m->LinearName(i);
+    }
+  }
+  // A tensor that needs a gradient (a trained tied embedding) keeps fp32.
+  auto trained = LlamaModel::RandomInit(TinyLlamaConfig(kVocab), 42);
+  ASSERT_TRUE(trained.ok());
+  absl::StatusOr<at::Tensor> embed = trained->GetTensor("model.embed_tokens.weight");
+  ASSERT_TRUE(embed.ok());
+  embed->requires_grad_(true);
+  ASSERT_TRUE(trained->SetFrozenStorageDtype(at::kBFloat16).ok());
+  EXPECT_EQ(trained->GetTensor("model.embed_tokens.weight")->scalar_type(), at::kFloat);
+  EXPECT_EQ(trained->GetTensor("model.norm.weight")->scalar_type(), at::kBFloat16);
+  EXPECT_EQ(trained->SetFrozenStorageDtype(at::kHalf).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(LlamaFeaturesTest, ToCpuKeepsEverythingAndAMissingDeviceFailsCleanly) {
   model_->SetLinearMode(LinearMode::kDense);
   at::Tensor ref;

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "offload/training_mode.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -132,6 +133,9 @@ class FakeWorker final : public WorkerClient {
     rep.set_device(device);
     rep.set_micro_batch_size(r.spec().has_micro_batch_size() ? r.spec().micro_batch_size()
                                                              : chosen_micro_batch);
+    // As the worker resolves it: the default for the weights of `device` when unset.
+    rep.set_refresh_every(offload::LspRefreshEvery(
+        r.spec(), offload::SixteenBitWorkerWeights(r.spec(), device.rfind("cuda", 0) == 0)));
     if (r.spec().mode() != lspo::v1::MODE_NATIVE) {
       lspo::v1::ArenaLayout* a = rep.mutable_arena();
       a->set_linears_per_layer(7);
@@ -206,8 +210,10 @@ class FakeWorker final : public WorkerClient {
   }
   absl::StatusOr<lspo::v1::LayerWeightsReply> ImportLayerWeights(
       const lspo::v1::LayerWeightsRequest& r, double d) override {
-    RETURN_IF_ERROR(Record(r.measure_only() ? "MeasureLayerWeights" : "ImportLayerWeights", r.layer(),
-                  d));
+    RETURN_IF_ERROR(Record(r.measure_only()   ? "MeasureLayerWeights"
+                           : r.skip_measure() ? "RefreshLayerWeights"
+                                              : "ImportLayerWeights",
+                           r.layer(), d));
     lspo::v1::LayerWeightsReply rep;
     rep.set_max_abs_change(0.001 * (r.layer() + 1));
     return rep;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <map>
@@ -202,6 +203,46 @@ TEST(JobRunnerTest, ProjectorCheckCadenceAndMasterRefresh) {
   fs::remove_all(out);
 }
 
+// lsp.refresh_every K: after step t the layers l with (t + floor(l K / L)) mod K = 0, so any K
+// consecutive steps refresh every layer exactly once, about L / K layers a step.
+TEST(JobRunnerTest, RollingRefreshLayersTakeTurnsOncePerPeriod) {
+  for (int layers : {1, 2, 5, 24, 32}) {
+    for (int every : {1, 2, 3, 7, 24, 100}) {
+      for (int start = 1; start <= 2 * every; ++start) {
+        std::vector<int> seen(layers, 0);
+        for (int t = start; t < start + every; ++t) {
+          const std::vector<int> got = RollingRefreshLayers(t, every, layers);
+          ASSERT_TRUE(std::is_sorted(got.begin(), got.end()));
+          ASSERT_LE(got.size(), static_cast<size_t>((layers + every - 1) / every))
+              << "L " << layers << " K " << every << " step " << t;
+          for (int l : got) ++seen[l];
+        }
+        ASSERT_EQ(seen, std::vector<int>(layers, 1)) << "L " << layers << " K " << every;
+      }
+    }
+  }
+  EXPECT_TRUE(RollingRefreshLayers(5, 0, 4).empty());
+  EXPECT_TRUE(RollingRefreshLayers(5, 3, 0).empty());
+  EXPECT_THAT(RollingRefreshLayers(4, 1, 3), ElementsAre(0, 1, 2));
+}
+
+TEST(JobRunnerTest, RollingRefreshCopiesItsLayersAfterEachStepWithoutMeasuring) {
+  Fixture f;
+  const std::string out = TempDir();
+  v1::JobSpec spec = Spec(out, v1::MODE_LSP, 7);
+  spec.mutable_lsp()->set_refresh_every(2);  // two layers: 1 after odd steps, 0 after even
+  ASSERT_TRUE(f.Run(spec).ok());
+  EXPECT_THAT(f.log.Steps("worker.RefreshLayerWeights"), ElementsAre(1, 0, 1, 0, 1, 0, 1));
+  EXPECT_EQ(f.log.Count("worker.ImportLayerWeights"), 0);  // no check-time refresh
+  // Each refresh exported by the optimizer first; then the final drift measurement.
+  EXPECT_THAT(f.log.Steps("optimizer.ExportLayerWeights"),
+              ElementsAre(1, 0, 1, 0, 1, 0, 1, 0, 1));
+  EXPECT_THAT(f.log.Steps("worker.MeasureLayerWeights"), ElementsAre(0, 1));
+  EXPECT_EQ(Summary(out)["rolling_refresh_layers"].get<int64_t>(), 7);
+  EXPECT_EQ(Summary(out)["refresh_every"].get<int>(), 2);
+  fs::remove_all(out);
+}
+
 TEST(JobRunnerTest, OverlapScheduleOverlapsOnceTheCostModelHasMeasuredAStep) {
   Fixture f;
   const std::string out = TempDir();
@@ -389,6 +430,48 @@ TEST(JobRunnerTest, TheWorkersMicroBatchIsAdoptedAndAResumeKeepsIt) {
   EXPECT_EQ(Summary(old)["micro_batch_size"], 8);
   fs::remove_all(out);
   fs::remove_all(old);
+}
+
+// Issue 42: an unset lsp.apply_rounding is stochastic, written into the job before the worker
+// loads it; an unset refresh_every is 100 where the worker's weights are 16-bit (a CUDA
+// worker's default) and 0 on fp32 ones; both land in the checkpoint's training fingerprint, and
+// a resume with them unset runs what the checkpoint ran.
+TEST(JobRunnerTest, TheDefaultRoundingAndRefreshAreWrittenOutAndKeptByAResume) {
+  const std::string out = TempDir();
+  v1::JobSpec spec = Spec(out, v1::MODE_LSP, 4);
+  spec.set_checkpoint_every(2);
+  const auto fingerprint = [&]() {
+    std::ifstream in(ListCheckpoints(out).back().dir + "/trainer_state.json");
+    return nlohmann::json::parse(
+        nlohmann::json::parse(in)["training_fingerprint"].get<std::string>());
+  };
+  {
+    Fixture f;
+    f.worker.device = "cuda:0";  // bf16 weights by default
+    ASSERT_TRUE(f.Run(spec).ok());
+    EXPECT_EQ(f.worker.loaded_spec.lsp().apply_rounding(), v1::APPLY_ROUNDING_STOCHASTIC);
+    EXPECT_EQ(Summary(out)["apply_rounding"], "stochastic");
+    EXPECT_EQ(Summary(out)["refresh_every"], 100);
+    const nlohmann::json trained = fingerprint();
+    EXPECT_EQ(trained["lsp"].value("apply_rounding", ""), "stochastic") << trained.dump();
+    EXPECT_EQ(trained["lsp"].value("refresh_every", 0), 100) << trained.dump();
+  }
+  {
+    Fixture f;  // resumed on the CPU: what the checkpoint ran, not the CPU's default (0)
+    v1::JobSpec resume = spec;
+    resume.set_steps(6);
+    resume.set_resume_from("latest");
+    ASSERT_TRUE(f.Run(resume).ok());
+    EXPECT_EQ(f.worker.loaded_spec.lsp().refresh_every(), 100);
+    EXPECT_EQ(Summary(out)["refresh_every"], 100);
+  }
+  const std::string cpu = TempDir();
+  Fixture g;
+  ASSERT_TRUE(g.Run(Spec(cpu, v1::MODE_LSP, 2)).ok());  // fp32 weights: nothing to refresh
+  EXPECT_EQ(Summary(cpu)["refresh_every"], 0);
+  EXPECT_EQ(g.log.Count("worker.RefreshLayerWeights"), 0);
+  fs::remove_all(out);
+  fs::remove_all(cpu);
 }
 
 std::string RunIdOf(const std::string& out, int step) {

@@ -482,4 +482,52 @@ TEST(SpecNamesTest, ParquetAndSavedDatasetsAreRefusedWithTheConversion) {
   std::filesystem::remove_all(saved);
 }
 
+// lsp.refresh_every: a count of steps (>= 0), and no refresh at all (master_refresh: never)
+// contradicts it; both refusals name the field.
+TEST(SpecNamesTest, RefreshEveryIsCheckedAgainstMasterRefresh) {
+  auto job = LoadJobSpecFile("examples/smollm2-sms-spam.yaml", {"lsp.refresh_every=50"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->lsp().refresh_every(), 50);
+  ResolveDefaults(&*job);
+  EXPECT_TRUE(ValidateJobSpec(*job).ok()) << ValidateJobSpec(*job);
+  v1::JobSpec negative = *job;
+  negative.mutable_lsp()->set_refresh_every(-1);
+  EXPECT_THAT(ValidateJobSpec(negative).message(),
+              HasSubstr("lsp.refresh_every = -1 is invalid: must be >= 0"));
+  v1::JobSpec never = *job;
+  never.mutable_lsp()->set_master_refresh(v1::MASTER_REFRESH_NEVER);
+  EXPECT_THAT(ValidateJobSpec(never).message(),
+              HasSubstr("lsp.master_refresh: never asks for no refresh at all"));
+  never.mutable_lsp()->set_refresh_every(0);
+  EXPECT_TRUE(ValidateJobSpec(never).ok()) << ValidateJobSpec(never);
+}
+
+// A checkpoint's fingerprint leaves out a compensated rounding and refresh_every 0, and one
+// written before 2026-12-07 has no rounding when the default (then compensated) ran: a resume
+// that leaves them unset takes compensated and 0; written ones are taken as they are; the
+// spec's own settings stand.
+TEST(SpecNamesTest, AResumeTakesTheRoundingItsCheckpointTrainedWith) {
+  v1::JobSpec old_job;
+  TakeChosenSettingsFrom(R"({"mode":"lsp","lsp":{"d":16}})", &old_job);
+  EXPECT_EQ(old_job.lsp().apply_rounding(), v1::APPLY_ROUNDING_COMPENSATED);
+  ASSERT_TRUE(old_job.lsp().has_refresh_every());
+  EXPECT_EQ(old_job.lsp().refresh_every(), 0);
+  v1::JobSpec new_job;
+  TakeChosenSettingsFrom(R"({"lsp":{"apply_rounding":"stochastic","refresh_every":100}})",
+                         &new_job);
+  EXPECT_EQ(new_job.lsp().apply_rounding(), v1::APPLY_ROUNDING_STOCHASTIC);
+  EXPECT_EQ(new_job.lsp().refresh_every(), 100);
+  v1::JobSpec own;
+  own.mutable_lsp()->set_apply_rounding(v1::APPLY_ROUNDING_NEAREST);
+  own.mutable_lsp()->set_refresh_every(7);
+  TakeChosenSettingsFrom(R"({"lsp":{"apply_rounding":"stochastic","refresh_every":100}})", &own);
+  EXPECT_EQ(own.lsp().apply_rounding(), v1::APPLY_ROUNDING_NEAREST);
+  EXPECT_EQ(own.lsp().refresh_every(), 7);
+  // Written out or left unset, compensated and no refresh are the same training.
+  v1::JobSpec a, b;
+  a.mutable_lsp()->set_apply_rounding(v1::APPLY_ROUNDING_COMPENSATED);
+  a.mutable_lsp()->set_refresh_every(0);
+  EXPECT_EQ(TrainingFingerprint(a), TrainingFingerprint(b));
+}
+
 }  // namespace lspo::spec
